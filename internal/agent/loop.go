@@ -1,0 +1,514 @@
+// Package agent owns the agent loop (model call, tool calls, repeat) around
+// a middleware chain, and the agent profiles that decide which model,
+// tools and middlewares a run gets. The loop knows safe boundaries and
+// checkpoints; it does not know NATS, leases or events' subjects: the
+// worker gives it a Host that persists and publishes.
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nuid"
+	"go.uber.org/zap"
+
+	"github.com/natsagent/natsagent/internal/middleware"
+	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/state"
+)
+
+// ErrPreempted is the cause of a run stopped at a safe boundary because a
+// steer or rollback asked for the thread.
+var ErrPreempted = errors.New("run preempted by a newer run on its thread")
+
+// MetaRunID is the message meta key naming the run that produced a
+// message. Recovery uses it to tell this run's progress from history.
+const MetaRunID = "run_id"
+
+// Host persists and publishes for the loop. The worker implements it with
+// leases, KV checkpoints and the events stream.
+type Host interface {
+	// Checkpoint persists u, the state changes since the last checkpoint.
+	Checkpoint(ctx context.Context, u state.Update) error
+	// Emit publishes a run event.
+	Emit(eventType string, data any)
+}
+
+// Run is one execution of the loop.
+type Run struct {
+	Runtime   *middleware.Runtime
+	Chain     *middleware.Chain
+	Model     model.Model
+	ModelName string
+	System    string
+	// MaxSteps bounds model calls in this run (0 = unlimited).
+	MaxSteps int
+	// State is the thread's state; the loop updates it in place.
+	State *state.State
+	// Input holds the run's new messages; nil when resuming.
+	Input []model.Message
+	Host  Host
+	// Preempt is done when a newer run asked for the thread: the loop
+	// stops at its next safe boundary (aborting a streaming response,
+	// never a tool batch).
+	Preempt context.Context
+}
+
+// Outcome is how a run ended.
+type Outcome struct {
+	// Status is the terminal status the loop decided, or "" when Stopped
+	// is set.
+	Status     protocol.Status
+	StopReason string
+	Output     *model.Message
+	Error      string
+	// Stopped is set when something outside the loop ended the run: the
+	// context's cause (cancel, timeout, lost lease, shutdown) or
+	// ErrPreempted. The worker turns it into a status.
+	Stopped error
+}
+
+// Execute runs the loop until a final answer, a guard, an error or a stop.
+func Execute(ctx context.Context, r *Run) Outcome {
+	l := &loop{Run: r, rt: r.Runtime, st: r.State}
+	return l.execute(ctx)
+}
+
+type loop struct {
+	*Run
+	rt      *middleware.Runtime
+	st      *state.State
+	pending state.Update
+}
+
+// stage applies u to the state and queues it for the next checkpoint.
+func (l *loop) stage(u state.Update) {
+	if u.Empty() {
+		return
+	}
+	l.st.Apply(u)
+	l.pending.Merge(u)
+}
+
+// keep queues an update a hook already applied to the state.
+func (l *loop) keep(u state.Update) {
+	if !u.Empty() {
+		l.pending.Merge(u)
+	}
+}
+
+func (l *loop) flush(ctx context.Context) error {
+	if l.pending.Empty() {
+		return nil
+	}
+	if err := l.Host.Checkpoint(ctx, l.pending); err != nil {
+		return err
+	}
+	l.pending = state.Update{}
+	return nil
+}
+
+// stopped ends the run because of ctx or a preemption, saving what was
+// staged so nothing completed is lost (a steered run's input stays in the
+// thread).
+func (l *loop) stopped(ctx context.Context, cause error) Outcome {
+	if !errors.Is(cause, ErrLeaseLost) {
+		saveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := l.flush(saveCtx); err != nil {
+			l.rt.Logger.Warn("checkpoint on stop failed", zap.Error(err))
+		}
+	}
+	return Outcome{Stopped: cause}
+}
+
+// ErrLeaseLost is the cause of a run whose worker lost the thread's lease:
+// another worker owns the run now, so this one writes nothing more.
+var ErrLeaseLost = errors.New("lease on the thread was lost")
+
+func (l *loop) failed(ctx context.Context, err error) Outcome {
+	if cause := stopCause(ctx, l.Preempt); cause != nil {
+		return l.stopped(ctx, cause)
+	}
+	if errors.Is(err, ErrLeaseLost) {
+		return Outcome{Stopped: ErrLeaseLost}
+	}
+	saveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if ferr := l.flush(saveCtx); ferr != nil && errors.Is(ferr, ErrLeaseLost) {
+		return Outcome{Stopped: ErrLeaseLost}
+	}
+	return Outcome{Status: protocol.StatusError, Error: err.Error()}
+}
+
+// stopCause returns why the run must stop now, or nil.
+func stopCause(ctx, preempt context.Context) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	if preempt != nil && preempt.Err() != nil {
+		return ErrPreempted
+	}
+	return nil
+}
+
+func (l *loop) execute(ctx context.Context) Outcome {
+	if len(l.Input) > 0 {
+		in := make([]model.Message, len(l.Input))
+		for i, m := range l.Input {
+			m = m.Clone()
+			if m.ID == "" {
+				m.ID = newID("msg")
+			}
+			in[i] = l.mark(m)
+		}
+		l.stage(state.Update{Messages: in})
+	}
+
+	out, done := l.agentLoop(ctx)
+	if !done {
+		return out
+	}
+	res, err := l.Chain.RunHooks(ctx, middleware.HookAfterAgent, l.rt, l.st)
+	l.keep(res.Update)
+	if err != nil {
+		return l.failed(ctx, err)
+	}
+	if err := l.flush(ctx); err != nil {
+		return l.failed(ctx, err)
+	}
+	if out.Status == protocol.StatusSuccess {
+		out.Output = l.lastAssistant()
+	}
+	return out
+}
+
+// agentLoop runs before-agent hooks and the model/tool loop. done is false
+// when the run stopped and after-agent hooks must not run.
+func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
+	res, err := l.Chain.RunHooks(ctx, middleware.HookBeforeAgent, l.rt, l.st)
+	l.keep(res.Update)
+	if err != nil {
+		return l.failed(ctx, err), false
+	}
+	if res.Jump == middleware.JumpEnd {
+		return Outcome{Status: protocol.StatusSuccess, StopReason: res.StopReason}, true
+	}
+	modelCall := l.Chain.ModelCall(l.rt, l.callModel)
+	toolCall := l.Chain.ToolCall(l.rt, callTool)
+	jumps := 0
+	for {
+		// Recovery: a redelivered run continues where its last checkpoint
+		// left it. Tool calls this run asked for and that have no result
+		// yet run now; a final answer already given ends the run.
+		if last := l.lastOwn(); last != nil && last.Role == model.RoleAssistant {
+			if calls := l.unanswered(last); len(calls) > 0 {
+				if out, stop := l.runTools(ctx, toolCall, calls); stop {
+					return out, false
+				}
+				continue
+			}
+			if len(last.ToolCalls) == 0 && l.isLast(last.ID) {
+				return Outcome{Status: protocol.StatusSuccess}, true
+			}
+		}
+
+		// Safe boundary before a model call.
+		if cause := stopCause(ctx, l.Preempt); cause != nil {
+			return l.stopped(ctx, cause), false
+		}
+		if l.MaxSteps > 0 && l.rt.Step >= l.MaxSteps {
+			return Outcome{Status: protocol.StatusSuccess, StopReason: protocol.StopMaxSteps}, true
+		}
+		res, err := l.Chain.RunHooks(ctx, middleware.HookBeforeModel, l.rt, l.st)
+		l.keep(res.Update)
+		if err != nil {
+			return l.failed(ctx, err), false
+		}
+		switch res.Jump {
+		case middleware.JumpEnd:
+			return Outcome{Status: protocol.StatusSuccess, StopReason: res.StopReason}, true
+		case middleware.JumpModel:
+			if jumps++; jumps > 100 {
+				return l.failed(ctx, errors.New("middleware sent the run back to the model 100 times without a model call")), false
+			}
+			continue
+		}
+
+		msgID := newID("msg")
+		req := &middleware.ModelRequest{
+			System:    l.System,
+			Messages:  append([]model.Message(nil), l.st.Messages...),
+			Tools:     l.rt.Tools.Specs(),
+			Model:     l.Model,
+			ModelName: l.ModelName,
+			State:     l.st,
+		}
+		l.rt.Step++
+		resp, err := modelCall(withMessageID(ctx, msgID), req)
+		if err != nil {
+			return l.failed(ctx, err), false
+		}
+		if resp == nil || resp.Response == nil {
+			return l.failed(ctx, errors.New("model call returned no response")), false
+		}
+		jumps = 0
+		msg := resp.Response.Message.Clone()
+		msg.Role = model.RoleAssistant
+		msg.ID = msgID
+		if msg.Meta == nil {
+			msg.Meta = map[string]any{}
+		}
+		if resp.Response.FinishReason != "" {
+			msg.Meta["finish_reason"] = resp.Response.FinishReason
+		}
+		msg = l.mark(msg)
+		l.stage(resp.Update)
+		l.stage(state.Update{Messages: []model.Message{msg}})
+		l.Host.Emit(protocol.EventMessageCompleted, msg)
+
+		res, err = l.Chain.RunHooks(ctx, middleware.HookAfterModel, l.rt, l.st)
+		l.keep(res.Update)
+		if err != nil {
+			return l.failed(ctx, err), false
+		}
+		if err := l.flush(ctx); err != nil {
+			return l.failed(ctx, err), false
+		}
+		switch res.Jump {
+		case middleware.JumpEnd:
+			return Outcome{Status: protocol.StatusSuccess, StopReason: res.StopReason}, true
+		case middleware.JumpModel:
+			continue
+		}
+		final := l.message(msgID)
+		if final == nil || len(final.ToolCalls) == 0 {
+			return Outcome{Status: protocol.StatusSuccess}, true
+		}
+		if out, stop := l.runTools(ctx, toolCall, l.unanswered(final)); stop {
+			return out, false
+		}
+	}
+}
+
+// callModel is the innermost model handler: it calls the provider and
+// streams deltas as events.
+func (l *loop) callModel(ctx context.Context, req *middleware.ModelRequest) (*middleware.ModelResponse, error) {
+	msgs := make([]model.Message, 0, len(req.Messages)+1)
+	if req.System != "" {
+		msgs = append(msgs, model.Message{Role: model.RoleSystem, Content: req.System})
+	}
+	for _, m := range req.Messages {
+		m.Meta = nil
+		m.Status = ""
+		msgs = append(msgs, m)
+	}
+	mreq := &model.Request{Model: req.ModelName, Messages: msgs, Tools: req.Tools}
+
+	// A steer aborts a streaming response: nothing was executed yet, so
+	// the partial message is simply dropped.
+	callCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if l.Preempt != nil {
+		stop := context.AfterFunc(l.Preempt, func() { cancel(ErrPreempted) })
+		defer stop()
+	}
+	msgID := messageID(ctx)
+	resp, err := req.Model.Generate(callCtx, mreq, func(d model.Delta) {
+		if d.Content != "" {
+			l.Host.Emit(protocol.EventMessageDelta, protocol.DeltaData{MessageID: msgID, Delta: d.Content})
+		}
+	})
+	if err != nil {
+		if cause := context.Cause(callCtx); cause != nil && callCtx.Err() != nil {
+			return nil, fmt.Errorf("model call stopped: %w", cause)
+		}
+		return nil, err
+	}
+	return &middleware.ModelResponse{Response: resp}, nil
+}
+
+type messageIDKey struct{}
+
+func withMessageID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, messageIDKey{}, id)
+}
+
+func messageID(ctx context.Context) string {
+	id, _ := ctx.Value(messageIDKey{}).(string)
+	return id
+}
+
+// runTools executes one batch of tool calls concurrently and stages the
+// results in call order. stop is true when the run must end here.
+func (l *loop) runTools(ctx context.Context, handler middleware.ToolHandler, calls []model.ToolCall) (Outcome, bool) {
+	results := make([]*middleware.ToolResult, len(calls))
+	errs := make([]error, len(calls))
+	var wg sync.WaitGroup
+	for i, c := range calls {
+		l.Host.Emit(protocol.EventToolStarted, protocol.ToolEventData{ToolCallID: c.ID, Name: c.Name, Arguments: c.Arguments})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = handler(ctx, &middleware.ToolCall{Call: c, Tool: l.rt.Tools.Get(c.Name), State: l.st})
+		}()
+	}
+	wg.Wait()
+
+	cause := stopCause(ctx, nil)
+	var msgs []model.Message
+	var update state.Update
+	var firstErr error
+	for i, c := range calls {
+		res, err := results[i], errs[i]
+		var msg model.Message
+		switch {
+		case err == nil && res != nil:
+			msg = res.Message
+			update.Merge(res.Update)
+		case cause != nil:
+			// Cancelled mid-batch: answer the call so the transcript stays
+			// valid for the next run on the thread.
+			msg = model.Message{Content: fmt.Sprintf("Tool call %s was not completed: the run was stopped (%v).", c.Name, cause), Status: model.ToolStatusError}
+		default:
+			if err == nil {
+				err = fmt.Errorf("tool %s returned no result", c.Name)
+			}
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		msg.Role = model.RoleTool
+		msg.ToolCallID = c.ID
+		msg.Name = c.Name
+		if msg.ID == "" {
+			msg.ID = newID("msg")
+		}
+		if msg.Status == "" {
+			msg.Status = model.ToolStatusSuccess
+		}
+		msgs = append(msgs, l.mark(msg))
+		l.Host.Emit(protocol.EventToolFinished, protocol.ToolEventData{ToolCallID: c.ID, Name: c.Name, Status: msg.Status, Result: clip(msg.Content, 2000)})
+	}
+	if firstErr != nil && cause == nil {
+		return l.failed(ctx, firstErr), true
+	}
+	l.stage(update)
+	l.stage(state.Update{Messages: msgs})
+	if cause != nil {
+		return l.stopped(ctx, cause), true
+	}
+	if err := l.flush(ctx); err != nil {
+		return l.failed(ctx, err), true
+	}
+	return Outcome{}, false
+}
+
+// callTool is the innermost tool handler: it checks the call and runs the
+// tool, turning a panic into an error.
+func callTool(ctx context.Context, call *middleware.ToolCall) (res *middleware.ToolResult, err error) {
+	if call.Tool == nil {
+		return nil, fmt.Errorf("tool %q is not available to this run", call.Call.Name)
+	}
+	args := json.RawMessage(call.Call.Arguments)
+	if len(args) == 0 {
+		args = json.RawMessage("{}")
+	}
+	if !json.Valid(args) {
+		return nil, fmt.Errorf("arguments of %s are not valid JSON: %s", call.Call.Name, clip(call.Call.Arguments, 200))
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = &middleware.PanicError{What: "tool " + call.Call.Name, Value: p, Stack: debug.Stack()}
+		}
+	}()
+	out, err := call.Tool.Call(ctx, args)
+	if err != nil {
+		return nil, err
+	}
+	return &middleware.ToolResult{Message: model.Message{Content: out, Status: model.ToolStatusSuccess}}, nil
+}
+
+// mark tags a message with the run that produced it.
+func (l *loop) mark(m model.Message) model.Message {
+	if m.Meta == nil {
+		m.Meta = map[string]any{}
+	}
+	m.Meta[MetaRunID] = l.rt.RunID
+	return m
+}
+
+// lastOwn returns the last assistant message this run produced, or nil.
+// Only the tail of the transcript is read, so the cost does not grow with
+// the thread's history.
+func (l *loop) lastOwn() *model.Message {
+	for i := len(l.st.Messages) - 1; i >= 0; i-- {
+		m := &l.st.Messages[i]
+		if id, _ := m.Meta[MetaRunID].(string); id != l.rt.RunID {
+			return nil
+		}
+		if m.Role == model.RoleAssistant {
+			return m
+		}
+	}
+	return nil
+}
+
+func (l *loop) isLast(id string) bool {
+	n := len(l.st.Messages)
+	return n > 0 && l.st.Messages[n-1].ID == id
+}
+
+func (l *loop) message(id string) *model.Message {
+	if i := l.st.Index(id); i >= 0 {
+		return &l.st.Messages[i]
+	}
+	return nil
+}
+
+// unanswered returns the tool calls of m that have no tool message after
+// it yet.
+func (l *loop) unanswered(m *model.Message) []model.ToolCall {
+	if len(m.ToolCalls) == 0 {
+		return nil
+	}
+	answered := make(map[string]bool)
+	for i := l.st.Index(m.ID) + 1; i > 0 && i < len(l.st.Messages); i++ {
+		if x := l.st.Messages[i]; x.Role == model.RoleTool {
+			answered[x.ToolCallID] = true
+		}
+	}
+	var out []model.ToolCall
+	for _, c := range m.ToolCalls {
+		if !answered[c.ID] {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (l *loop) lastAssistant() *model.Message {
+	for i := len(l.st.Messages) - 1; i >= 0; i-- {
+		if l.st.Messages[i].Role == model.RoleAssistant {
+			m := l.st.Messages[i].Clone()
+			return &m
+		}
+	}
+	return nil
+}
+
+func newID(prefix string) string { return prefix + "_" + nuid.Next() }
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}

@@ -1,0 +1,134 @@
+// Package bus owns everything natsagent does with NATS itself: the names of
+// streams, consumers and buckets, the subjects of the wire protocol, the
+// embedded server, connections, and the idempotent provisioning of every
+// JetStream asset. It knows the shape of subjects, not what flows on them.
+package bus
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+// DefaultPrefix is the first subject token of every natsagent subject.
+const DefaultPrefix = "agent"
+
+// RunsConsumer is the durable pull consumer all workers share.
+const RunsConsumer = "workers"
+
+// Names derives every stream, bucket and subject name from one prefix, so
+// two deployments with different prefixes can share a NATS account.
+type Names struct {
+	Prefix string
+}
+
+// NewNames validates prefix ("" means DefaultPrefix).
+func NewNames(prefix string) (Names, error) {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	if !protocol.ValidToken(prefix) || len(prefix) > 32 {
+		return Names{}, fmt.Errorf("prefix %q is not valid: use 1 to 32 characters from A-Z, a-z, 0-9, '_' and '-'", prefix)
+	}
+	return Names{Prefix: prefix}, nil
+}
+
+// DefaultNames uses DefaultPrefix.
+func DefaultNames() Names { return Names{Prefix: DefaultPrefix} }
+
+func (n Names) stream(s string) string { return strings.ToUpper(n.Prefix) + "_" + s }
+func (n Names) bucket(s string) string { return n.Prefix + "_" + s }
+
+// Streams.
+func (n Names) RunsStream() string   { return n.stream("RUNS") }
+func (n Names) EventsStream() string { return n.stream("EVENTS") }
+func (n Names) DLQStream() string    { return n.stream("DLQ") }
+
+// Buckets.
+func (n Names) RunsBucket() string        { return n.bucket("runs") }
+func (n Names) ThreadsBucket() string     { return n.bucket("threads") }
+func (n Names) CheckpointsBucket() string { return n.bucket("checkpoints") }
+func (n Names) UsageBucket() string       { return n.bucket("usage") }
+func (n Names) FilesBucket() string       { return n.bucket("files") }
+
+// RunSubject is where a run request for a thread is published.
+func (n Names) RunSubject(tenant, thread string) string {
+	return n.Prefix + ".runs." + tenant + "." + thread
+}
+
+// RunsSubjects is the subject filter of the runs stream.
+func (n Names) RunsSubjects() string { return n.Prefix + ".runs.*.*" }
+
+// EventSubject is where one event of a run is published.
+func (n Names) EventSubject(tenant, thread, run, kind string) string {
+	return n.Prefix + ".events." + tenant + "." + thread + "." + run + "." + kind
+}
+
+// RunEvents matches every event of one run.
+func (n Names) RunEvents(tenant, thread, run string) string {
+	return n.Prefix + ".events." + tenant + "." + thread + "." + run + ".>"
+}
+
+// ThreadEvents matches every event of a thread's runs.
+func (n Names) ThreadEvents(tenant, thread string) string {
+	return n.Prefix + ".events." + tenant + "." + thread + ".>"
+}
+
+// ThreadLifecycle matches the lifecycle events of a thread's runs.
+func (n Names) ThreadLifecycle(tenant, thread string) string {
+	return n.Prefix + ".events." + tenant + "." + thread + ".*." + protocol.KindLifecycle
+}
+
+// EventsSubjects is the subject filter of the events stream.
+func (n Names) EventsSubjects() string { return n.Prefix + ".events.>" }
+
+// CancelSubject is the core request subject that cancels a run.
+func (n Names) CancelSubject(tenant, thread, run string) string {
+	return n.Prefix + ".ctl." + tenant + "." + thread + "." + run + ".cancel"
+}
+
+// CancelSubjects matches every cancel request.
+func (n Names) CancelSubjects() string { return n.Prefix + ".ctl.*.*.*.cancel" }
+
+// WorkerControl is the private control subject of one worker: cancel and
+// steer signals for the runs it holds are forwarded there.
+func (n Names) WorkerControl(worker string) string { return n.Prefix + ".worker." + worker + ".ctl" }
+
+// DLQSubject is where a dead-lettered run request of a thread goes.
+func (n Names) DLQSubject(tenant, thread string) string {
+	return n.Prefix + ".dlq.runs." + tenant + "." + thread
+}
+
+// DLQSubjects is the subject filter of the dead-letter stream.
+func (n Names) DLQSubjects() string { return n.Prefix + ".dlq.>" }
+
+// ParseRunSubject returns the tenant and thread tokens of a run subject.
+// The tokens are not validated; callers check them with protocol.ValidToken.
+func (n Names) ParseRunSubject(subject string) (tenant, thread string, ok bool) {
+	rest, found := strings.CutPrefix(subject, n.Prefix+".runs.")
+	if !found {
+		return "", "", false
+	}
+	tenant, thread, found = strings.Cut(rest, ".")
+	if !found || strings.Contains(thread, ".") {
+		return "", "", false
+	}
+	return tenant, thread, true
+}
+
+// ParseCancelSubject returns the tokens of a cancel subject.
+func (n Names) ParseCancelSubject(subject string) (tenant, thread, run string, ok bool) {
+	rest, found := strings.CutPrefix(subject, n.Prefix+".ctl.")
+	if !found {
+		return "", "", "", false
+	}
+	parts := strings.Split(rest, ".")
+	if len(parts) != 4 || parts[3] != "cancel" {
+		return "", "", "", false
+	}
+	return parts[0], parts[1], parts[2], true
+}
+
+// Key joins tokens into a KV key.
+func Key(tokens ...string) string { return strings.Join(tokens, ".") }

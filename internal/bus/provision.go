@@ -1,0 +1,303 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Settings are the JetStream settings of a deployment. Zero values take the
+// defaults below; every process of a deployment must use the same values,
+// because provisioning refuses to change an existing asset.
+type Settings struct {
+	Names    Names
+	Replicas int
+	// EventsMaxAge is how long run events are retained (default 24h).
+	EventsMaxAge time.Duration
+	// DuplicateWindow is how long a run id published twice is recognised
+	// as the same run by the runs stream (default 10m). After it, the run
+	// record still refuses to run a finished run again.
+	DuplicateWindow time.Duration
+	// AckWait is how long a worker may go silent before its run is handed
+	// to another worker (default 30s). Workers heartbeat every AckWait/3.
+	AckWait time.Duration
+	// MaxDeliver bounds how many times one run request is delivered before
+	// it is dead-lettered (default 10).
+	MaxDeliver int
+	// MaxAckPending bounds runs held (running or waiting for their
+	// thread) across all workers (default 20,000).
+	MaxAckPending int
+	// MaxRequestBytes bounds a run request (default 256 KiB). Workers end
+	// a larger request as an error run and dead-letter it; the server's
+	// max_payload (1 MiB by default) bounds what reaches the stream at all.
+	MaxRequestBytes int
+	// Storage is file (default) or memory.
+	Storage jetstream.StorageType
+}
+
+// Defaults used for zero Settings fields.
+const (
+	DefaultEventsMaxAge    = 24 * time.Hour
+	DefaultDuplicateWindow = 10 * time.Minute
+	DefaultAckWait         = 30 * time.Second
+	DefaultMaxDeliver      = 10
+	DefaultMaxAckPending   = 20000
+	DefaultMaxRequestBytes = 256 << 10
+)
+
+// WithDefaults returns s with zero fields filled.
+func (s Settings) WithDefaults() Settings {
+	if s.Names.Prefix == "" {
+		s.Names = DefaultNames()
+	}
+	if s.Replicas == 0 {
+		s.Replicas = 1
+	}
+	if s.EventsMaxAge == 0 {
+		s.EventsMaxAge = DefaultEventsMaxAge
+	}
+	if s.DuplicateWindow == 0 {
+		s.DuplicateWindow = DefaultDuplicateWindow
+	}
+	if s.AckWait == 0 {
+		s.AckWait = DefaultAckWait
+	}
+	if s.MaxDeliver == 0 {
+		s.MaxDeliver = DefaultMaxDeliver
+	}
+	if s.MaxAckPending == 0 {
+		s.MaxAckPending = DefaultMaxAckPending
+	}
+	if s.MaxRequestBytes == 0 {
+		s.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	return s
+}
+
+// Validate checks settings after defaults.
+func (s Settings) Validate() error {
+	if s.Replicas != 1 && s.Replicas != 3 {
+		return fmt.Errorf("replicas must be 1 or 3, not %d", s.Replicas)
+	}
+	if s.AckWait < time.Second {
+		return fmt.Errorf("ack wait %s is too short: use at least 1s", s.AckWait)
+	}
+	if s.MaxDeliver < 2 {
+		return fmt.Errorf("max deliver %d is too small: a run must survive at least one worker loss", s.MaxDeliver)
+	}
+	return nil
+}
+
+// MismatchError reports an existing asset whose configuration differs from
+// what this deployment expects. Provisioning never changes it silently.
+type MismatchError struct {
+	Kind, Name string
+	Fields     []string
+}
+
+func (e *MismatchError) Error() string {
+	return fmt.Sprintf("%s %s exists with a different configuration (%s); align the settings with it, or change it yourself (for example with `nats stream edit %s`) and start again",
+		e.Kind, e.Name, strings.Join(e.Fields, "; "), e.streamName())
+}
+
+func (e *MismatchError) streamName() string {
+	if e.Kind == "bucket" {
+		return "KV_" + e.Name
+	}
+	return e.Name
+}
+
+// Provision creates the streams, consumer, buckets and object store, or
+// checks that existing ones match. It is safe to call from every process at
+// start, concurrently.
+func Provision(ctx context.Context, js jetstream.JetStream, s Settings) error {
+	s = s.WithDefaults()
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	n := s.Names
+	streams := []jetstream.StreamConfig{
+		{
+			Name:        n.RunsStream(),
+			Description: "natsagent run requests (work queue)",
+			Subjects:    []string{n.RunsSubjects()},
+			Retention:   jetstream.WorkQueuePolicy,
+			Storage:     s.Storage,
+			Replicas:    s.Replicas,
+			Duplicates:  s.DuplicateWindow,
+			AllowDirect: true,
+		},
+		{
+			Name:        n.EventsStream(),
+			Description: "natsagent run events",
+			Subjects:    []string{n.EventsSubjects()},
+			Retention:   jetstream.LimitsPolicy,
+			Storage:     s.Storage,
+			Replicas:    s.Replicas,
+			MaxAge:      s.EventsMaxAge,
+			Duplicates:  s.DuplicateWindow,
+			AllowDirect: true,
+		},
+		{
+			Name:        n.DLQStream(),
+			Description: "natsagent dead-lettered run requests",
+			Subjects:    []string{n.DLQSubjects()},
+			Retention:   jetstream.LimitsPolicy,
+			Storage:     s.Storage,
+			Replicas:    s.Replicas,
+			AllowDirect: true,
+		},
+	}
+	for _, cfg := range streams {
+		if err := ensureStream(ctx, js, cfg); err != nil {
+			return err
+		}
+	}
+	if err := ensureConsumer(ctx, js, n.RunsStream(), jetstream.ConsumerConfig{
+		Durable:       RunsConsumer,
+		Description:   "natsagent workers",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       s.AckWait,
+		MaxDeliver:    s.MaxDeliver,
+		MaxAckPending: s.MaxAckPending,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}); err != nil {
+		return err
+	}
+	for _, b := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket()} {
+		if err := ensureBucket(ctx, js, jetstream.KeyValueConfig{
+			Bucket:   b,
+			History:  1,
+			Storage:  s.Storage,
+			Replicas: s.Replicas,
+		}); err != nil {
+			return err
+		}
+	}
+	return ensureObjectStore(ctx, js, jetstream.ObjectStoreConfig{
+		Bucket:   n.FilesBucket(),
+		Storage:  s.Storage,
+		Replicas: s.Replicas,
+	})
+}
+
+func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig) error {
+	_, err := js.CreateStream(ctx, want)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return fmt.Errorf("create stream %s: %w", want.Name, err)
+	}
+	st, err := js.Stream(ctx, want.Name)
+	if err != nil {
+		return fmt.Errorf("read stream %s: %w", want.Name, err)
+	}
+	have := st.CachedInfo().Config
+	var diff []string
+	if strings.Join(have.Subjects, ",") != strings.Join(want.Subjects, ",") {
+		diff = append(diff, fmt.Sprintf("subjects %v, want %v", have.Subjects, want.Subjects))
+	}
+	diff = appendDiff(diff, "retention", have.Retention, want.Retention)
+	diff = appendDiff(diff, "storage", have.Storage, want.Storage)
+	diff = appendDiff(diff, "replicas", have.Replicas, want.Replicas)
+	diff = appendDiff(diff, "max age", have.MaxAge, want.MaxAge)
+	diff = appendDiff(diff, "duplicate window", have.Duplicates, orDefault(want.Duplicates, 2*time.Minute))
+	diff = appendDiff(diff, "allow direct", have.AllowDirect, want.AllowDirect)
+	if len(diff) > 0 {
+		return &MismatchError{Kind: "stream", Name: want.Name, Fields: diff}
+	}
+	return nil
+}
+
+func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, want jetstream.ConsumerConfig) error {
+	_, err := js.CreateConsumer(ctx, stream, want)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, jetstream.ErrConsumerExists) && !errors.Is(err, jetstream.ErrConsumerNameAlreadyInUse) {
+		return fmt.Errorf("create consumer %s on %s: %w", want.Durable, stream, err)
+	}
+	c, err := js.Consumer(ctx, stream, want.Durable)
+	if err != nil {
+		return fmt.Errorf("read consumer %s on %s: %w", want.Durable, stream, err)
+	}
+	have := c.CachedInfo().Config
+	var diff []string
+	diff = appendDiff(diff, "ack policy", have.AckPolicy, want.AckPolicy)
+	diff = appendDiff(diff, "ack wait", have.AckWait, want.AckWait)
+	diff = appendDiff(diff, "max deliver", have.MaxDeliver, want.MaxDeliver)
+	diff = appendDiff(diff, "max ack pending", have.MaxAckPending, want.MaxAckPending)
+	diff = appendDiff(diff, "filter subject", have.FilterSubject, want.FilterSubject)
+	if len(diff) > 0 {
+		return &MismatchError{Kind: "consumer", Name: stream + "/" + want.Durable, Fields: diff}
+	}
+	return nil
+}
+
+func ensureBucket(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig) error {
+	_, err := js.CreateKeyValue(ctx, want)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketExists) {
+		return fmt.Errorf("create bucket %s: %w", want.Bucket, err)
+	}
+	st, err := js.Stream(ctx, "KV_"+want.Bucket)
+	if err != nil {
+		return fmt.Errorf("read bucket %s: %w", want.Bucket, err)
+	}
+	have := st.CachedInfo().Config
+	var diff []string
+	diff = appendDiff(diff, "history", have.MaxMsgsPerSubject, int64(want.History))
+	diff = appendDiff(diff, "storage", have.Storage, want.Storage)
+	diff = appendDiff(diff, "replicas", have.Replicas, want.Replicas)
+	diff = appendDiff(diff, "ttl", have.MaxAge, want.TTL)
+	if len(diff) == 0 {
+		// Same essentials; nats.go refused only because of fields it
+		// manages itself. Treat the bucket as ours.
+		return nil
+	}
+	return &MismatchError{Kind: "bucket", Name: want.Bucket, Fields: diff}
+}
+
+func ensureObjectStore(ctx context.Context, js jetstream.JetStream, want jetstream.ObjectStoreConfig) error {
+	_, err := js.CreateObjectStore(ctx, want)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) && !errors.Is(err, jetstream.ErrBucketExists) {
+		return fmt.Errorf("create object store %s: %w", want.Bucket, err)
+	}
+	st, err := js.Stream(ctx, "OBJ_"+want.Bucket)
+	if err != nil {
+		return fmt.Errorf("read object store %s: %w", want.Bucket, err)
+	}
+	have := st.CachedInfo().Config
+	var diff []string
+	diff = appendDiff(diff, "storage", have.Storage, want.Storage)
+	diff = appendDiff(diff, "replicas", have.Replicas, want.Replicas)
+	if len(diff) > 0 {
+		return &MismatchError{Kind: "object store", Name: want.Bucket, Fields: diff}
+	}
+	return nil
+}
+
+func appendDiff[T comparable](diff []string, field string, have, want T) []string {
+	if have != want {
+		diff = append(diff, fmt.Sprintf("%s is %v, want %v", field, have, want))
+	}
+	return diff
+}
+
+func orDefault[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}

@@ -1,0 +1,235 @@
+// Package events owns publishing run events: the envelope, the numbering
+// within a run, and the lifecycle events whose count the protocol
+// guarantees (one run.queued, one run.finished per run), made idempotent
+// with Nats-Msg-Id so a redelivered or repeated step never publishes them
+// twice. It knows subjects and envelopes, not how runs execute.
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+// Publisher publishes run events to the events stream.
+type Publisher struct {
+	js     jetstream.JetStream
+	names  bus.Names
+	stream jetstream.Stream
+	log    *zap.Logger
+}
+
+// NewPublisher binds a publisher to the events stream, which must exist.
+func NewPublisher(ctx context.Context, js jetstream.JetStream, names bus.Names, log *zap.Logger) (*Publisher, error) {
+	st, err := js.Stream(ctx, names.EventsStream())
+	if err != nil {
+		return nil, fmt.Errorf("open stream %s: %w", names.EventsStream(), err)
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Publisher{js: js, names: names, stream: st, log: log}, nil
+}
+
+// Msg builds the NATS message of one event. msgID, when set, makes the
+// publish idempotent within the stream's duplicate window.
+func (p *Publisher) Msg(tenant, thread, run string, seq uint64, eventType string, data any, msgID string) (*nats.Msg, error) {
+	raw, err := encodeData(data)
+	if err != nil {
+		return nil, err
+	}
+	env := protocol.Event{Type: eventType, Seq: seq, RunID: run, ThreadID: thread, Tenant: tenant, Time: time.Now().UTC(), Data: raw}
+	body, err := json.Marshal(env)
+	if err != nil {
+		return nil, err
+	}
+	m := nats.NewMsg(p.names.EventSubject(tenant, thread, run, protocol.KindOf(eventType)))
+	m.Data = body
+	if msgID != "" {
+		m.Header.Set(jetstream.MsgIDHeader, msgID)
+	}
+	return m, nil
+}
+
+func encodeData(data any) (json.RawMessage, error) {
+	switch d := data.(type) {
+	case nil:
+		return nil, nil
+	case json.RawMessage:
+		return d, nil
+	}
+	return json.Marshal(data)
+}
+
+// Publish publishes one event and waits for the stream to store it.
+func (p *Publisher) Publish(ctx context.Context, m *nats.Msg) error {
+	_, err := p.js.PublishMsg(ctx, m)
+	return err
+}
+
+// QueuedID, StartedID and FinishedID are the Nats-Msg-Id of the lifecycle
+// events, so each is stored once however often it is published.
+func QueuedID(run string) string { return run + ".queued" }
+
+// StartedID is the message id of run.started for one attempt.
+func StartedID(run string, attempt int) string {
+	return run + ".started." + strconv.Itoa(attempt)
+}
+
+// FinishedID is the message id of run.finished.
+func FinishedID(run string) string { return run + ".finished" }
+
+// PublishQueued publishes a run's run.queued event (always seq 1).
+func (p *Publisher) PublishQueued(ctx context.Context, req *protocol.RunRequest) error {
+	m, err := p.Msg(req.Tenant, req.ThreadID, req.RunID, 1, protocol.EventRunQueued,
+		protocol.QueuedData{Agent: req.Agent, MultitaskStrategy: req.MultitaskStrategy}, QueuedID(req.RunID))
+	if err != nil {
+		return err
+	}
+	return p.Publish(ctx, m)
+}
+
+// PublishFinished publishes the run.finished event of a terminal record
+// with the seq the record reserved for it. Publishing it again (after a
+// crash, by another process) stores nothing new.
+func (p *Publisher) PublishFinished(ctx context.Context, r *protocol.Run) error {
+	if !r.Status.Terminal() {
+		return fmt.Errorf("run %s is %s, not finished", r.RunID, r.Status)
+	}
+	m, err := p.Msg(r.Tenant, r.ThreadID, r.RunID, r.Seq, protocol.EventRunFinished, FinishedData(r), FinishedID(r.RunID))
+	if err != nil {
+		return err
+	}
+	return p.Publish(ctx, m)
+}
+
+// FinishedData is the data of a terminal record's run.finished event.
+func FinishedData(r *protocol.Run) protocol.FinishedData {
+	return protocol.FinishedData{Status: r.Status, StopReason: r.StopReason, Error: r.Error, Output: r.Output, SupersededBy: r.SupersededBy}
+}
+
+// LastSeq returns the seq of the last stored event of a run (0 if none).
+func (p *Publisher) LastSeq(ctx context.Context, tenant, thread, run string) (uint64, error) {
+	m, err := p.stream.GetLastMsgForSubject(ctx, p.names.RunEvents(tenant, thread, run))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	var env protocol.Event
+	if err := json.Unmarshal(m.Data, &env); err != nil {
+		return 0, fmt.Errorf("decode last event of run %s: %w", run, err)
+	}
+	return env.Seq, nil
+}
+
+// Stream publishes the events of one run attempt in order, numbering them.
+// Events are published asynchronously (token deltas must not wait for a
+// round trip each); Flush waits until every one is stored.
+type Stream struct {
+	p                    *Publisher
+	tenant, thread, run  string
+	mu                   sync.Mutex
+	seq                  uint64
+	futures              []jetstream.PubAckFuture
+	firstErr             error
+}
+
+// NewStream starts numbering after lastSeq.
+func (p *Publisher) NewStream(tenant, thread, run string, lastSeq uint64) *Stream {
+	return &Stream{p: p, tenant: tenant, thread: thread, run: run, seq: lastSeq}
+}
+
+// Emit publishes an event with the next seq. msgID may be empty.
+func (s *Stream) Emit(eventType string, data any, msgID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seq++
+	m, err := s.p.Msg(s.tenant, s.thread, s.run, s.seq, eventType, data, msgID)
+	if err == nil {
+		var f jetstream.PubAckFuture
+		f, err = s.p.js.PublishMsgAsync(m)
+		if err == nil {
+			s.futures = append(s.futures, f)
+			s.trim()
+		}
+	}
+	if err != nil && s.firstErr == nil {
+		s.firstErr = err
+		s.p.log.Warn("publish run event failed", zap.String("run_id", s.run), zap.String("type", eventType), zap.Error(err))
+	}
+}
+
+// trim drops futures already acknowledged, so a long stream of deltas
+// does not keep every future alive.
+func (s *Stream) trim() {
+	if len(s.futures) < 256 {
+		return
+	}
+	kept := s.futures[:0]
+	for _, f := range s.futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			if s.firstErr == nil {
+				s.firstErr = err
+			}
+		default:
+			kept = append(kept, f)
+		}
+	}
+	s.futures = kept
+}
+
+// Seq returns the seq of the last event emitted.
+func (s *Stream) Seq() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.seq
+}
+
+// Reserve takes the next seq without publishing, for an event published
+// later from a record (run.finished).
+func (s *Stream) Reserve() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seq++
+	return s.seq
+}
+
+// Flush waits until every event emitted so far is stored, and returns the
+// first publish error.
+func (s *Stream) Flush(ctx context.Context) error {
+	s.mu.Lock()
+	futures := s.futures
+	s.futures = nil
+	s.mu.Unlock()
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			s.mu.Lock()
+			if s.firstErr == nil {
+				s.firstErr = err
+			}
+			s.mu.Unlock()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.firstErr
+}

@@ -1,0 +1,108 @@
+package kv
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+// Runs stores run records under "<tenant>.<run>".
+type Runs struct {
+	kv     jetstream.KeyValue
+	js     jetstream.JetStream
+	bucket string
+}
+
+// Get reads a run record.
+func (s *Runs) Get(ctx context.Context, tenant, run string) (*protocol.Run, uint64, error) {
+	return get[protocol.Run](ctx, s.kv, bus.Key(tenant, run))
+}
+
+// Create writes a new run record; ErrExists if the run id is taken.
+func (s *Runs) Create(ctx context.Context, r *protocol.Run) (uint64, error) {
+	return put(ctx, s.kv, bus.Key(r.Tenant, r.RunID), r, 0)
+}
+
+// Update compare-and-sets a run record at revision rev; ErrConflict if it
+// changed since.
+func (s *Runs) Update(ctx context.Context, r *protocol.Run, rev uint64) (uint64, error) {
+	return put(ctx, s.kv, bus.Key(r.Tenant, r.RunID), r, rev)
+}
+
+// Mutate applies fn to the current record and writes it with CAS,
+// re-reading and re-applying on conflict. fn may return an error to give
+// up; it is returned unchanged.
+func (s *Runs) Mutate(ctx context.Context, tenant, run string, fn func(*protocol.Run) error) (*protocol.Run, uint64, error) {
+	for attempt := 0; ; attempt++ {
+		r, rev, err := s.Get(ctx, tenant, run)
+		if err != nil {
+			return nil, 0, err
+		}
+		if err := fn(r); err != nil {
+			return r, rev, err
+		}
+		rev, err = s.Update(ctx, r, rev)
+		if err == nil {
+			return r, rev, nil
+		}
+		if !errors.Is(err, ErrConflict) || attempt >= maxCASAttempts {
+			return nil, 0, fmt.Errorf("update run %s: %w", run, err)
+		}
+	}
+}
+
+const maxCASAttempts = 100
+
+// List returns the records of a tenant's runs matching keep (nil keeps
+// all), newest first. It reads every run of the tenant; use ListThread for
+// one thread.
+func (s *Runs) List(ctx context.Context, tenant string, keep func(*protocol.Run) bool) ([]*protocol.Run, error) {
+	w, err := s.kv.Watch(ctx, tenant+".*", jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, err
+	}
+	defer w.Stop()
+	var out []*protocol.Run
+	for e := range w.Updates() {
+		if e == nil {
+			break
+		}
+		var r protocol.Run
+		if json.Unmarshal(e.Value(), &r) != nil {
+			continue
+		}
+		if keep == nil || keep(&r) {
+			out = append(out, &r)
+		}
+	}
+	sortNewestFirst(out)
+	return out, nil
+}
+
+func sortNewestFirst(runs []*protocol.Run) {
+	sort.SliceStable(runs, func(i, j int) bool { return runs[i].CreatedAt.After(runs[j].CreatedAt) })
+}
+
+// NewRun builds the pending record of a run request.
+func NewRun(req *protocol.RunRequest, msgSeq uint64, now time.Time) *protocol.Run {
+	return &protocol.Run{
+		RunID:             req.RunID,
+		ThreadID:          req.ThreadID,
+		Tenant:            req.Tenant,
+		Agent:             req.Agent,
+		Status:            protocol.StatusPending,
+		MultitaskStrategy: req.MultitaskStrategy,
+		CreatedAt:         now,
+		Parent:            req.Parent,
+		Metadata:          req.Metadata,
+		MsgSeq:            msgSeq,
+	}
+}

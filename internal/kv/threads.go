@@ -1,0 +1,131 @@
+package kv
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+// Threads stores thread records under "<tenant>.<thread>" and an index of
+// each thread's runs under "<tenant>.<thread>.run.<run>".
+type Threads struct {
+	kv     jetstream.KeyValue
+	js     jetstream.JetStream
+	bucket string
+}
+
+// Get reads a thread record.
+func (s *Threads) Get(ctx context.Context, tenant, thread string) (*protocol.Thread, uint64, error) {
+	return get[protocol.Thread](ctx, s.kv, bus.Key(tenant, thread))
+}
+
+// Put creates (rev 0) or compare-and-sets (rev > 0) a thread record.
+func (s *Threads) Put(ctx context.Context, t *protocol.Thread, rev uint64) (uint64, error) {
+	return put(ctx, s.kv, bus.Key(t.Tenant, t.ThreadID), t, rev)
+}
+
+// Mutate applies fn to the current record (a new one if the thread does
+// not exist yet) and writes it with CAS, retrying on conflict. If fn
+// returns an error nothing is written and the error is returned unchanged.
+func (s *Threads) Mutate(ctx context.Context, tenant, thread string, fn func(*protocol.Thread) error) (*protocol.Thread, uint64, error) {
+	t, rev, err := s.Get(ctx, tenant, thread)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, 0, err
+	}
+	return s.MutateFrom(ctx, tenant, thread, t, rev, fn)
+}
+
+// MutateFrom is Mutate starting from a record the caller already holds at
+// revision rev (nil and 0 for "does not exist"), saving the read when the
+// cached copy is current.
+func (s *Threads) MutateFrom(ctx context.Context, tenant, thread string, t *protocol.Thread, rev uint64, fn func(*protocol.Thread) error) (*protocol.Thread, uint64, error) {
+	for attempt := 0; ; attempt++ {
+		var next protocol.Thread
+		if t != nil {
+			next = cloneThread(t)
+		} else {
+			now := time.Now().UTC()
+			next = protocol.Thread{ThreadID: thread, Tenant: tenant, CreatedAt: now, Status: protocol.ThreadIdle}
+		}
+		if err := fn(&next); err != nil {
+			return t, rev, err
+		}
+		next.UpdatedAt = time.Now().UTC()
+		newRev, err := s.Put(ctx, &next, rev)
+		if err == nil {
+			return &next, newRev, nil
+		}
+		if (!errors.Is(err, ErrConflict) && !errors.Is(err, ErrExists)) || attempt >= maxCASAttempts {
+			return nil, 0, fmt.Errorf("update thread %s: %w", thread, err)
+		}
+		t, rev, err = s.Get(ctx, tenant, thread)
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return nil, 0, err
+		}
+	}
+}
+
+// cloneThread copies the parts of a thread that fn may edit in place.
+func cloneThread(t *protocol.Thread) protocol.Thread {
+	c := *t
+	if t.Lease != nil {
+		l := *t.Lease
+		c.Lease = &l
+	}
+	c.Preempt = append([]protocol.Preemption(nil), t.Preempt...)
+	return c
+}
+
+type runIndexEntry struct {
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// IndexRun records that run belongs to thread, without waiting for the
+// server: the index only serves listings, and a lost entry is rewritten by
+// the next writer of the run.
+func (s *Threads) IndexRun(ctx context.Context, tenant, thread, run string, created time.Time) error {
+	data, _ := json.Marshal(runIndexEntry{CreatedAt: created})
+	_, err := s.js.PublishAsync("$KV."+s.bucket+"."+bus.Key(tenant, thread, "run", run), data)
+	return err
+}
+
+// RunIDs lists the run ids indexed under a thread.
+func (s *Threads) RunIDs(ctx context.Context, tenant, thread string) ([]string, error) {
+	lister, err := s.kv.ListKeysFiltered(ctx, bus.Key(tenant, thread, "run", "*"))
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for k := range lister.Keys() {
+		ids = append(ids, k[strings.LastIndexByte(k, '.')+1:])
+	}
+	return ids, nil
+}
+
+// List returns a tenant's thread records.
+func (s *Threads) List(ctx context.Context, tenant string) ([]*protocol.Thread, error) {
+	w, err := s.kv.Watch(ctx, tenant+".*", jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, err
+	}
+	defer w.Stop()
+	var out []*protocol.Thread
+	for e := range w.Updates() {
+		if e == nil {
+			break
+		}
+		var t protocol.Thread
+		if json.Unmarshal(e.Value(), &t) == nil {
+			out = append(out, &t)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,340 @@
+// Package middleware owns the chain engine every agent capability plugs
+// into: the hook interfaces, their ordering (before-hooks in list order,
+// after-hooks in reverse, wrappers nested first-outermost), jumps, and the
+// split between request-only edits and explicit state updates. It also
+// holds the built-in middlewares, one file each. It must not touch NATS or
+// storage: a middleware sees the run's state and returns updates; the
+// agent loop persists them.
+package middleware
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/state"
+	"github.com/natsagent/natsagent/internal/tools"
+)
+
+// Middleware is anything with a unique name that implements one or more of
+// the hook interfaces below.
+type Middleware interface {
+	Name() string
+}
+
+// Jump tells the loop where to go after a before/after hook.
+type Jump int
+
+const (
+	// JumpNone continues normally.
+	JumpNone Jump = iota
+	// JumpEnd ends the run; after-agent hooks still run.
+	JumpEnd
+	// JumpModel goes back to the first before-model hook.
+	JumpModel
+)
+
+// Result is what a before/after hook returns: a state update persisted
+// with the next checkpoint, and an optional jump.
+type Result struct {
+	Update state.Update
+	Jump   Jump
+	// StopReason is recorded on the run when the hook ends it (Jump ==
+	// JumpEnd) because a guard tripped.
+	StopReason string
+}
+
+// BeforeAgent runs once per run, in list order, before the first model call.
+type BeforeAgent interface {
+	BeforeAgent(ctx context.Context, rt *Runtime, st *state.State) (Result, error)
+}
+
+// BeforeModel runs before every model call, in list order.
+type BeforeModel interface {
+	BeforeModel(ctx context.Context, rt *Runtime, st *state.State) (Result, error)
+}
+
+// AfterModel runs after every model response, in reverse list order (the
+// last middleware sees the response first).
+type AfterModel interface {
+	AfterModel(ctx context.Context, rt *Runtime, st *state.State) (Result, error)
+}
+
+// AfterAgent runs once at the end of a run, in reverse list order, also
+// after a jump to the end.
+type AfterAgent interface {
+	AfterAgent(ctx context.Context, rt *Runtime, st *state.State) (Result, error)
+}
+
+// ModelRequest is one model call as the wrappers see it. Edits to it affect
+// this call only; to change state, set ModelResponse.Update. Messages is a
+// fresh slice whose elements share their ToolCalls and Meta with the state:
+// replace an element (or Clone the request) rather than editing a message's
+// slices or maps in place.
+type ModelRequest struct {
+	// System is the system prompt; the loop sends it as the one leading
+	// system message.
+	System   string
+	Messages []model.Message
+	Tools    []model.ToolSpec
+	// Model is the provider and ModelName its model name.
+	Model     model.Model
+	ModelName string
+	// State is the run's state before the call; read it, never edit it.
+	State *state.State
+}
+
+// Clone deep-copies the request for a wrapper that edits it.
+func (r *ModelRequest) Clone() *ModelRequest {
+	c := *r
+	c.Messages = model.CloneMessages(r.Messages)
+	c.Tools = append([]model.ToolSpec(nil), r.Tools...)
+	return &c
+}
+
+// ModelResponse is a model call's result plus an optional state update
+// applied after the call (the way a wrapper persists something).
+type ModelResponse struct {
+	Response *model.Response
+	Update   state.Update
+}
+
+// ModelHandler performs (the rest of) a model call.
+type ModelHandler func(ctx context.Context, req *ModelRequest) (*ModelResponse, error)
+
+// WrapModelCall wraps every model call; the first middleware is outermost.
+// A wrapper may call next zero times (short-circuit) or several (retry).
+type WrapModelCall interface {
+	WrapModelCall(ctx context.Context, rt *Runtime, req *ModelRequest, next ModelHandler) (*ModelResponse, error)
+}
+
+// ToolCall is one tool call as the tool wrappers see it.
+type ToolCall struct {
+	Call model.ToolCall
+	// Tool is nil when the run may not use a tool of that name.
+	Tool  tools.Tool
+	State *state.State
+}
+
+// ToolResult is a tool call's result: the tool message and an optional
+// state update.
+type ToolResult struct {
+	Message model.Message
+	Update  state.Update
+}
+
+// ToolHandler performs (the rest of) a tool call.
+type ToolHandler func(ctx context.Context, call *ToolCall) (*ToolResult, error)
+
+// WrapToolCall wraps every tool call; the first middleware is outermost.
+type WrapToolCall interface {
+	WrapToolCall(ctx context.Context, rt *Runtime, call *ToolCall, next ToolHandler) (*ToolResult, error)
+}
+
+// Runtime is the run a middleware works in: its identity and the resources
+// resolved for it before the chain was built. Middlewares enforce at their
+// boundary and never re-authorise.
+type Runtime struct {
+	RunID    string
+	ThreadID string
+	Tenant   string
+	Agent    string
+	Config   protocol.RunConfig
+	// Resume is the value of a command run, nil otherwise.
+	Resume []byte
+	// Step counts the model calls of this run so far.
+	Step int
+	// Tools are the tools this run may call.
+	Tools  *tools.Set
+	Logger *zap.Logger
+	// Emit publishes a run event of the given type; data is encoded as
+	// JSON. Types a middleware invents go to the custom kind unless the
+	// middleware documents another.
+	Emit func(eventType string, data any)
+	// scratch holds per-run, non-persisted values of middlewares; parallel
+	// tool calls may reach it at once.
+	mu      sync.Mutex
+	scratch map[string]any
+}
+
+// Scratch returns the per-run scratch value stored under key, creating it
+// with init on first use. Scratch is never persisted: anything that must
+// survive a worker loss belongs in state.
+func Scratch[T any](rt *Runtime, key string, init func() T) T {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.scratch == nil {
+		rt.scratch = make(map[string]any)
+	}
+	if v, ok := rt.scratch[key]; ok {
+		return v.(T)
+	}
+	v := init()
+	rt.scratch[key] = v
+	return v
+}
+
+// Chain is an ordered list of middlewares with its hooks resolved once.
+type Chain struct {
+	all         []Middleware
+	beforeAgent []BeforeAgent
+	beforeModel []BeforeModel
+	afterModel  []AfterModel
+	afterAgent  []AfterAgent
+	wrapModel   []WrapModelCall
+	wrapTool    []WrapToolCall
+}
+
+// NewChain builds a chain from segments (base, user, tail), in order.
+// Names must be unique.
+func NewChain(segments ...[]Middleware) (*Chain, error) {
+	c := &Chain{}
+	seen := make(map[string]bool)
+	for _, seg := range segments {
+		for _, m := range seg {
+			if m == nil {
+				continue
+			}
+			name := m.Name()
+			if name == "" {
+				return nil, fmt.Errorf("middleware %T has an empty name", m)
+			}
+			if seen[name] {
+				return nil, fmt.Errorf("middleware %q appears twice in the chain", name)
+			}
+			seen[name] = true
+			c.all = append(c.all, m)
+			if h, ok := m.(BeforeAgent); ok {
+				c.beforeAgent = append(c.beforeAgent, h)
+			}
+			if h, ok := m.(BeforeModel); ok {
+				c.beforeModel = append(c.beforeModel, h)
+			}
+			if h, ok := m.(AfterModel); ok {
+				c.afterModel = append(c.afterModel, h)
+			}
+			if h, ok := m.(AfterAgent); ok {
+				c.afterAgent = append(c.afterAgent, h)
+			}
+			if h, ok := m.(WrapModelCall); ok {
+				c.wrapModel = append(c.wrapModel, h)
+			}
+			if h, ok := m.(WrapToolCall); ok {
+				c.wrapTool = append(c.wrapTool, h)
+			}
+		}
+	}
+	return c, nil
+}
+
+// Middlewares returns the chain's middlewares in order.
+func (c *Chain) Middlewares() []Middleware { return append([]Middleware(nil), c.all...) }
+
+// Names returns the middleware names in order.
+func (c *Chain) Names() []string {
+	names := make([]string, len(c.all))
+	for i, m := range c.all {
+		names[i] = m.Name()
+	}
+	return names
+}
+
+// Hook identifies a before/after hook kind.
+type Hook int
+
+const (
+	HookBeforeAgent Hook = iota
+	HookBeforeModel
+	HookAfterModel
+	HookAfterAgent
+)
+
+// RunHooks runs every hook of one kind in its order, applying each result's
+// update to st before the next hook sees it, and merging the updates into
+// one. It stops at the first jump or error.
+func (c *Chain) RunHooks(ctx context.Context, hook Hook, rt *Runtime, st *state.State) (Result, error) {
+	var out Result
+	apply := func(name string, r Result, err error) (bool, error) {
+		if err != nil {
+			return true, fmt.Errorf("middleware %s: %w", name, err)
+		}
+		if !r.Update.Empty() {
+			st.Apply(r.Update)
+			out.Update.Merge(r.Update)
+		}
+		if r.Jump != JumpNone {
+			out.Jump, out.StopReason = r.Jump, r.StopReason
+			return true, nil
+		}
+		return false, nil
+	}
+	switch hook {
+	case HookBeforeAgent:
+		for _, h := range c.beforeAgent {
+			r, err := h.BeforeAgent(ctx, rt, st)
+			if stop, err := apply(nameOf(h), r, err); stop {
+				return out, err
+			}
+		}
+	case HookBeforeModel:
+		for _, h := range c.beforeModel {
+			r, err := h.BeforeModel(ctx, rt, st)
+			if stop, err := apply(nameOf(h), r, err); stop {
+				return out, err
+			}
+		}
+	case HookAfterModel:
+		for i := len(c.afterModel) - 1; i >= 0; i-- {
+			h := c.afterModel[i]
+			r, err := h.AfterModel(ctx, rt, st)
+			if stop, err := apply(nameOf(h), r, err); stop {
+				return out, err
+			}
+		}
+	case HookAfterAgent:
+		for i := len(c.afterAgent) - 1; i >= 0; i-- {
+			h := c.afterAgent[i]
+			r, err := h.AfterAgent(ctx, rt, st)
+			// After-agent hooks all run; a jump here has nowhere to go.
+			if _, err := apply(nameOf(h), Result{Update: r.Update}, err); err != nil {
+				return out, err
+			}
+		}
+	}
+	return out, nil
+}
+
+func nameOf(h any) string {
+	if m, ok := h.(Middleware); ok {
+		return m.Name()
+	}
+	return fmt.Sprintf("%T", h)
+}
+
+// ModelCall composes the model wrappers around base, first outermost.
+func (c *Chain) ModelCall(rt *Runtime, base ModelHandler) ModelHandler {
+	h := base
+	for i := len(c.wrapModel) - 1; i >= 0; i-- {
+		w, next := c.wrapModel[i], h
+		h = func(ctx context.Context, req *ModelRequest) (*ModelResponse, error) {
+			return w.WrapModelCall(ctx, rt, req, next)
+		}
+	}
+	return h
+}
+
+// ToolCall composes the tool wrappers around base, first outermost.
+func (c *Chain) ToolCall(rt *Runtime, base ToolHandler) ToolHandler {
+	h := base
+	for i := len(c.wrapTool) - 1; i >= 0; i-- {
+		w, next := c.wrapTool[i], h
+		h = func(ctx context.Context, call *ToolCall) (*ToolResult, error) {
+			return w.WrapToolCall(ctx, rt, call, next)
+		}
+	}
+	return h
+}

@@ -1,0 +1,294 @@
+// Package protocol owns the public wire contract of natsagent: the run
+// request, the run and thread records, statuses, event envelopes and the
+// validation of every token that becomes part of a subject or a key. Any
+// NATS client in any language speaks this contract (docs/protocol.md); the
+// package has no NATS code and no knowledge of how runs are executed.
+package protocol
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/natsagent/natsagent/internal/model"
+)
+
+// Status is the state of a run.
+type Status string
+
+// Run statuses. Cancel (a person or parent asked) and interrupt (waiting
+// for a human) are never the same status.
+const (
+	StatusPending     Status = "pending"
+	StatusRunning     Status = "running"
+	StatusSuccess     Status = "success"
+	StatusError       Status = "error"
+	StatusCancelled   Status = "cancelled"
+	StatusInterrupted Status = "interrupted"
+	StatusSteered     Status = "steered"
+	StatusRejected    Status = "rejected"
+	StatusTimeout     Status = "timeout"
+)
+
+// Terminal reports whether a run in status s will never change again.
+func (s Status) Terminal() bool {
+	switch s {
+	case StatusPending, StatusRunning, "":
+		return false
+	}
+	return true
+}
+
+// Stop reasons recorded when a guard ended a run early.
+const (
+	StopLoopCapped          = "loop_capped"
+	StopTokenCapped         = "token_capped"
+	StopSubagentLimitCapped = "subagent_limit_capped"
+	StopMaxSteps            = "max_steps"
+	StopSafety              = "safety"
+)
+
+// Multitask strategies: what happens when a thread already has an active run.
+const (
+	StrategyEnqueue  = "enqueue"
+	StrategyReject   = "reject"
+	StrategySteer    = "steer"
+	StrategyRollback = "rollback"
+)
+
+// DefaultTenant is used when a request names none.
+const DefaultTenant = "default"
+
+// RunRequest is the message published to P.runs.<tenant>.<thread>.
+type RunRequest struct {
+	RunID             string         `json:"run_id"`
+	ThreadID          string         `json:"thread_id"`
+	Tenant            string         `json:"tenant,omitempty"`
+	Agent             string         `json:"agent,omitempty"`
+	Input             *Input         `json:"input,omitempty"`
+	Command           *Command       `json:"command,omitempty"`
+	MultitaskStrategy string         `json:"multitask_strategy,omitempty"`
+	Config            RunConfig      `json:"config,omitempty"`
+	Metadata          map[string]any `json:"metadata,omitempty"`
+	Parent            *Parent        `json:"parent,omitempty"`
+}
+
+// Input carries the new messages of a run.
+type Input struct {
+	Messages []model.Message `json:"messages"`
+}
+
+// Command continues an interrupted thread (approval, clarification).
+type Command struct {
+	Resume json.RawMessage `json:"resume,omitempty"`
+}
+
+// RunConfig holds per-run settings. Zero values mean "the agent's default".
+type RunConfig struct {
+	Model            string `json:"model,omitempty"`
+	ToolApprovalMode string `json:"tool_approval_mode,omitempty"`
+	MaxSteps         int    `json:"max_steps,omitempty"`
+	// TimeoutSeconds bounds the run's wall time; the run ends "timeout".
+	TimeoutSeconds int `json:"timeout_seconds,omitempty"`
+}
+
+// Parent links a subagent run to the tool call that started it.
+type Parent struct {
+	RunID      string `json:"run_id"`
+	ThreadID   string `json:"thread_id"`
+	ToolCallID string `json:"tool_call_id"`
+}
+
+// Run is the run record stored in the runs bucket under "<tenant>.<run>".
+type Run struct {
+	RunID             string         `json:"run_id"`
+	ThreadID          string         `json:"thread_id"`
+	Tenant            string         `json:"tenant"`
+	Agent             string         `json:"agent"`
+	Status            Status         `json:"status"`
+	MultitaskStrategy string         `json:"multitask_strategy,omitempty"`
+	Attempt           int            `json:"attempt"`
+	CreatedAt         time.Time      `json:"created_at"`
+	StartedAt         *time.Time     `json:"started_at,omitempty"`
+	FinishedAt        *time.Time     `json:"finished_at,omitempty"`
+	StopReason        string         `json:"stop_reason,omitempty"`
+	Error             string         `json:"error,omitempty"`
+	Output            *model.Message `json:"output,omitempty"`
+	Parent            *Parent        `json:"parent,omitempty"`
+	Metadata          map[string]any `json:"metadata,omitempty"`
+	// SupersededBy names the run that steered or rolled back this one.
+	SupersededBy string `json:"superseded_by,omitempty"`
+
+	// Worker and Epoch identify the lease under which the run is running;
+	// a write from an older epoch is refused (fencing).
+	Worker string `json:"worker,omitempty"`
+	Epoch  uint64 `json:"epoch,omitempty"`
+	// MsgSeq is the stream sequence of the request message that owns the
+	// run; a second message with the same run id is a duplicate.
+	MsgSeq uint64 `json:"msg_seq,omitempty"`
+	// BaseCheckpoint is the thread's checkpoint when the run started; a
+	// rollback returns the thread to it.
+	BaseCheckpoint string `json:"base_checkpoint,omitempty"`
+	// Seq is the event sequence number of the last event published at the
+	// record's last transition (the terminal event's seq once terminal).
+	Seq uint64 `json:"seq,omitempty"`
+	// CancelRequested survives the death of the worker running the run:
+	// the next worker to pick it up cancels it.
+	CancelRequested bool `json:"cancel_requested,omitempty"`
+}
+
+// Thread statuses.
+const (
+	ThreadIdle        = "idle"
+	ThreadBusy        = "busy"
+	ThreadInterrupted = "interrupted"
+	ThreadError       = "error"
+)
+
+// Thread is the thread record stored in the threads bucket under
+// "<tenant>.<thread>". It is also the lease: the one active run of the
+// thread, and the checkpoint head, change together under one CAS write.
+type Thread struct {
+	ThreadID  string         `json:"thread_id"`
+	Tenant    string         `json:"tenant"`
+	CreatedAt time.Time      `json:"created_at"`
+	UpdatedAt time.Time      `json:"updated_at"`
+	Status    string         `json:"status"`
+	Metadata  map[string]any `json:"metadata,omitempty"`
+	Title     string         `json:"title,omitempty"`
+	// Head is the id of the latest checkpoint ("" for a new thread).
+	Head string `json:"head,omitempty"`
+	// Epoch counts lease acquisitions; every acquisition increments it.
+	Epoch uint64 `json:"epoch"`
+	Lease *Lease `json:"lease,omitempty"`
+	// Preempt lists runs (steer, rollback) that go before every enqueued
+	// run, in arrival order.
+	Preempt []Preemption `json:"preempt,omitempty"`
+	// LastRunID is the most recent run that held the lease.
+	LastRunID string `json:"last_run_id,omitempty"`
+}
+
+// Lease names the run that currently owns a thread.
+type Lease struct {
+	RunID      string    `json:"run_id"`
+	Worker     string    `json:"worker"`
+	Epoch      uint64    `json:"epoch"`
+	MsgSeq     uint64    `json:"msg_seq"`
+	AcquiredAt time.Time `json:"acquired_at"`
+	RenewedAt  time.Time `json:"renewed_at"`
+}
+
+// Preemption is a pending steer or rollback.
+type Preemption struct {
+	RunID    string `json:"run_id"`
+	Strategy string `json:"strategy"`
+}
+
+// Event kinds (the last subject token of an event).
+const (
+	KindLifecycle = "lifecycle"
+	KindMessages  = "messages"
+	KindTools     = "tools"
+	KindUpdates   = "updates"
+	KindUsage     = "usage"
+	KindCustom    = "custom"
+)
+
+// Fixed event types.
+const (
+	EventRunQueued        = "run.queued"
+	EventRunStarted       = "run.started"
+	EventRunFinished      = "run.finished"
+	EventMessageDelta     = "message.delta"
+	EventMessageCompleted = "message.completed"
+	EventToolStarted      = "tool.started"
+	EventToolFinished     = "tool.finished"
+)
+
+// Event is the envelope of every run event.
+type Event struct {
+	Type     string          `json:"type"`
+	Seq      uint64          `json:"seq"`
+	RunID    string          `json:"run_id"`
+	ThreadID string          `json:"thread_id"`
+	Tenant   string          `json:"tenant"`
+	Time     time.Time       `json:"time"`
+	Data     json.RawMessage `json:"data,omitempty"`
+}
+
+// KindOf returns the subject kind an event type is published under.
+func KindOf(eventType string) string {
+	switch eventType {
+	case EventRunQueued, EventRunStarted, EventRunFinished:
+		return KindLifecycle
+	case EventMessageDelta, EventMessageCompleted:
+		return KindMessages
+	case EventToolStarted, EventToolFinished:
+		return KindTools
+	}
+	return KindCustom
+}
+
+// FinishedData is the data of run.finished.
+type FinishedData struct {
+	Status       Status         `json:"status"`
+	StopReason   string         `json:"stop_reason,omitempty"`
+	Error        string         `json:"error,omitempty"`
+	Output       *model.Message `json:"output,omitempty"`
+	SupersededBy string         `json:"superseded_by,omitempty"`
+}
+
+// StartedData is the data of run.started.
+type StartedData struct {
+	Attempt int    `json:"attempt"`
+	Worker  string `json:"worker"`
+	Agent   string `json:"agent"`
+}
+
+// QueuedData is the data of run.queued.
+type QueuedData struct {
+	Agent             string `json:"agent"`
+	MultitaskStrategy string `json:"multitask_strategy"`
+}
+
+// DeltaData is the data of message.delta.
+type DeltaData struct {
+	MessageID string `json:"message_id"`
+	Delta     string `json:"delta"`
+}
+
+// ToolEventData is the data of tool.started and tool.finished.
+type ToolEventData struct {
+	ToolCallID string `json:"tool_call_id"`
+	Name       string `json:"name"`
+	Arguments  string `json:"arguments,omitempty"`
+	Status     string `json:"status,omitempty"`
+	Result     string `json:"result,omitempty"`
+}
+
+// CancelReply answers a cancel request.
+type CancelReply struct {
+	RunID  string `json:"run_id"`
+	Status Status `json:"status"`
+}
+
+// Error codes used in NATS error replies and HTTP error bodies.
+const (
+	CodeInvalid     = "invalid"
+	CodeNotFound    = "not_found"
+	CodeConflict    = "conflict"
+	CodeUnavailable = "unavailable"
+	CodeInternal    = "internal"
+)
+
+// ErrorBody describes an error to a client.
+type ErrorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	// Field names the invalid input field, for CodeInvalid.
+	Field string `json:"field,omitempty"`
+}
+
+// ErrorReply is the JSON body of an error reply.
+type ErrorReply struct {
+	Error ErrorBody `json:"error"`
+}

@@ -1,0 +1,185 @@
+package protocol
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/natsagent/natsagent/internal/model"
+)
+
+// MaxTokenLen is the longest tenant, thread or run id.
+const MaxTokenLen = 128
+
+// DefaultMaxRequestBytes bounds an encoded run request.
+const DefaultMaxRequestBytes = 256 << 10
+
+// DefaultAgent is the agent profile used when a request names none.
+const DefaultAgent = "chatbot"
+
+// ValidationError reports one invalid field of a request. Field is a JSON
+// path ("thread_id", "input.messages[2].role").
+type ValidationError struct {
+	Field   string
+	Message string
+}
+
+func (e *ValidationError) Error() string {
+	if e.Field == "" {
+		return e.Message
+	}
+	return e.Field + ": " + e.Message
+}
+
+// ErrInvalid matches every *ValidationError with errors.Is.
+var ErrInvalid = errors.New("invalid request")
+
+// Is lets errors.Is(err, ErrInvalid) match a ValidationError.
+func (e *ValidationError) Is(target error) bool { return target == ErrInvalid }
+
+func invalid(field, format string, args ...any) error {
+	return &ValidationError{Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// ValidToken reports whether s may be used as a tenant, thread, run or
+// worker id: 1 to 128 characters from [A-Za-z0-9_-]. Every such id becomes
+// a subject token or a key, so nothing else is accepted.
+func ValidToken(s string) bool {
+	if len(s) == 0 || len(s) > MaxTokenLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// CheckToken returns a ValidationError naming field when s is not a valid
+// token.
+func CheckToken(field, s string) error {
+	if s == "" {
+		return invalid(field, "is required")
+	}
+	if !ValidToken(s) {
+		return invalid(field, "%q is not a valid id: use 1 to %d characters from A-Z, a-z, 0-9, '_' and '-'", clip(s, 40), MaxTokenLen)
+	}
+	return nil
+}
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// DecodeRunRequest parses and validates an encoded run request, filling
+// defaults (tenant, agent, strategy). maxBytes <= 0 means
+// DefaultMaxRequestBytes.
+func DecodeRunRequest(data []byte, maxBytes int) (*RunRequest, error) {
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxRequestBytes
+	}
+	if len(data) > maxBytes {
+		return nil, invalid("", "run request is %d bytes, over the limit of %d bytes; put large content in files and reference it", len(data), maxBytes)
+	}
+	if !utf8.Valid(data) {
+		return nil, invalid("", "run request is not valid UTF-8")
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var req RunRequest
+	if err := dec.Decode(&req); err != nil {
+		return nil, invalid("", "run request is not valid JSON: %v", err)
+	}
+	if dec.More() {
+		return nil, invalid("", "run request has data after the JSON object")
+	}
+	req.Normalize()
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	return &req, nil
+}
+
+// Normalize fills defaults for empty fields.
+func (r *RunRequest) Normalize() {
+	if r.Tenant == "" {
+		r.Tenant = DefaultTenant
+	}
+	if r.Agent == "" {
+		r.Agent = DefaultAgent
+	}
+	if r.MultitaskStrategy == "" {
+		r.MultitaskStrategy = StrategyEnqueue
+	}
+}
+
+// Validate checks a normalized request.
+func (r *RunRequest) Validate() error {
+	if err := CheckToken("run_id", r.RunID); err != nil {
+		return err
+	}
+	if err := CheckToken("thread_id", r.ThreadID); err != nil {
+		return err
+	}
+	if err := CheckToken("tenant", r.Tenant); err != nil {
+		return err
+	}
+	if err := CheckToken("agent", r.Agent); err != nil {
+		return err
+	}
+	switch r.MultitaskStrategy {
+	case StrategyEnqueue, StrategyReject, StrategySteer, StrategyRollback:
+	default:
+		return invalid("multitask_strategy", "%q is not one of enqueue, reject, steer, rollback", clip(r.MultitaskStrategy, 40))
+	}
+	switch {
+	case r.Input != nil && r.Command != nil:
+		return invalid("command", "input and command are exclusive: send new messages as input, or resume an interrupted thread with command")
+	case r.Input == nil && r.Command == nil:
+		return invalid("input", "is required (or command to resume an interrupted thread)")
+	case r.Input != nil:
+		if len(r.Input.Messages) == 0 {
+			return invalid("input.messages", "must contain at least one message")
+		}
+		for i, m := range r.Input.Messages {
+			field := fmt.Sprintf("input.messages[%d]", i)
+			switch m.Role {
+			case model.RoleUser, model.RoleSystem:
+			case model.RoleAssistant, model.RoleTool:
+				return invalid(field+".role", "%q messages are produced by the agent; input may hold user and system messages", m.Role)
+			default:
+				return invalid(field+".role", "%q is not a valid role (user or system)", clip(m.Role, 20))
+			}
+			if m.ID != "" && !ValidToken(m.ID) {
+				return invalid(field+".id", "%q is not a valid message id", clip(m.ID, 40))
+			}
+		}
+	case r.Command != nil:
+		if len(r.Command.Resume) == 0 || bytes.Equal(r.Command.Resume, []byte("null")) {
+			return invalid("command.resume", "is required")
+		}
+	}
+	if r.Config.MaxSteps < 0 {
+		return invalid("config.max_steps", "must not be negative")
+	}
+	if r.Config.TimeoutSeconds < 0 {
+		return invalid("config.timeout_seconds", "must not be negative")
+	}
+	if r.Parent != nil {
+		if err := CheckToken("parent.run_id", r.Parent.RunID); err != nil {
+			return err
+		}
+		if err := CheckToken("parent.thread_id", r.Parent.ThreadID); err != nil {
+			return err
+		}
+	}
+	return nil
+}

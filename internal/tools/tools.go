@@ -1,0 +1,165 @@
+// Package tools owns the Tool interface, the set of tools a run may use,
+// and the built-in tools. A tool gets its parsed arguments and returns
+// text; it never sees the transcript, NATS or another run.
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+	// Embed the time zone database: current_time must not depend on the
+	// host having one.
+	_ "time/tzdata"
+
+	"github.com/natsagent/natsagent/internal/model"
+)
+
+// Tool is something the model can call.
+type Tool interface {
+	Spec() model.ToolSpec
+	// Call runs the tool. args is the JSON object the model sent (already
+	// checked to be valid JSON). An error becomes an error tool result
+	// the model can read; it never fails the run.
+	Call(ctx context.Context, args json.RawMessage) (string, error)
+}
+
+// Func builds a Tool from a spec and a function.
+func Func(spec model.ToolSpec, fn func(ctx context.Context, args json.RawMessage) (string, error)) Tool {
+	return funcTool{spec: spec, fn: fn}
+}
+
+type funcTool struct {
+	spec model.ToolSpec
+	fn   func(ctx context.Context, args json.RawMessage) (string, error)
+}
+
+func (t funcTool) Spec() model.ToolSpec { return t.spec }
+func (t funcTool) Call(ctx context.Context, args json.RawMessage) (string, error) {
+	return t.fn(ctx, args)
+}
+
+// Set is the tools one run may use, by name. It is built once per run and
+// never changes during it.
+type Set struct {
+	byName map[string]Tool
+	order  []string
+}
+
+// NewSet builds a set; two tools with one name is an error.
+func NewSet(ts ...Tool) (*Set, error) {
+	s := &Set{byName: make(map[string]Tool, len(ts))}
+	for _, t := range ts {
+		name := t.Spec().Name
+		if name == "" {
+			return nil, fmt.Errorf("tool %T has an empty name", t)
+		}
+		if _, dup := s.byName[name]; dup {
+			return nil, fmt.Errorf("two tools are named %q", name)
+		}
+		s.byName[name] = t
+		s.order = append(s.order, name)
+	}
+	return s, nil
+}
+
+// Get returns the named tool, or nil.
+func (s *Set) Get(name string) Tool {
+	if s == nil {
+		return nil
+	}
+	return s.byName[name]
+}
+
+// Names lists the tool names in order.
+func (s *Set) Names() []string {
+	if s == nil {
+		return nil
+	}
+	return append([]string(nil), s.order...)
+}
+
+// Specs lists the tool specs in order.
+func (s *Set) Specs() []model.ToolSpec {
+	if s == nil {
+		return nil
+	}
+	specs := make([]model.ToolSpec, len(s.order))
+	for i, n := range s.order {
+		specs[i] = s.byName[n].Spec()
+	}
+	return specs
+}
+
+// Registry holds every tool a deployment knows, from which agent profiles
+// pick theirs.
+type Registry struct {
+	tools map[string]Tool
+}
+
+// NewRegistry returns a registry holding the built-in tools.
+func NewRegistry() *Registry {
+	r := &Registry{tools: make(map[string]Tool)}
+	r.Register(CurrentTime())
+	return r
+}
+
+// Register adds or replaces a tool.
+func (r *Registry) Register(t Tool) { r.tools[t.Spec().Name] = t }
+
+// Get returns the named tool or nil.
+func (r *Registry) Get(name string) Tool { return r.tools[name] }
+
+// Names lists every registered tool, sorted.
+func (r *Registry) Names() []string {
+	names := make([]string, 0, len(r.tools))
+	for n := range r.tools {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Select builds the set of the named tools; an unknown name is an error
+// that lists what exists.
+func (r *Registry) Select(names []string) (*Set, error) {
+	ts := make([]Tool, 0, len(names))
+	for _, n := range names {
+		t := r.tools[n]
+		if t == nil {
+			return nil, fmt.Errorf("unknown tool %q (known tools: %s)", n, strings.Join(r.Names(), ", "))
+		}
+		ts = append(ts, t)
+	}
+	return NewSet(ts...)
+}
+
+// CurrentTime is a harmless built-in tool: it returns the current time,
+// optionally in an IANA time zone.
+func CurrentTime() Tool {
+	return Func(model.ToolSpec{
+		Name:        "current_time",
+		Description: "Returns the current date and time. Optionally pass an IANA time zone such as Europe/Paris.",
+		Parameters:  json.RawMessage(`{"type":"object","properties":{"timezone":{"type":"string","description":"IANA time zone name; UTC when omitted"}}}`),
+	}, func(ctx context.Context, args json.RawMessage) (string, error) {
+		var in struct {
+			Timezone string `json:"timezone"`
+		}
+		if len(args) > 0 {
+			if err := json.Unmarshal(args, &in); err != nil {
+				return "", fmt.Errorf("arguments must be an object like {\"timezone\":\"UTC\"}: %v", err)
+			}
+		}
+		loc := time.UTC
+		if in.Timezone != "" {
+			l, err := time.LoadLocation(in.Timezone)
+			if err != nil {
+				return "", fmt.Errorf("unknown time zone %q; use an IANA name such as Europe/Paris", in.Timezone)
+			}
+			loc = l
+		}
+		return time.Now().In(loc).Format(time.RFC1123Z), nil
+	})
+}

@@ -1,0 +1,302 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+type verdict int
+
+const (
+	verdictStart  verdict = iota // the run holds the thread's lease
+	verdictWait                  // another run goes first
+	verdictReject                // reject strategy and the thread is busy
+	verdictGone                  // the request left the stream: nothing to do
+	verdictRetry                 // the thread changed under us: decide again now
+)
+
+type decision struct {
+	verdict verdict
+	thread  *protocol.Thread
+	rev     uint64
+	reason  string
+}
+
+// admit decides whether the run may start now. Ordering comes from the
+// runs stream itself: a thread's requests stay in the stream until they
+// finish, so the oldest one on the thread's subject is the one whose turn
+// it is. Steer and rollback runs skip that order and reserve the thread in
+// its record (Preempt); every start goes through a CAS on the thread
+// record, which is also the lease.
+func (j *job) admit(ctx context.Context, rec *protocol.Run) (decision, error) {
+	for range 20 {
+		d, err := j.admitOnce(ctx)
+		if err != nil || d.verdict != verdictRetry {
+			return d, err
+		}
+	}
+	return decision{verdict: verdictWait}, nil
+}
+
+func (j *job) admitOnce(ctx context.Context) (decision, error) {
+	w := j.w
+	req := j.req
+	strategy := req.MultitaskStrategy
+	preempting := strategy == protocol.StrategySteer || strategy == protocol.StrategyRollback
+
+	if !preempting {
+		head, err := j.head(ctx)
+		if err != nil {
+			return decision{}, err
+		}
+		switch head {
+		case headGone:
+			return decision{verdict: verdictGone}, nil
+		case headOther:
+			if strategy == protocol.StrategyReject {
+				return decision{verdict: verdictReject, reason: "the thread has an earlier run waiting or running"}, nil
+			}
+			return decision{verdict: verdictWait}, nil
+		}
+	}
+
+	th, rev, err := w.stores.Threads.Get(ctx, req.Tenant, req.ThreadID)
+	if err != nil && !errors.Is(err, kv.ErrNotFound) {
+		return decision{}, err
+	}
+	var breakEpoch uint64 // a stale lease this run may break
+	if th != nil && th.Lease != nil && th.Lease.RunID != req.RunID {
+		stale, err := w.staleLease(ctx, th)
+		if err != nil {
+			return decision{}, err
+		}
+		if !stale {
+			switch strategy {
+			case protocol.StrategyReject:
+				return decision{verdict: verdictReject, reason: fmt.Sprintf("the thread is busy with run %s", th.Lease.RunID)}, nil
+			case protocol.StrategyEnqueue:
+				return decision{verdict: verdictWait}, nil
+			}
+			return j.reserve(ctx, th, rev)
+		}
+		j.log.Warn("breaking a stale lease", zap.String("holder", th.Lease.RunID), zap.Time("renewed_at", th.Lease.RenewedAt))
+		breakEpoch = th.Lease.Epoch
+	}
+	if th != nil && th.Lease != nil && th.Lease.RunID == req.RunID && th.Lease.MsgSeq != j.seq {
+		// The lease belongs to another copy of this run's request.
+		return decision{verdict: verdictWait}, nil
+	}
+	takeover := th != nil && th.Lease != nil && th.Lease.RunID == req.RunID
+	if !takeover && th != nil && len(th.Preempt) > 0 && th.Preempt[0].RunID != req.RunID {
+		cleaned, err := j.dropFinishedPreemptions(ctx, th, rev)
+		if err != nil || cleaned {
+			return decision{verdict: verdictRetry}, err
+		}
+		switch {
+		case strategy == protocol.StrategyReject:
+			return decision{verdict: verdictReject, reason: fmt.Sprintf("run %s is about to take the thread", th.Preempt[0].RunID)}, nil
+		case preempting:
+			return j.reserve(ctx, th, rev)
+		}
+		return decision{verdict: verdictWait}, nil
+	}
+
+	now := time.Now().UTC()
+	next, nextRev, err := w.stores.Threads.MutateFrom(ctx, req.Tenant, req.ThreadID, th, rev, func(t *protocol.Thread) error {
+		switch {
+		case t.Lease == nil:
+		case t.Lease.RunID == req.RunID && t.Lease.MsgSeq == j.seq:
+		case breakEpoch != 0 && t.Lease.Epoch == breakEpoch:
+		default:
+			return errRetryAdmit
+		}
+		if len(t.Preempt) > 0 && t.Preempt[0].RunID != req.RunID && !takeover {
+			return errRetryAdmit
+		}
+		t.Epoch++
+		t.Lease = &protocol.Lease{RunID: req.RunID, Worker: w.cfg.ID, Epoch: t.Epoch, MsgSeq: j.seq, AcquiredAt: now, RenewedAt: now}
+		t.Status = protocol.ThreadBusy
+		t.LastRunID = req.RunID
+		t.Preempt = withoutRun(t.Preempt, req.RunID)
+		return nil
+	})
+	if errors.Is(err, errRetryAdmit) {
+		return decision{verdict: verdictRetry}, nil
+	}
+	if err != nil {
+		return decision{}, err
+	}
+	return decision{verdict: verdictStart, thread: next, rev: nextRev}, nil
+}
+
+var errRetryAdmit = errors.New("thread changed; decide again")
+
+type headState int
+
+const (
+	headSelf headState = iota
+	headOther
+	headGone
+)
+
+// head reports whether this request is the oldest one of its thread still
+// in the runs stream. Older requests whose runs already finished (a crash
+// between finishing and acking, a cancel while pending) are cleaned up on
+// the way, so they never hold the thread back.
+func (j *job) head(ctx context.Context) (headState, error) {
+	w := j.w
+	subject := w.names.RunSubject(j.req.Tenant, j.req.ThreadID)
+	for range 100 {
+		m, err := w.runsStream.GetMsg(ctx, 0, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return headGone, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		if m.Sequence == j.seq {
+			return headSelf, nil
+		}
+		if m.Sequence > j.seq {
+			// Our own request is gone from the stream.
+			return headGone, nil
+		}
+		runID := m.Header.Get(nats.MsgIdHdr)
+		if runID == "" {
+			var probe struct {
+				RunID string `json:"run_id"`
+			}
+			_ = json.Unmarshal(m.Data, &probe)
+			runID = probe.RunID
+		}
+		if !protocol.ValidToken(runID) {
+			// An invalid request its worker has not dead-lettered yet.
+			return headOther, nil
+		}
+		if runID == j.req.RunID {
+			// An older copy of this very run: this copy owns the record,
+			// so the old one is dead weight.
+			w.deleteRequest(ctx, m.Sequence)
+			continue
+		}
+		hrec, _, err := w.stores.Runs.Get(ctx, j.req.Tenant, runID)
+		if errors.Is(err, kv.ErrNotFound) {
+			return headOther, nil // not seen by any worker yet
+		}
+		if err != nil {
+			return 0, err
+		}
+		if hrec.MsgSeq != 0 && hrec.MsgSeq != m.Sequence {
+			w.deleteRequest(ctx, m.Sequence) // a duplicate copy of another run
+			continue
+		}
+		if !hrec.Status.Terminal() {
+			return headOther, nil
+		}
+		if err := w.pub.PublishFinished(ctx, hrec); err != nil {
+			return 0, err
+		}
+		w.deleteRequest(ctx, m.Sequence)
+	}
+	return headOther, nil
+}
+
+func (w *Worker) deleteRequest(ctx context.Context, seq uint64) {
+	if err := w.runsStream.DeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		w.log.Debug("delete finished request", zap.Uint64("stream_seq", seq), zap.Error(err))
+	}
+}
+
+// staleLease reports whether the thread's lease may be broken: its run
+// finished without releasing it, or nobody renewed it for StaleLease.
+func (w *Worker) staleLease(ctx context.Context, th *protocol.Thread) (bool, error) {
+	if time.Since(th.Lease.RenewedAt) > w.cfg.StaleLease {
+		return true, nil
+	}
+	hrec, _, err := w.stores.Runs.Get(ctx, th.Tenant, th.Lease.RunID)
+	if errors.Is(err, kv.ErrNotFound) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return hrec.Status.Terminal(), nil
+}
+
+// reserve puts a steer or rollback run in the thread's Preempt list and
+// tells the worker running the thread's active run to look.
+func (j *job) reserve(ctx context.Context, th *protocol.Thread, rev uint64) (decision, error) {
+	w := j.w
+	req := j.req
+	next, _, err := w.stores.Threads.MutateFrom(ctx, req.Tenant, req.ThreadID, th, rev, func(t *protocol.Thread) error {
+		for _, p := range t.Preempt {
+			if p.RunID == req.RunID {
+				return errUnchanged
+			}
+		}
+		t.Preempt = append(t.Preempt, protocol.Preemption{RunID: req.RunID, Strategy: req.MultitaskStrategy})
+		return nil
+	})
+	if err != nil && !errors.Is(err, errUnchanged) {
+		return decision{}, err
+	}
+	if next != nil && next.Lease != nil {
+		w.signal(next.Lease.Worker, control{Action: actionLook, Tenant: req.Tenant, Thread: req.ThreadID, Run: next.Lease.RunID})
+	}
+	return decision{verdict: verdictWait}, nil
+}
+
+var errUnchanged = errors.New("unchanged")
+
+// dropFinishedPreemptions removes reservations of runs that ended while
+// they waited (cancelled, failed), so they never block the thread.
+func (j *job) dropFinishedPreemptions(ctx context.Context, th *protocol.Thread, rev uint64) (bool, error) {
+	w := j.w
+	var dead []string
+	for _, p := range th.Preempt {
+		if p.RunID == j.req.RunID {
+			break
+		}
+		r, _, err := w.stores.Runs.Get(ctx, th.Tenant, p.RunID)
+		if errors.Is(err, kv.ErrNotFound) || (err == nil && r.Status.Terminal()) {
+			dead = append(dead, p.RunID)
+			continue
+		}
+		if err != nil {
+			return false, err
+		}
+	}
+	if len(dead) == 0 {
+		return false, nil
+	}
+	_, _, err := w.stores.Threads.MutateFrom(ctx, th.Tenant, th.ThreadID, th, rev, func(t *protocol.Thread) error {
+		for _, id := range dead {
+			t.Preempt = withoutRun(t.Preempt, id)
+		}
+		return nil
+	})
+	return err == nil, err
+}
+
+func withoutRun(ps []protocol.Preemption, run string) []protocol.Preemption {
+	out := ps[:0:0]
+	for _, p := range ps {
+		if p.RunID != run {
+			out = append(out, p)
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}

@@ -1,0 +1,353 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+// Queue groups shared by all workers.
+const (
+	cancelQueue   = "natsagent-cancel"
+	advisoryQueue = "natsagent-dlq"
+)
+
+// control is a message on a worker's private control subject.
+type control struct {
+	Action string `json:"action"`
+	Tenant string `json:"tenant"`
+	Thread string `json:"thread"`
+	Run    string `json:"run"`
+}
+
+const (
+	// actionLook: the thread record changed (a steer or rollback
+	// reserved it); re-read it.
+	actionLook = "look"
+	// actionCancel: cancel the run and reply when it ended.
+	actionCancel = "cancel"
+)
+
+type controlReply struct {
+	Found  bool            `json:"found"`
+	Status protocol.Status `json:"status,omitempty"`
+}
+
+func (w *Worker) subscribe() error {
+	sub, err := w.nc.QueueSubscribe(w.names.CancelSubjects(), cancelQueue, func(m *nats.Msg) {
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			w.handleCancel(m)
+		}()
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe to cancel requests: %w", err)
+	}
+	w.subs = append(w.subs, sub)
+	sub, err = w.nc.Subscribe(w.names.WorkerControl(w.cfg.ID), func(m *nats.Msg) {
+		go w.handleControl(m)
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe to worker control: %w", err)
+	}
+	w.subs = append(w.subs, sub)
+	sub, err = w.nc.QueueSubscribe(maxDeliveriesSubject(w.names), advisoryQueue, func(m *nats.Msg) {
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			w.handleMaxDeliveries(m)
+		}()
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe to delivery advisories: %w", err)
+	}
+	w.subs = append(w.subs, sub)
+	return w.nc.Flush()
+}
+
+func (w *Worker) unsubscribe() {
+	for _, s := range w.subs {
+		_ = s.Unsubscribe()
+	}
+	w.subs = nil
+}
+
+// signal sends a control message to a worker, without waiting.
+func (w *Worker) signal(worker string, c control) {
+	if !protocol.ValidToken(worker) {
+		return
+	}
+	data, _ := json.Marshal(c)
+	if err := w.nc.Publish(w.names.WorkerControl(worker), data); err != nil {
+		w.log.Debug("control signal not sent", zap.String("to", worker), zap.Error(err))
+	}
+}
+
+func (w *Worker) handleControl(m *nats.Msg) {
+	var c control
+	if err := json.Unmarshal(m.Data, &c); err != nil {
+		return
+	}
+	j := w.runningJob(c.Tenant, c.Run)
+	switch c.Action {
+	case actionLook:
+		if j != nil {
+			j.hold.Lock()
+			lease := j.lease
+			j.hold.Unlock()
+			if lease != nil {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				lease.refresh(ctx)
+				cancel()
+			}
+		}
+	case actionCancel:
+		if j == nil {
+			respondJSON(m, controlReply{Found: false})
+			return
+		}
+		j.hold.Lock()
+		cancelRun := j.cancelRun
+		j.hold.Unlock()
+		if cancelRun != nil {
+			cancelRun(ErrCancelled)
+		}
+		select {
+		case <-j.finished:
+		case <-time.After(15 * time.Second):
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		rec, _, err := w.stores.Runs.Get(ctx, c.Tenant, c.Run)
+		if err != nil {
+			respondJSON(m, controlReply{Found: true, Status: protocol.StatusRunning})
+			return
+		}
+		respondJSON(m, controlReply{Found: true, Status: rec.Status})
+	}
+}
+
+// handleCancel serves P.ctl.<tenant>.<thread>.<run>.cancel for every run:
+// a pending run is cancelled here, a running one by the worker running it
+// (which cancels its model and tool calls), and a running one whose worker
+// is gone by fencing it out and recording the cancel.
+func (w *Worker) handleCancel(m *nats.Msg) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tenant, thread, run, ok := w.names.ParseCancelSubject(m.Subject)
+	if !ok {
+		respondError(m, protocol.CodeInvalid, "malformed cancel subject")
+		return
+	}
+	for field, v := range map[string]string{"tenant": tenant, "thread_id": thread, "run_id": run} {
+		if err := protocol.CheckToken(field, v); err != nil {
+			respondError(m, protocol.CodeInvalid, err.Error())
+			return
+		}
+	}
+	status, err := w.cancelRun(ctx, tenant, thread, run)
+	if err != nil {
+		var ce *codedError
+		if errors.As(err, &ce) {
+			respondError(m, ce.code, ce.msg)
+			return
+		}
+		respondError(m, protocol.CodeUnavailable, err.Error())
+		return
+	}
+	respondJSON(m, protocol.CancelReply{RunID: run, Status: status})
+}
+
+type codedError struct{ code, msg string }
+
+func (e *codedError) Error() string { return e.msg }
+
+func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string) (protocol.Status, error) {
+	for range 5 {
+		rec, _, err := w.stores.Runs.Get(ctx, tenant, run)
+		if errors.Is(err, kv.ErrNotFound) {
+			req, err := w.findRequest(ctx, tenant, thread, run)
+			if err != nil {
+				return "", err
+			}
+			if req == nil {
+				return "", &codedError{protocol.CodeNotFound, fmt.Sprintf("no run %s on thread %s", run, thread)}
+			}
+			// Published but not seen by a worker yet: record it as
+			// cancelled; the worker that receives it will only ack it.
+			rec = kv.NewRun(req, 0, time.Now().UTC())
+			now := time.Now().UTC()
+			rec.Status, rec.FinishedAt, rec.Seq = protocol.StatusCancelled, &now, 1
+			if _, err := w.stores.Runs.Create(ctx, rec); err != nil {
+				if errors.Is(err, kv.ErrExists) {
+					continue
+				}
+				return "", err
+			}
+			_ = w.stores.Threads.IndexRun(ctx, tenant, thread, run, rec.CreatedAt)
+			if err := w.pub.PublishFinished(ctx, rec); err != nil {
+				return "", err
+			}
+			w.wakeThread(tenant, thread)
+			return protocol.StatusCancelled, nil
+		}
+		if err != nil {
+			return "", err
+		}
+		if rec.ThreadID != thread {
+			return "", &codedError{protocol.CodeNotFound, fmt.Sprintf("run %s is not on thread %s", run, thread)}
+		}
+		switch {
+		case rec.Status.Terminal():
+			return "", &codedError{protocol.CodeConflict, fmt.Sprintf("run %s already finished with status %s", run, rec.Status)}
+		case rec.Status == protocol.StatusPending:
+			done, err := w.finishUnowned(ctx, rec, protocol.StatusCancelled, "", func(r *protocol.Run) bool { return r.Status == protocol.StatusPending })
+			if err != nil {
+				return "", err
+			}
+			if done {
+				return protocol.StatusCancelled, nil
+			}
+			continue // it started meanwhile
+		}
+		// Running: ask the worker that runs it.
+		data, _ := json.Marshal(control{Action: actionCancel, Tenant: tenant, Thread: thread, Run: run})
+		reply, err := w.nc.RequestWithContext(ctx, w.names.WorkerControl(rec.Worker), data)
+		if err == nil {
+			var cr controlReply
+			if json.Unmarshal(reply.Data, &cr) == nil && cr.Found {
+				return cr.Status, nil
+			}
+		} else if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, context.DeadlineExceeded) {
+			return "", err
+		}
+		// Its worker is gone: fence it out and record the cancel.
+		epoch := rec.Epoch
+		done, err := w.finishUnowned(ctx, rec, protocol.StatusCancelled, "", func(r *protocol.Run) bool {
+			return r.Status == protocol.StatusRunning && r.Epoch == epoch
+		})
+		if err != nil {
+			return "", err
+		}
+		if done {
+			return protocol.StatusCancelled, nil
+		}
+	}
+	return "", &codedError{protocol.CodeConflict, fmt.Sprintf("run %s kept changing while being cancelled; try again", run)}
+}
+
+// finishUnowned ends a run that no worker is executing (pending, or whose
+// worker is gone): it records the terminal status if cond still holds,
+// releases the thread if the run held it, and publishes run.finished. It
+// reports false when cond no longer held.
+func (w *Worker) finishUnowned(ctx context.Context, rec *protocol.Run, status protocol.Status, reason string, cond func(*protocol.Run) bool) (bool, error) {
+	lastSeq, err := w.pub.LastSeq(ctx, rec.Tenant, rec.ThreadID, rec.RunID)
+	if err != nil {
+		return false, err
+	}
+	errChanged := errors.New("changed")
+	var holderEpoch uint64
+	rec, _, err = w.stores.Runs.Mutate(ctx, rec.Tenant, rec.RunID, func(r *protocol.Run) error {
+		if !cond(r) {
+			return errChanged
+		}
+		holderEpoch = r.Epoch
+		now := time.Now().UTC()
+		r.Status, r.Error, r.FinishedAt = status, reason, &now
+		r.Seq = max(r.Seq, lastSeq) + 1
+		return nil
+	})
+	if errors.Is(err, errChanged) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	_, _, err = w.stores.Threads.Mutate(ctx, rec.Tenant, rec.ThreadID, func(t *protocol.Thread) error {
+		held := t.Lease != nil && t.Lease.RunID == rec.RunID && t.Lease.Epoch == holderEpoch
+		reserved := len(withoutRun(t.Preempt, rec.RunID)) != len(t.Preempt)
+		if !held && !reserved {
+			return errUnchanged
+		}
+		if held {
+			t.Lease = nil
+			t.Status = protocol.ThreadIdle
+		}
+		t.Preempt = withoutRun(t.Preempt, rec.RunID)
+		return nil
+	})
+	if err != nil && !errors.Is(err, errUnchanged) && !errors.Is(err, kv.ErrNotFound) {
+		return true, err
+	}
+	if err := w.pub.PublishFinished(ctx, rec); err != nil {
+		return true, err
+	}
+	w.wakeThread(rec.Tenant, rec.ThreadID)
+	return true, nil
+}
+
+// findRequest looks for a run's request among its thread's requests still
+// in the stream.
+func (w *Worker) findRequest(ctx context.Context, tenant, thread, run string) (*protocol.RunRequest, error) {
+	subject := w.names.RunSubject(tenant, thread)
+	var seq uint64
+	for range 10000 {
+		m, err := w.runsStream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		seq = m.Sequence + 1
+		if id := m.Header.Get(nats.MsgIdHdr); id != "" && id != run {
+			continue
+		}
+		req, err := protocol.DecodeRunRequest(m.Data, w.cfg.Settings.MaxRequestBytes)
+		if err != nil || req.RunID != run {
+			continue
+		}
+		if req.Tenant != tenant || req.ThreadID != thread {
+			return nil, nil // an invalid request; its worker dead-letters it
+		}
+		return req, nil
+	}
+	return nil, nil
+}
+
+func respondJSON(m *nats.Msg, v any) {
+	data, _ := json.Marshal(v)
+	_ = m.Respond(data)
+}
+
+func respondError(m *nats.Msg, code, message string) {
+	reply := nats.NewMsg(m.Reply)
+	reply.Header.Set("Nats-Service-Error-Code", errorStatus(code))
+	reply.Header.Set("Nats-Service-Error", message)
+	reply.Data, _ = json.Marshal(protocol.ErrorReply{Error: protocol.ErrorBody{Code: code, Message: message}})
+	_ = m.RespondMsg(reply)
+}
+
+func errorStatus(code string) string {
+	switch code {
+	case protocol.CodeInvalid:
+		return "400"
+	case protocol.CodeNotFound:
+		return "404"
+	case protocol.CodeConflict:
+		return "409"
+	case protocol.CodeUnavailable:
+		return "503"
+	}
+	return "500"
+}

@@ -1,0 +1,189 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+// Headers set on dead-lettered requests.
+const (
+	HeaderDLQReason    = "Natsagent-Dlq-Reason"
+	HeaderDLQSubject   = "Natsagent-Dlq-Subject"
+	HeaderDLQStreamSeq = "Natsagent-Dlq-Stream-Seq"
+)
+
+// decode checks a delivered request against the subject it came on and
+// the deployment's agents. The error says what a person must fix.
+func (w *Worker) decode(msg jetstream.Msg) (*protocol.RunRequest, error) {
+	tenant, thread, ok := w.names.ParseRunSubject(msg.Subject())
+	if !ok {
+		return nil, &protocol.ValidationError{Message: fmt.Sprintf("subject %q is not a run subject", msg.Subject())}
+	}
+	if err := protocol.CheckToken("tenant (subject)", tenant); err != nil {
+		return nil, err
+	}
+	if err := protocol.CheckToken("thread_id (subject)", thread); err != nil {
+		return nil, err
+	}
+	req, err := protocol.DecodeRunRequest(msg.Data(), w.cfg.Settings.MaxRequestBytes)
+	if err != nil {
+		return nil, err
+	}
+	if req.Tenant != tenant {
+		return req, &protocol.ValidationError{Field: "tenant", Message: fmt.Sprintf("%q does not match the subject's tenant %q", req.Tenant, tenant)}
+	}
+	if req.ThreadID != thread {
+		return req, &protocol.ValidationError{Field: "thread_id", Message: fmt.Sprintf("%q does not match the subject's thread %q", req.ThreadID, thread)}
+	}
+	if id := msg.Headers().Get(nats.MsgIdHdr); id != "" && id != req.RunID {
+		return req, &protocol.ValidationError{Field: "run_id", Message: fmt.Sprintf("%q does not match the Nats-Msg-Id header %q", req.RunID, id)}
+	}
+	if !w.cfg.Agents.Has(req.Agent) {
+		return req, &protocol.ValidationError{Field: "agent", Message: fmt.Sprintf("unknown agent %q (known agents: %v)", req.Agent, w.cfg.Agents.Names())}
+	}
+	return req, nil
+}
+
+// deadLetter ends an invalid request: an error run (when the request names
+// a run it may own) with the reason, a copy in the dead-letter stream, and
+// the request removed from the runs stream. The worker keeps serving.
+func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, seq uint64, reason error) {
+	tenant, thread, ok := w.names.ParseRunSubject(msg.Subject())
+	log := w.log.With(zap.String("subject", msg.Subject()), zap.Uint64("stream_seq", seq))
+	log.Warn("invalid run request dead-lettered", zap.Error(reason))
+	if ok && protocol.ValidToken(tenant) && protocol.ValidToken(thread) {
+		runID := w.invalidRunID(msg, seq)
+		if err := w.recordInvalid(ctx, tenant, thread, runID, seq, reason); err != nil {
+			log.Warn("could not record the invalid run", zap.Error(err))
+		}
+	}
+	if err := w.copyToDLQ(ctx, msg.Subject(), msg.Headers(), msg.Data(), seq, reason.Error(), tenant, thread); err != nil {
+		log.Error("could not dead-letter the request; handing it back", zap.Error(err))
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	_ = msg.TermWithReason(clipReason(reason.Error()))
+}
+
+// invalidRunID picks the id under which an invalid request is recorded:
+// its run_id or Nats-Msg-Id when valid, else one derived from its stream
+// sequence so the person who sent it can still find the error.
+func (w *Worker) invalidRunID(msg jetstream.Msg, seq uint64) string {
+	var probe struct {
+		RunID string `json:"run_id"`
+	}
+	if json.Unmarshal(msg.Data(), &probe) == nil && protocol.ValidToken(probe.RunID) {
+		return probe.RunID
+	}
+	if id := msg.Headers().Get(nats.MsgIdHdr); protocol.ValidToken(id) {
+		return id
+	}
+	return "invalid-" + strconv.FormatUint(seq, 10)
+}
+
+func (w *Worker) recordInvalid(ctx context.Context, tenant, thread, runID string, seq uint64, reason error) error {
+	rec, _, err := w.stores.Runs.Get(ctx, tenant, runID)
+	if err == nil && (rec.MsgSeq != seq || rec.Status.Terminal() || rec.ThreadID != thread) {
+		// The id belongs to another request's run; leave that run alone.
+		return nil
+	}
+	if err != nil && !errors.Is(err, kv.ErrNotFound) {
+		return err
+	}
+	if err == nil {
+		_, err = w.finishUnowned(ctx, rec, protocol.StatusError, "invalid run request: "+reason.Error(), func(r *protocol.Run) bool { return !r.Status.Terminal() })
+		return err
+	}
+	now := time.Now().UTC()
+	rec = &protocol.Run{
+		RunID: runID, ThreadID: thread, Tenant: tenant, Status: protocol.StatusError,
+		CreatedAt: now, FinishedAt: &now, MsgSeq: seq, Seq: 1,
+		Error: "invalid run request: " + reason.Error(),
+	}
+	if _, err := w.stores.Runs.Create(ctx, rec); err != nil {
+		if errors.Is(err, kv.ErrExists) {
+			return nil
+		}
+		return err
+	}
+	_ = w.stores.Threads.IndexRun(ctx, tenant, thread, runID, now)
+	return w.pub.PublishFinished(ctx, rec)
+}
+
+func (w *Worker) copyToDLQ(ctx context.Context, subject string, hdr nats.Header, data []byte, seq uint64, reason, tenant, thread string) error {
+	dlSubject := w.names.Prefix + ".dlq.runs.invalid"
+	if protocol.ValidToken(tenant) && protocol.ValidToken(thread) {
+		dlSubject = w.names.DLQSubject(tenant, thread)
+	}
+	m := nats.NewMsg(dlSubject)
+	for k, v := range hdr {
+		if k == nats.MsgIdHdr {
+			continue // the runs stream's dedupe id means nothing here
+		}
+		m.Header[k] = v
+	}
+	m.Header.Set(HeaderDLQReason, clipReason(reason))
+	m.Header.Set(HeaderDLQSubject, subject)
+	m.Header.Set(HeaderDLQStreamSeq, strconv.FormatUint(seq, 10))
+	m.Data = data
+	_, err := w.js.PublishMsg(ctx, m, jetstream.WithMsgID(w.names.RunsStream()+"-"+strconv.FormatUint(seq, 10)))
+	return err
+}
+
+func clipReason(s string) string {
+	if len(s) > 1024 {
+		return s[:1024]
+	}
+	return s
+}
+
+func maxDeliveriesSubject(n bus.Names) string {
+	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + n.RunsStream() + "." + bus.RunsConsumer
+}
+
+// handleMaxDeliveries dead-letters a request the server gave up
+// redelivering (every worker running it died or stopped). JetStream keeps
+// such a message in a work-queue stream, so it is copied and deleted here.
+func (w *Worker) handleMaxDeliveries(m *nats.Msg) {
+	var adv struct {
+		StreamSeq  uint64 `json:"stream_seq"`
+		Deliveries uint64 `json:"deliveries"`
+	}
+	if err := json.Unmarshal(m.Data, &adv); err != nil || adv.StreamSeq == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	raw, err := w.runsStream.GetMsg(ctx, adv.StreamSeq)
+	if err != nil {
+		return // already handled by another worker
+	}
+	reason := fmt.Sprintf("the run request was delivered %d times without finishing: the workers running it stopped each time (crash, kill, or shutdown without hand-back)", adv.Deliveries)
+	tenant, thread, _ := w.names.ParseRunSubject(raw.Subject)
+	if req, err := protocol.DecodeRunRequest(raw.Data, w.cfg.Settings.MaxRequestBytes); err == nil && req.Tenant == tenant && req.ThreadID == thread {
+		if rec, _, err := w.stores.Runs.Get(ctx, tenant, req.RunID); err == nil && !rec.Status.Terminal() && (rec.MsgSeq == adv.StreamSeq || rec.MsgSeq == 0) {
+			if _, err := w.finishUnowned(ctx, rec, protocol.StatusError, reason, func(r *protocol.Run) bool { return !r.Status.Terminal() }); err != nil {
+				w.log.Warn("could not record the dead-lettered run", zap.String("run_id", req.RunID), zap.Error(err))
+				return
+			}
+		}
+	}
+	if err := w.copyToDLQ(ctx, raw.Subject, raw.Header, raw.Data, adv.StreamSeq, reason, tenant, thread); err != nil {
+		w.log.Error("could not dead-letter the request", zap.Uint64("stream_seq", adv.StreamSeq), zap.Error(err))
+		return
+	}
+	w.deleteRequest(ctx, adv.StreamSeq)
+	w.log.Warn("run request dead-lettered after max deliveries", zap.Uint64("stream_seq", adv.StreamSeq), zap.Uint64("deliveries", adv.Deliveries))
+}

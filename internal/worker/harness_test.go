@@ -1,0 +1,299 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/natsagent/natsagent/internal/agent"
+	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
+	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/tools"
+)
+
+// harness is a real embedded JetStream server with natsagent provisioned
+// and workers started on their own connections.
+type harness struct {
+	t        *testing.T
+	srv      *natstest.Server
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	settings bus.Settings
+	names    bus.Names
+	stores   *kv.Stores
+	tools    *tools.Registry
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	srv := natstest.Start(t)
+	nc := srv.Connect()
+	settings := bus.Settings{AckWait: 2 * time.Second, MaxDeliver: 5}.WithDefaults()
+	natstest.Provision(t, nc, settings)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stores, err := kv.Open(context.Background(), js, settings.Names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &harness{t: t, srv: srv, nc: nc, js: js, settings: settings, names: settings.Names, stores: stores, tools: tools.NewRegistry()}
+}
+
+type workerHandle struct {
+	w      *Worker
+	nc     *nats.Conn
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// stop shuts the worker down gracefully and waits for it.
+func (wh *workerHandle) stop() {
+	wh.cancel()
+	<-wh.done
+}
+
+// startWorker starts a worker with m as its model. cfg may adjust the
+// configuration before start.
+func (h *harness) startWorker(m model.Model, cfg func(*Config)) *workerHandle {
+	h.t.Helper()
+	nc, err := nats.Connect(h.srv.URL(), nats.MaxReconnects(-1))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	// The chatbot may call every tool the test registered.
+	chatbot := agent.Chatbot()
+	chatbot.Tools = h.tools.Names()
+	profiles := []agent.Profile{chatbot}
+	agents, err := agent.NewAgents(m, h.tools, profiles...)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	c := Config{Settings: h.settings, Concurrency: 4, Agents: agents, Logger: zaptest.NewLogger(h.t), WaitPoll: 200 * time.Millisecond, ShutdownGrace: 5 * time.Second}
+	if cfg != nil {
+		cfg(&c)
+	}
+	w, err := New(context.Background(), nc, c)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	wh := &workerHandle{w: w, nc: nc, cancel: cancel, done: make(chan error, 1)}
+	go func() { wh.done <- w.Run(ctx) }()
+	h.t.Cleanup(func() {
+		cancel()
+		select {
+		case <-wh.done:
+		case <-time.After(20 * time.Second):
+			h.t.Error("worker did not stop")
+		}
+		nc.Close()
+	})
+	return wh
+}
+
+// request builds a run request with one user message.
+func request(thread, run, text string) *protocol.RunRequest {
+	return &protocol.RunRequest{
+		RunID: run, ThreadID: thread, Tenant: protocol.DefaultTenant, Agent: protocol.DefaultAgent,
+		Input: &protocol.Input{Messages: []model.Message{{Role: model.RoleUser, Content: text}}},
+	}
+}
+
+// submit publishes a run request the way the gateway does.
+func (h *harness) submit(req *protocol.RunRequest) uint64 {
+	h.t.Helper()
+	req.Normalize()
+	data, err := json.Marshal(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return h.publishRaw(h.names.RunSubject(req.Tenant, req.ThreadID), data, req.RunID)
+}
+
+func (h *harness) publishRaw(subject string, data []byte, msgID string) uint64 {
+	h.t.Helper()
+	m := nats.NewMsg(subject)
+	m.Data = data
+	if msgID != "" {
+		m.Header.Set(nats.MsgIdHdr, msgID)
+	}
+	ack, err := h.js.PublishMsg(context.Background(), m)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+// watcher collects the events of one run as they are stored.
+type watcher struct {
+	mu     sync.Mutex
+	events []protocol.Event
+	done   chan struct{}
+	cc     jetstream.ConsumeContext
+}
+
+func (h *harness) watch(tenant, thread, run string) *watcher {
+	h.t.Helper()
+	oc, err := h.js.OrderedConsumer(context.Background(), h.names.EventsStream(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{h.names.RunEvents(tenant, thread, run)},
+	})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	w := &watcher{done: make(chan struct{})}
+	cc, err := oc.Consume(func(m jetstream.Msg) {
+		var ev protocol.Event
+		if err := json.Unmarshal(m.Data(), &ev); err != nil {
+			h.t.Errorf("undecodable event: %v", err)
+			return
+		}
+		w.mu.Lock()
+		w.events = append(w.events, ev)
+		if ev.Type == protocol.EventRunFinished {
+			select {
+			case <-w.done:
+			default:
+				close(w.done)
+			}
+		}
+		w.mu.Unlock()
+	})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	w.cc = cc
+	h.t.Cleanup(cc.Stop)
+	return w
+}
+
+// finished waits for run.finished and returns its data.
+func (w *watcher) finished(t *testing.T, timeout time.Duration) protocol.FinishedData {
+	t.Helper()
+	select {
+	case <-w.done:
+	case <-time.After(timeout):
+		t.Fatalf("run did not finish in %s; events so far: %v", timeout, w.types())
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, ev := range w.events {
+		if ev.Type == protocol.EventRunFinished {
+			var d protocol.FinishedData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				t.Fatal(err)
+			}
+			return d
+		}
+	}
+	t.Fatal("no run.finished")
+	return protocol.FinishedData{}
+}
+
+func (w *watcher) all() []protocol.Event {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]protocol.Event(nil), w.events...)
+}
+
+func (w *watcher) types() []string {
+	var out []string
+	for _, ev := range w.all() {
+		out = append(out, ev.Type)
+	}
+	return out
+}
+
+func (w *watcher) count(eventType string) int {
+	n := 0
+	for _, ev := range w.all() {
+		if ev.Type == eventType {
+			n++
+		}
+	}
+	return n
+}
+
+// waitFor polls cond until it holds.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s", timeout, what)
+}
+
+func (h *harness) run(tenant, run string) *protocol.Run {
+	h.t.Helper()
+	r, _, err := h.stores.Runs.Get(context.Background(), tenant, run)
+	if err != nil {
+		h.t.Fatalf("get run %s: %v", run, err)
+	}
+	return r
+}
+
+func (h *harness) threadState(tenant, thread string) []model.Message {
+	h.t.Helper()
+	th, _, err := h.stores.Threads.Get(context.Background(), tenant, thread)
+	if err != nil {
+		h.t.Fatalf("get thread %s: %v", thread, err)
+	}
+	st, _, err := h.stores.Checkpoints.Load(context.Background(), tenant, thread, th.Head)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return st.Messages
+}
+
+func (h *harness) cancel(tenant, thread, run string) (*protocol.CancelReply, *protocol.ErrorReply) {
+	h.t.Helper()
+	msg, err := h.nc.Request(h.names.CancelSubject(tenant, thread, run), nil, 20*time.Second)
+	if err != nil {
+		h.t.Fatalf("cancel request: %v", err)
+	}
+	if msg.Header.Get("Nats-Service-Error-Code") != "" {
+		var e protocol.ErrorReply
+		if err := json.Unmarshal(msg.Data, &e); err != nil {
+			h.t.Fatal(err)
+		}
+		return nil, &e
+	}
+	var r protocol.CancelReply
+	if err := json.Unmarshal(msg.Data, &r); err != nil {
+		h.t.Fatal(err)
+	}
+	return &r, nil
+}
+
+// textModel answers every call with text streamed in pieces.
+func textModel(text string, pieces int, pieceDelay time.Duration) *model.Scripted {
+	return model.NewScripted(func(int, *model.Request) model.Reply {
+		return model.Reply{Text: text, Pieces: pieces, PieceDelay: pieceDelay}
+	})
+}
+
+// toolThenText calls tool once per user turn, then answers.
+func toolThenText(tool, args, text string) *model.Scripted {
+	return model.NewScripted(func(n int, req *model.Request) model.Reply {
+		last := req.Messages[len(req.Messages)-1]
+		if last.Role == model.RoleTool {
+			return model.Reply{Text: text + ": " + last.Content, Pieces: 3}
+		}
+		return model.Reply{Text: "calling", ToolCalls: []model.ToolCall{{ID: fmt.Sprintf("call_%d", n), Name: tool, Arguments: args}}}
+	})
+}

@@ -1,0 +1,174 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/natsagent/natsagent/internal/agent"
+	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/state"
+)
+
+// leaseHandle is a running run's hold on its thread: a cached copy of the
+// thread record and its revision. Every write goes through a CAS that
+// first checks the lease epoch is still this run's, so a worker that lost
+// the thread stops instead of writing.
+type leaseHandle struct {
+	w      *Worker
+	tenant string
+	thread string
+	run    string
+	epoch  uint64
+	base   string
+
+	onPreempt func(protocol.Preemption)
+	onLost    func()
+
+	mu   sync.Mutex
+	th   *protocol.Thread
+	rev  uint64
+	lost bool
+}
+
+func (l *leaseHandle) head() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.th.Head
+}
+
+func (l *leaseHandle) threadStatus() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.th.Status
+}
+
+// mutate applies fn to the thread record under the lease.
+func (l *leaseHandle) mutate(ctx context.Context, fn func(*protocol.Thread) error) error {
+	l.mu.Lock()
+	if l.lost {
+		l.mu.Unlock()
+		return agent.ErrLeaseLost
+	}
+	th, rev, err := l.w.stores.Threads.MutateFrom(ctx, l.tenant, l.thread, l.th, l.rev, func(t *protocol.Thread) error {
+		if t.Lease == nil || t.Lease.RunID != l.run || t.Lease.Epoch != l.epoch {
+			return agent.ErrLeaseLost
+		}
+		return fn(t)
+	})
+	if err == nil {
+		l.th, l.rev = th, rev
+	}
+	lost := errors.Is(err, agent.ErrLeaseLost) && !l.lost
+	if lost {
+		l.lost = true
+	}
+	l.mu.Unlock()
+	if lost && l.onLost != nil {
+		l.onLost()
+	}
+	if err == nil {
+		l.checkPreempt()
+	}
+	return err
+}
+
+// checkpoint writes a delta and moves the head to it.
+func (l *leaseHandle) checkpoint(ctx context.Context, run string, step int, u state.Update) error {
+	d := &kv.Delta{ID: kv.CheckpointID(l.epoch, step), Parent: l.head(), RunID: run, Step: step, Time: time.Now().UTC(), Update: u}
+	if _, err := l.w.stores.Checkpoints.Put(ctx, l.tenant, l.thread, d); err != nil {
+		return err
+	}
+	return l.mutate(ctx, func(t *protocol.Thread) error {
+		t.Head = d.ID
+		t.Lease.RenewedAt = time.Now().UTC()
+		return nil
+	})
+}
+
+// renew refreshes the lease when it is getting old, which also picks up a
+// steer or rollback whose signal was lost.
+func (l *leaseHandle) renew(ctx context.Context) {
+	l.mu.Lock()
+	due := l.th.Lease != nil && time.Since(l.th.Lease.RenewedAt) > l.w.cfg.Settings.AckWait/2
+	l.mu.Unlock()
+	if !due {
+		return
+	}
+	err := l.mutate(ctx, func(t *protocol.Thread) error {
+		t.Lease.RenewedAt = time.Now().UTC()
+		return nil
+	})
+	if err != nil && !errors.Is(err, agent.ErrLeaseLost) {
+		l.w.log.Warn("lease renewal failed", zap.String("run_id", l.run), zap.Error(err))
+	}
+}
+
+// refresh re-reads the thread record (a steer signal arrived).
+func (l *leaseHandle) refresh(ctx context.Context) {
+	th, rev, err := l.w.stores.Threads.Get(ctx, l.tenant, l.thread)
+	if err != nil {
+		return
+	}
+	l.mu.Lock()
+	if rev > l.rev {
+		l.th, l.rev = th, rev
+	}
+	mine := th.Lease != nil && th.Lease.RunID == l.run && th.Lease.Epoch == l.epoch
+	lost := !mine && !l.lost
+	if lost {
+		l.lost = true
+	}
+	l.mu.Unlock()
+	if lost && l.onLost != nil {
+		l.onLost()
+		return
+	}
+	l.checkPreempt()
+}
+
+// checkPreempt calls onPreempt when another run reserved the thread.
+func (l *leaseHandle) checkPreempt() {
+	if p := l.preemptor(); p.RunID != "" && l.onPreempt != nil {
+		l.onPreempt(p)
+	}
+}
+
+// preemptor returns the first reservation by another run.
+func (l *leaseHandle) preemptor() protocol.Preemption {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, p := range l.th.Preempt {
+		if p.RunID != l.run {
+			return p
+		}
+	}
+	return protocol.Preemption{}
+}
+
+type releaseOpts struct {
+	status     string
+	rollback   bool
+	rollbackTo string
+}
+
+// release gives the thread back. A rollback also returns the thread's head
+// to where it was before the run started.
+func (l *leaseHandle) release(ctx context.Context, o *releaseOpts) error {
+	if o == nil {
+		o = &releaseOpts{status: protocol.ThreadIdle}
+	}
+	return l.mutate(ctx, func(t *protocol.Thread) error {
+		t.Lease = nil
+		t.Status = o.status
+		if o.rollback {
+			t.Head = o.rollbackTo
+		}
+		t.Preempt = withoutRun(t.Preempt, l.run)
+		return nil
+	})
+}

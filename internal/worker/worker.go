@@ -1,0 +1,343 @@
+// Package worker owns the execution side of the run queue: pulling run
+// requests from the shared durable consumer, the per-thread lease and
+// ordering, the run record's lifecycle, heartbeats, steer and cancel,
+// recovery after a worker dies, and dead-lettering. It drives the agent
+// loop through a Host and never decides what a middleware does.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+	"go.uber.org/zap"
+
+	"github.com/natsagent/natsagent/internal/agent"
+	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/events"
+	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+// Config configures a worker. Zero values take defaults.
+type Config struct {
+	// Settings must equal the deployment's provisioning settings.
+	Settings bus.Settings
+	// ID names the worker in leases and logs (default "w-<random>").
+	ID string
+	// Concurrency is how many runs execute at once (default 8).
+	Concurrency int
+	// MaxWaiting bounds runs held while they wait for their thread
+	// (default 1000); beyond it a waiting run keeps its slot, so the
+	// worker stops pulling instead of hoarding work.
+	MaxWaiting int
+	// WaitPoll is how often a waiting run re-checks its thread when no
+	// event woke it (default 1s).
+	WaitPoll time.Duration
+	// RunTimeout bounds a run's wall time unless the request sets one
+	// (default 1h); the run ends "timeout".
+	RunTimeout time.Duration
+	// ShutdownGrace is how long in-flight runs get to reach a safe
+	// boundary on shutdown before their contexts are cancelled (default 10s).
+	ShutdownGrace time.Duration
+	// StaleLease is how long a thread lease may go unrenewed before a
+	// waiting run may break it (default 5 × AckWait, beyond the
+	// redelivery of the holder's own request).
+	StaleLease time.Duration
+	Agents     *agent.Agents
+	Logger     *zap.Logger
+}
+
+func (c Config) withDefaults() Config {
+	c.Settings = c.Settings.WithDefaults()
+	if c.ID == "" {
+		c.ID = "w-" + nuid.Next()
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 8
+	}
+	if c.MaxWaiting <= 0 {
+		c.MaxWaiting = 1000
+	}
+	if c.WaitPoll <= 0 {
+		c.WaitPoll = time.Second
+	}
+	if c.RunTimeout <= 0 {
+		c.RunTimeout = time.Hour
+	}
+	if c.ShutdownGrace <= 0 {
+		c.ShutdownGrace = 10 * time.Second
+	}
+	if c.StaleLease <= 0 {
+		c.StaleLease = 5 * c.Settings.AckWait
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return c
+}
+
+// Causes a run's context is cancelled with.
+var (
+	// ErrCancelled: a person or a parent cancelled the run.
+	ErrCancelled = errors.New("run cancelled")
+	// ErrShutdown: the worker is stopping; the run is handed back.
+	ErrShutdown = errors.New("worker shutting down")
+	// ErrRolledBack: a rollback run replaced this run.
+	ErrRolledBack = errors.New("run rolled back by a newer run")
+	// ErrRunTimeout: the run exceeded its time limit.
+	ErrRunTimeout = errors.New("run exceeded its time limit")
+)
+
+// Worker executes runs.
+type Worker struct {
+	cfg        Config
+	names      bus.Names
+	nc         *nats.Conn
+	js         jetstream.JetStream
+	stores     *kv.Stores
+	pub        *events.Publisher
+	runsStream jetstream.Stream
+	consumer   jetstream.Consumer
+	log        *zap.Logger
+
+	slots chan struct{}
+
+	mu       sync.Mutex
+	held     map[uint64]*job    // every request held, by stream seq
+	running  map[string]*job    // running jobs by tenant.run
+	waiters  map[string]*waiter // per thread, runs waiting for it
+	waiting  int
+	draining bool
+
+	subs []*nats.Subscription
+	wg   sync.WaitGroup
+}
+
+// New binds a worker to a connection. The deployment's assets must exist
+// (bus.Provision).
+func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
+	cfg = cfg.withDefaults()
+	if cfg.Agents == nil {
+		return nil, errors.New("worker: no agents configured")
+	}
+	if !protocol.ValidToken(cfg.ID) {
+		return nil, fmt.Errorf("worker id %q is not valid: use A-Z, a-z, 0-9, '_' and '-'", cfg.ID)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	names := cfg.Settings.Names
+	stores, err := kv.Open(ctx, js, names)
+	if err != nil {
+		return nil, err
+	}
+	pub, err := events.NewPublisher(ctx, js, names, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	st, err := js.Stream(ctx, names.RunsStream())
+	if err != nil {
+		return nil, fmt.Errorf("open stream %s: %w", names.RunsStream(), err)
+	}
+	cons, err := js.Consumer(ctx, names.RunsStream(), bus.RunsConsumer)
+	if err != nil {
+		return nil, fmt.Errorf("open consumer %s: %w", bus.RunsConsumer, err)
+	}
+	return &Worker{
+		cfg:        cfg,
+		names:      names,
+		nc:         nc,
+		js:         js,
+		stores:     stores,
+		pub:        pub,
+		runsStream: st,
+		consumer:   cons,
+		log:        cfg.Logger.With(zap.String("worker", cfg.ID)),
+		slots:      make(chan struct{}, cfg.Concurrency),
+		held:       make(map[uint64]*job),
+		running:    make(map[string]*job),
+		waiters:    make(map[string]*waiter),
+	}, nil
+}
+
+// ID returns the worker's id.
+func (w *Worker) ID() string { return w.cfg.ID }
+
+// Run pulls and executes runs until ctx is done, then shuts down
+// gracefully: it stops pulling, lets running runs stop at a safe boundary
+// (cancelling them after ShutdownGrace) and hands every held request back
+// for redelivery.
+func (w *Worker) Run(ctx context.Context) error {
+	if err := w.subscribe(); err != nil {
+		return err
+	}
+	defer w.unsubscribe()
+
+	base, stopJobs := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer stopJobs(ErrShutdown)
+
+	hbDone := make(chan struct{})
+	go w.heartbeats(base, hbDone)
+
+	w.log.Info("worker started", zap.Int("concurrency", w.cfg.Concurrency))
+	err := w.pull(ctx, base)
+
+	w.mu.Lock()
+	w.draining = true
+	jobs := make([]*job, 0, len(w.held))
+	for _, j := range w.held {
+		jobs = append(jobs, j)
+	}
+	w.mu.Unlock()
+	for _, j := range jobs {
+		j.drain()
+	}
+	done := make(chan struct{})
+	go func() { w.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(w.cfg.ShutdownGrace):
+		w.log.Warn("runs did not reach a safe boundary in time; cancelling them", zap.Duration("grace", w.cfg.ShutdownGrace))
+		stopJobs(ErrShutdown)
+		<-done
+	}
+	close(hbDone)
+	w.log.Info("worker stopped")
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// pull fetches one request per free slot, so no request ages in a client
+// buffer while earlier runs execute.
+func (w *Worker) pull(ctx, base context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case w.slots <- struct{}{}:
+		}
+		free := 1
+	more:
+		for free < cap(w.slots) {
+			select {
+			case w.slots <- struct{}{}:
+				free++
+			default:
+				break more
+			}
+		}
+		fetchCtx, cancelFetch := context.WithTimeout(ctx, 5*time.Second)
+		batch, err := w.consumer.Fetch(free, jetstream.FetchContext(fetchCtx))
+		if err != nil {
+			cancelFetch()
+			w.releaseSlots(free)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			w.log.Warn("fetch failed", zap.Error(err))
+			sleep(ctx, 250*time.Millisecond)
+			continue
+		}
+		got := 0
+		for msg := range batch.Messages() {
+			got++
+			w.wg.Add(1)
+			go func() {
+				defer w.wg.Done()
+				w.handle(base, msg)
+			}()
+		}
+		cancelFetch()
+		w.releaseSlots(free - got)
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			w.log.Debug("fetch ended", zap.Error(err))
+		}
+	}
+}
+
+func (w *Worker) releaseSlots(n int) {
+	for range n {
+		<-w.slots
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d/2 + rand.N(d)
+}
+
+// heartbeats keeps every held request alive (InProgress) and renews the
+// leases of running runs, on its own goroutine: a long model call or tool
+// never lets a second worker start the same run.
+func (w *Worker) heartbeats(ctx context.Context, done <-chan struct{}) {
+	every := w.cfg.Settings.AckWait / 3
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		w.mu.Lock()
+		jobs := make([]*job, 0, len(w.held))
+		for _, j := range w.held {
+			jobs = append(jobs, j)
+		}
+		w.mu.Unlock()
+		for _, j := range jobs {
+			j.heartbeat(ctx)
+		}
+	}
+}
+
+func (w *Worker) track(j *job) {
+	w.mu.Lock()
+	w.held[j.seq] = j
+	w.mu.Unlock()
+}
+
+func (w *Worker) untrack(j *job) {
+	w.mu.Lock()
+	delete(w.held, j.seq)
+	if j.key != "" && w.running[j.key] == j {
+		delete(w.running, j.key)
+	}
+	w.mu.Unlock()
+}
+
+func (w *Worker) setRunning(j *job) {
+	w.mu.Lock()
+	w.running[j.key] = j
+	w.mu.Unlock()
+}
+
+func (w *Worker) runningJob(tenant, run string) *job {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.running[bus.Key(tenant, run)]
+}
+
+func (w *Worker) isDraining() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.draining
+}

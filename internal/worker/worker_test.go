@@ -1,0 +1,349 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/tools"
+)
+
+func TestRunWithToolCall(t *testing.T) {
+	h := newHarness(t)
+	h.startWorker(toolThenText("current_time", `{}`, "the time is"), nil)
+	w := h.watch("default", "t1", "r1")
+	h.submit(request("t1", "r1", "what time is it?"))
+	fin := w.finished(t, 10*time.Second)
+	if fin.Status != protocol.StatusSuccess {
+		t.Fatalf("status %s (%s), want success", fin.Status, fin.Error)
+	}
+	if fin.Output == nil || !strings.HasPrefix(fin.Output.Content, "the time is: ") {
+		t.Fatalf("output %+v", fin.Output)
+	}
+	evs := w.all()
+	for i, ev := range evs {
+		if ev.Seq != uint64(i+1) {
+			t.Fatalf("event %d (%s) has seq %d; seqs must count from 1 without gaps: %v", i, ev.Type, ev.Seq, w.types())
+		}
+	}
+	want := []string{"run.queued", "run.started", "message.delta", "message.completed", "tool.started", "tool.finished", "message.delta", "message.delta", "message.delta", "message.completed", "run.finished"}
+	if got := strings.Join(w.types(), ","); got != strings.Join(want, ",") {
+		t.Fatalf("events\n got %s\nwant %s", got, strings.Join(want, ","))
+	}
+	rec := h.run("default", "r1")
+	if rec.Status != protocol.StatusSuccess || rec.Attempt != 1 || rec.FinishedAt == nil || rec.StartedAt == nil {
+		t.Fatalf("record %+v", rec)
+	}
+	msgs := h.threadState("default", "t1")
+	roles := make([]string, len(msgs))
+	for i, m := range msgs {
+		roles[i] = m.Role
+	}
+	if got := strings.Join(roles, ","); got != "user,assistant,tool,assistant" {
+		t.Fatalf("thread messages %s", got)
+	}
+}
+
+func TestEnqueueKeepsThreadOrderAndOtherThreadsRunInParallel(t *testing.T) {
+	h := newHarness(t)
+	var mu sync.Mutex
+	order := map[string][]string{}
+	var inflight, peak atomic.Int32
+	m := model.NewScripted(func(n int, req *model.Request) model.Reply {
+		cur := inflight.Add(1)
+		for {
+			p := peak.Load()
+			if cur <= p || peak.CompareAndSwap(p, cur) {
+				break
+			}
+		}
+		last := req.Messages[len(req.Messages)-1].Content
+		thread, _, _ := strings.Cut(last, "/")
+		mu.Lock()
+		order[thread] = append(order[thread], last)
+		mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+		inflight.Add(-1)
+		return model.Reply{Text: "done " + last}
+	})
+	h.startWorker(m, func(c *Config) { c.Concurrency = 8 })
+	h.startWorker(m, func(c *Config) { c.Concurrency = 8 })
+
+	var watchers []*watcher
+	for i := 0; i < 20; i++ {
+		run := fmt.Sprintf("a%02d", i)
+		watchers = append(watchers, h.watch("default", "ta", run))
+		h.submit(request("ta", run, fmt.Sprintf("ta/%02d", i)))
+	}
+	for i := 0; i < 6; i++ {
+		thread := fmt.Sprintf("tb%d", i)
+		watchers = append(watchers, h.watch("default", thread, "b"+thread))
+		h.submit(request(thread, "b"+thread, thread+"/00"))
+	}
+	for _, w := range watchers {
+		if fin := w.finished(t, 30*time.Second); fin.Status != protocol.StatusSuccess {
+			t.Fatalf("status %s: %s", fin.Status, fin.Error)
+		}
+	}
+	mu.Lock()
+	got := order["ta"]
+	mu.Unlock()
+	if len(got) != 20 {
+		t.Fatalf("thread ta ran %d model calls, want 20", len(got))
+	}
+	for i, s := range got {
+		if want := fmt.Sprintf("ta/%02d", i); s != want {
+			t.Fatalf("thread ta ran out of order: %v", got)
+		}
+	}
+	// Every run on ta saw all the earlier ones: the thread is one
+	// conversation.
+	msgs := h.threadState("default", "ta")
+	if len(msgs) != 40 {
+		t.Fatalf("thread ta has %d messages, want 40", len(msgs))
+	}
+	if peak.Load() < 2 {
+		t.Fatalf("runs never overlapped (peak %d): other threads must run in parallel", peak.Load())
+	}
+}
+
+func TestDuplicateRunIDGivesOneRun(t *testing.T) {
+	h := newHarness(t)
+	m := textModel("hello", 1, 0)
+	h.startWorker(m, nil)
+	w := h.watch("default", "t1", "dup")
+	h.submit(request("t1", "dup", "hi"))
+	h.submit(request("t1", "dup", "hi"))
+	w.finished(t, 10*time.Second)
+	// A copy published after the dedupe window: the stream takes it, the
+	// worker must drop it.
+	req := request("t1", "dup", "hi")
+	req.Normalize()
+	data, _ := json.Marshal(req)
+	h.publishRaw(h.names.RunSubject("default", "t1"), data, "")
+	waitFor(t, 10*time.Second, "runs stream empty", func() bool {
+		st, err := h.js.Stream(context.Background(), h.names.RunsStream())
+		if err != nil {
+			return false
+		}
+		info, err := st.Info(context.Background())
+		return err == nil && info.State.Msgs == 0
+	})
+	time.Sleep(200 * time.Millisecond)
+	if n := m.Calls(); n != 1 {
+		t.Fatalf("model called %d times, want 1", n)
+	}
+	if n := w.count(protocol.EventRunFinished); n != 1 {
+		t.Fatalf("%d run.finished events, want 1", n)
+	}
+	if n := w.count(protocol.EventRunStarted); n != 1 {
+		t.Fatalf("%d run.started events, want 1", n)
+	}
+}
+
+func TestRejectWhenBusy(t *testing.T) {
+	h := newHarness(t)
+	release := make(chan struct{})
+	m := model.NewScripted(func(n int, req *model.Request) model.Reply {
+		if n == 0 {
+			<-release
+		}
+		return model.Reply{Text: "ok"}
+	})
+	h.startWorker(m, nil)
+	w1 := h.watch("default", "t1", "first")
+	h.submit(request("t1", "first", "one"))
+	waitFor(t, 5*time.Second, "first run running", func() bool { return m.Calls() == 1 })
+	w2 := h.watch("default", "t1", "second")
+	req := request("t1", "second", "two")
+	req.MultitaskStrategy = protocol.StrategyReject
+	h.submit(req)
+	if fin := w2.finished(t, 10*time.Second); fin.Status != protocol.StatusRejected {
+		t.Fatalf("second run %s, want rejected", fin.Status)
+	}
+	close(release)
+	if fin := w1.finished(t, 10*time.Second); fin.Status != protocol.StatusSuccess {
+		t.Fatalf("first run %s", fin.Status)
+	}
+	if m.Calls() != 1 {
+		t.Fatalf("rejected run called the model")
+	}
+}
+
+func TestSteerEndsActiveRunAtBoundary(t *testing.T) {
+	h := newHarness(t)
+	started := make(chan struct{}, 10)
+	m := model.NewScripted(func(n int, req *model.Request) model.Reply {
+		last := req.Messages[len(req.Messages)-1]
+		if last.Content == "long task" {
+			started <- struct{}{}
+			// Streams slowly: a steer must abort it mid-stream.
+			return model.Reply{Text: strings.Repeat("word ", 200), Pieces: 200, PieceDelay: 20 * time.Millisecond}
+		}
+		var seen []string
+		for _, m := range req.Messages[1:] { // after the system prompt
+			seen = append(seen, m.Role+":"+m.Content)
+		}
+		return model.Reply{Text: "steered answer after " + strings.Join(seen, "|")}
+	})
+	h.startWorker(m, nil)
+	w1 := h.watch("default", "t1", "long")
+	h.submit(request("t1", "long", "long task"))
+	<-started
+	time.Sleep(100 * time.Millisecond)
+	w2 := h.watch("default", "t1", "steer")
+	req := request("t1", "steer", "actually, do this")
+	req.MultitaskStrategy = protocol.StrategySteer
+	h.submit(req)
+
+	fin1 := w1.finished(t, 10*time.Second)
+	if fin1.Status != protocol.StatusSteered || fin1.SupersededBy != "steer" {
+		t.Fatalf("active run ended %s (superseded by %q), want steered by steer", fin1.Status, fin1.SupersededBy)
+	}
+	fin2 := w2.finished(t, 10*time.Second)
+	if fin2.Status != protocol.StatusSuccess {
+		t.Fatalf("steer run %s: %s", fin2.Status, fin2.Error)
+	}
+	// The steer run sees the steered run's input, not its aborted partial
+	// answer.
+	if want := "steered answer after user:long task|user:actually, do this"; fin2.Output.Content != want {
+		t.Fatalf("steer run output %q, want %q", fin2.Output.Content, want)
+	}
+}
+
+func TestSteerWaitsForToolBatch(t *testing.T) {
+	h := newHarness(t)
+	toolStarted := make(chan struct{})
+	toolDone := atomic.Bool{}
+	h.tools.Register(tools.Func(model.ToolSpec{Name: "slow"}, func(ctx context.Context, _ json.RawMessage) (string, error) {
+		close(toolStarted)
+		time.Sleep(300 * time.Millisecond)
+		toolDone.Store(true)
+		return "slow result", nil
+	}))
+	m := model.NewScripted(func(n int, req *model.Request) model.Reply {
+		last := req.Messages[len(req.Messages)-1]
+		if last.Content == "use the tool" {
+			return model.Reply{ToolCalls: []model.ToolCall{{ID: "c1", Name: "slow", Arguments: "{}"}}}
+		}
+		return model.Reply{Text: fmt.Sprintf("answer with %d messages", len(req.Messages)-1)}
+	})
+	h.startWorker(m, nil)
+	w1 := h.watch("default", "t1", "a")
+	h.submit(request("t1", "a", "use the tool"))
+	<-toolStarted
+	req := request("t1", "s", "steer now")
+	req.MultitaskStrategy = protocol.StrategySteer
+	w2 := h.watch("default", "t1", "s")
+	h.submit(req)
+	fin1 := w1.finished(t, 10*time.Second)
+	if fin1.Status != protocol.StatusSteered {
+		t.Fatalf("active run %s", fin1.Status)
+	}
+	if !toolDone.Load() {
+		t.Fatal("steer interrupted a tool batch")
+	}
+	fin2 := w2.finished(t, 10*time.Second)
+	// user, assistant(tool call), tool result, user(steer): the tool result
+	// was kept.
+	if fin2.Output.Content != "answer with 4 messages" {
+		t.Fatalf("steer run output %q", fin2.Output.Content)
+	}
+}
+
+func TestRollbackDiscardsActiveRun(t *testing.T) {
+	h := newHarness(t)
+	started := make(chan struct{}, 4)
+	m := model.NewScripted(func(n int, req *model.Request) model.Reply {
+		last := req.Messages[len(req.Messages)-1]
+		if last.Content == "long" {
+			started <- struct{}{}
+			return model.Reply{Text: strings.Repeat("x ", 100), Pieces: 100, PieceDelay: 20 * time.Millisecond}
+		}
+		var seen []string
+		for _, m := range req.Messages[1:] {
+			seen = append(seen, m.Content)
+		}
+		return model.Reply{Text: strings.Join(seen, "|")}
+	})
+	h.startWorker(m, nil)
+	w0 := h.watch("default", "t1", "first")
+	h.submit(request("t1", "first", "hello"))
+	w0.finished(t, 10*time.Second)
+	w1 := h.watch("default", "t1", "long")
+	h.submit(request("t1", "long", "long"))
+	<-started
+	w2 := h.watch("default", "t1", "rb")
+	req := request("t1", "rb", "instead")
+	req.MultitaskStrategy = protocol.StrategyRollback
+	h.submit(req)
+	fin1 := w1.finished(t, 10*time.Second)
+	if fin1.Status != protocol.StatusCancelled || fin1.SupersededBy != "rb" {
+		t.Fatalf("rolled back run %s by %q", fin1.Status, fin1.SupersededBy)
+	}
+	fin2 := w2.finished(t, 10*time.Second)
+	if want := "hello|hello|instead"; fin2.Output.Content != want {
+		t.Fatalf("rollback run saw %q, want %q (the rolled back run's messages must be gone)", fin2.Output.Content, want)
+	}
+}
+
+func TestCancelPendingAndRunning(t *testing.T) {
+	h := newHarness(t)
+	started := make(chan struct{}, 4)
+	m := model.NewScripted(func(n int, req *model.Request) model.Reply {
+		started <- struct{}{}
+		return model.Reply{Text: strings.Repeat("y ", 500), Pieces: 500, PieceDelay: 20 * time.Millisecond}
+	})
+	h.startWorker(m, nil)
+	wRun := h.watch("default", "t1", "running")
+	h.submit(request("t1", "running", "go"))
+	<-started
+	wPend := h.watch("default", "t1", "pending")
+	h.submit(request("t1", "pending", "later"))
+	waitFor(t, 5*time.Second, "pending run queued", func() bool { return wPend.count(protocol.EventRunQueued) == 1 })
+
+	r, e := h.cancel("default", "t1", "pending")
+	if e != nil || r.Status != protocol.StatusCancelled {
+		t.Fatalf("cancel pending: %+v %+v", r, e)
+	}
+	if fin := wPend.finished(t, 5*time.Second); fin.Status != protocol.StatusCancelled {
+		t.Fatalf("pending run %s", fin.Status)
+	}
+	begin := time.Now()
+	r, e = h.cancel("default", "t1", "running")
+	if e != nil || r.Status != protocol.StatusCancelled {
+		t.Fatalf("cancel running: %+v %+v", r, e)
+	}
+	if time.Since(begin) > 5*time.Second {
+		t.Fatalf("cancel took %s: the streaming model call was not interrupted", time.Since(begin))
+	}
+	if fin := wRun.finished(t, 5*time.Second); fin.Status != protocol.StatusCancelled {
+		t.Fatalf("running run %s", fin.Status)
+	}
+	_, e = h.cancel("default", "t1", "running")
+	if e == nil || e.Error.Code != protocol.CodeConflict {
+		t.Fatalf("second cancel: %+v, want a conflict", e)
+	}
+	_, e = h.cancel("default", "t1", "nope")
+	if e == nil || e.Error.Code != protocol.CodeNotFound {
+		t.Fatalf("cancel unknown: %+v, want not_found", e)
+	}
+	if m.Calls() != 1 {
+		t.Fatalf("model called %d times; the cancelled pending run must never start", m.Calls())
+	}
+	// The next run on the thread works.
+	w3 := h.watch("default", "t1", "after")
+	h.submit(request("t1", "after", "again"))
+	<-started
+	if _, e := h.cancel("default", "t1", "after"); e != nil {
+		t.Fatal(e)
+	}
+	w3.finished(t, 5*time.Second)
+}
