@@ -139,12 +139,12 @@ func (p *Publisher) LastSeq(ctx context.Context, tenant, thread, run string) (ui
 // Events are published asynchronously (token deltas must not wait for a
 // round trip each); Flush waits until every one is stored.
 type Stream struct {
-	p                    *Publisher
-	tenant, thread, run  string
-	mu                   sync.Mutex
-	seq                  uint64
-	futures              []jetstream.PubAckFuture
-	firstErr             error
+	p                   *Publisher
+	tenant, thread, run string
+	mu                  sync.Mutex
+	seq                 uint64
+	futures             []jetstream.PubAckFuture
+	firstErr            error
 }
 
 // NewStream starts numbering after lastSeq.

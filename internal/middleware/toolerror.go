@@ -56,4 +56,6 @@ type PanicError struct {
 	Stack []byte
 }
 
-func (e *PanicError) Error() string { return fmt.Sprintf("%s failed unexpectedly: %v", e.What, e.Value) }
+func (e *PanicError) Error() string {
+	return fmt.Sprintf("%s failed unexpectedly: %v", e.What, e.Value)
+}
