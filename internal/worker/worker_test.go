@@ -128,14 +128,7 @@ func TestDuplicateRunIDGivesOneRun(t *testing.T) {
 	req.Normalize()
 	data, _ := json.Marshal(req)
 	h.publishRaw(h.names.RunSubject("default", "t1"), data, "")
-	waitFor(t, 10*time.Second, "runs stream empty", func() bool {
-		st, err := h.js.Stream(context.Background(), h.names.RunsStream())
-		if err != nil {
-			return false
-		}
-		info, err := st.Info(context.Background())
-		return err == nil && info.State.Msgs == 0
-	})
+	h.waitRunsStreamEmpty(t)
 	time.Sleep(200 * time.Millisecond)
 	if n := m.Calls(); n != 1 {
 		t.Fatalf("model called %d times, want 1", n)
