@@ -251,7 +251,7 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 			State:     l.st,
 		}
 		l.rt.Step++
-		resp, err := modelCall(withMessageID(ctx, msgID), req)
+		resp, err := l.callChain(ctx, modelCall, msgID, req)
 		if err != nil {
 			return l.failed(ctx, err), false
 		}
@@ -268,6 +268,7 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 		if resp.Response.FinishReason != "" {
 			msg.Meta["finish_reason"] = resp.Response.FinishReason
 		}
+		middleware.SetUsage(&msg, callUsage(req, resp.Response))
 		msg = l.mark(msg)
 		l.stage(resp.Update)
 		l.stage(state.Update{Messages: []model.Message{msg}})
@@ -310,23 +311,14 @@ func (l *loop) callModel(ctx context.Context, req *middleware.ModelRequest) (*mi
 		msgs = append(msgs, m)
 	}
 	mreq := &model.Request{Model: req.ModelName, Messages: msgs, Tools: req.Tools}
-
-	// A steer aborts a streaming response: nothing was executed yet, so
-	// the partial message is simply dropped.
-	callCtx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	if l.Preempt != nil {
-		stop := context.AfterFunc(l.Preempt, func() { cancel(ErrPreempted) })
-		defer stop()
-	}
-	msgID := messageID(ctx)
-	resp, err := req.Model.Generate(callCtx, mreq, func(d model.Delta) {
+	msgID := middleware.MessageID(ctx)
+	resp, err := req.Model.Generate(ctx, mreq, func(d model.Delta) {
 		if d.Content != "" {
 			l.Host.Emit(protocol.EventMessageDelta, protocol.DeltaData{MessageID: msgID, Delta: d.Content})
 		}
 	})
 	if err != nil {
-		if cause := context.Cause(callCtx); cause != nil && callCtx.Err() != nil {
+		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
 			return nil, fmt.Errorf("model call stopped: %w", cause)
 		}
 		return nil, err
@@ -334,15 +326,17 @@ func (l *loop) callModel(ctx context.Context, req *middleware.ModelRequest) (*mi
 	return &middleware.ModelResponse{Response: resp}, nil
 }
 
-type messageIDKey struct{}
-
-func withMessageID(ctx context.Context, id string) context.Context {
-	return context.WithValue(ctx, messageIDKey{}, id)
-}
-
-func messageID(ctx context.Context) string {
-	id, _ := ctx.Value(messageIDKey{}).(string)
-	return id
+// callChain runs the model call chain under a context a steer cancels: a
+// steer aborts a streaming response (nothing was executed yet, so the
+// partial message is dropped) and any retry backoff around it.
+func (l *loop) callChain(ctx context.Context, chain middleware.ModelHandler, msgID string, req *middleware.ModelRequest) (*middleware.ModelResponse, error) {
+	callCtx, cancel := context.WithCancelCause(middleware.WithMessageID(ctx, msgID))
+	defer cancel(nil)
+	if l.Preempt != nil {
+		stop := context.AfterFunc(l.Preempt, func() { cancel(ErrPreempted) })
+		defer stop()
+	}
+	return chain(callCtx, req)
 }
 
 // runTools executes one batch of tool calls concurrently and stages the
@@ -434,6 +428,26 @@ func callTool(ctx context.Context, call *middleware.ToolCall) (res *middleware.T
 		return nil, err
 	}
 	return &middleware.ToolResult{Message: model.Message{Content: out, Status: model.ToolStatusSuccess}}, nil
+}
+
+// callUsage is the provider's usage of a call, or an estimate (4
+// characters a token) when it reported none.
+func callUsage(req *middleware.ModelRequest, resp *model.Response) middleware.Usage {
+	if u := resp.Usage; u != nil && (u.PromptTokens > 0 || u.CompletionTokens > 0) {
+		return middleware.Usage{Input: u.PromptTokens, Output: u.CompletionTokens}
+	}
+	chars := len(req.System)
+	for _, m := range req.Messages {
+		chars += len(m.Content)
+		for _, c := range m.ToolCalls {
+			chars += len(c.Name) + len(c.Arguments)
+		}
+	}
+	out := len(resp.Message.Content)
+	for _, c := range resp.Message.ToolCalls {
+		out += len(c.Name) + len(c.Arguments)
+	}
+	return middleware.Usage{Input: chars/4 + 1, Output: out/4 + 1, Approximate: true}
 }
 
 // mark tags a message with the run that produced it.

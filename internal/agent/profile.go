@@ -21,8 +21,12 @@ type Profile struct {
 	Model string
 	// Tools names the tools of the registry this agent may call.
 	Tools []string
-	// MaxSteps bounds model calls per run unless the run asks for fewer.
+	// MaxSteps bounds model calls per run unless the run sets its own.
 	MaxSteps int
+	// Kind is middleware.KindLead (default) or middleware.KindSubagent.
+	Kind string
+	// Middleware configures the profile's chain.
+	Middleware middleware.ChainConfig
 }
 
 // DefaultMaxSteps bounds model calls per run when a profile sets none.
@@ -60,17 +64,20 @@ var ErrUnknownAgent = errors.New("unknown agent")
 // Agents resolves a run request to a prepared run.
 type Agents struct {
 	profiles map[string]Profile
+	chains   map[string]*middleware.Chain
 	model    model.Model
 	tools    *tools.Registry
 }
 
-// NewAgents checks every profile against the tool registry, so a profile
-// naming a tool that does not exist fails at start, not at run time.
+// NewAgents checks every profile and assembles its chain, so a profile
+// naming a tool that does not exist, or an impossible middleware
+// configuration, fails at start rather than at run time. Chains hold no
+// per-run state and are shared by all runs of a profile.
 func NewAgents(m model.Model, reg *tools.Registry, profiles ...Profile) (*Agents, error) {
 	if m == nil {
 		return nil, errors.New("agents need a model")
 	}
-	a := &Agents{profiles: make(map[string]Profile), model: m, tools: reg}
+	a := &Agents{profiles: make(map[string]Profile), chains: make(map[string]*middleware.Chain), model: m, tools: reg}
 	for _, p := range profiles {
 		if !protocol.ValidToken(p.Name) {
 			return nil, fmt.Errorf("agent profile name %q is not valid", p.Name)
@@ -78,13 +85,33 @@ func NewAgents(m model.Model, reg *tools.Registry, profiles ...Profile) (*Agents
 		if _, dup := a.profiles[p.Name]; dup {
 			return nil, fmt.Errorf("agent profile %q is defined twice", p.Name)
 		}
-		if _, err := reg.Select(p.Tools); err != nil {
+		switch p.Kind {
+		case "":
+			p.Kind = middleware.KindLead
+		case middleware.KindLead, middleware.KindSubagent:
+		default:
+			return nil, fmt.Errorf("agent profile %q: kind %q is not lead or subagent", p.Name, p.Kind)
+		}
+		set, err := reg.Select(p.Tools)
+		if err != nil {
 			return nil, fmt.Errorf("agent profile %q: %w", p.Name, err)
 		}
+		chain, err := middleware.Assemble(p.Middleware, middleware.Env{
+			Model:     m,
+			KnownTool: func(name string) bool { return set.Get(name) != nil },
+			Kind:      p.Kind,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("agent profile %q: middleware %w", p.Name, err)
+		}
 		a.profiles[p.Name] = p
+		a.chains[p.Name] = chain
 	}
 	return a, nil
 }
+
+// Chain returns the assembled chain of a profile.
+func (a *Agents) Chain(name string) *middleware.Chain { return a.chains[name] }
 
 // Names lists the profile names, sorted.
 func (a *Agents) Names() []string {
@@ -112,10 +139,7 @@ func (a *Agents) Prepare(req *protocol.RunRequest) (*Prepared, error) {
 	if err != nil {
 		return nil, err
 	}
-	chain, err := middleware.NewChain([]middleware.Middleware{middleware.ToolErrorGuard{}})
-	if err != nil {
-		return nil, err
-	}
+	chain := a.chains[p.Name]
 	maxSteps := p.MaxSteps
 	if maxSteps == 0 {
 		maxSteps = DefaultMaxSteps

@@ -338,3 +338,17 @@ func (c *Chain) ToolCall(rt *Runtime, base ToolHandler) ToolHandler {
 	}
 	return h
 }
+
+type messageIDKey struct{}
+
+// WithMessageID returns ctx carrying the id the assistant message of the
+// model call in progress will have (its deltas are streamed under it).
+func WithMessageID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, messageIDKey{}, id)
+}
+
+// MessageID returns the id set by WithMessageID, or "".
+func MessageID(ctx context.Context) string {
+	id, _ := ctx.Value(messageIDKey{}).(string)
+	return id
+}

@@ -7,6 +7,7 @@ package protocol
 
 import (
 	"encoding/json"
+	"strings"
 	"time"
 
 	"github.com/natsagent/natsagent/internal/model"
@@ -224,6 +225,12 @@ func KindOf(eventType string) string {
 		return KindMessages
 	case EventToolStarted, EventToolFinished:
 		return KindTools
+	}
+	switch {
+	case strings.HasPrefix(eventType, "thread."), strings.HasPrefix(eventType, "state."):
+		return KindUpdates
+	case strings.HasPrefix(eventType, "usage."):
+		return KindUsage
 	}
 	return KindCustom
 }

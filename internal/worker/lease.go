@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
 	"time"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/agent"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
 )
@@ -83,9 +85,16 @@ func (l *leaseHandle) checkpoint(ctx context.Context, run string, step int, u st
 	if _, err := l.w.stores.Checkpoints.Put(ctx, l.tenant, l.thread, d); err != nil {
 		return err
 	}
+	var title string
+	if raw, ok := u.Values[middleware.TitleValue]; ok {
+		_ = json.Unmarshal(raw, &title)
+	}
 	return l.mutate(ctx, func(t *protocol.Thread) error {
 		t.Head = d.ID
 		t.Lease.RenewedAt = time.Now().UTC()
+		if title != "" {
+			t.Title = title
+		}
 		return nil
 	})
 }

@@ -33,7 +33,7 @@ func TestRunWithToolCall(t *testing.T) {
 			t.Fatalf("event %d (%s) has seq %d; seqs must count from 1 without gaps: %v", i, ev.Type, ev.Seq, w.types())
 		}
 	}
-	want := []string{"run.queued", "run.started", "message.delta", "message.completed", "tool.started", "tool.finished", "message.delta", "message.delta", "message.delta", "message.completed", "run.finished"}
+	want := []string{"run.queued", "run.started", "thread.titled", "message.delta", "message.completed", "tool.started", "tool.finished", "message.delta", "message.delta", "message.delta", "message.completed", "run.finished"}
 	if got := strings.Join(w.types(), ","); got != strings.Join(want, ",") {
 		t.Fatalf("events\n got %s\nwant %s", got, strings.Join(want, ","))
 	}
@@ -48,6 +48,10 @@ func TestRunWithToolCall(t *testing.T) {
 	}
 	if got := strings.Join(roles, ","); got != "user,assistant,tool,assistant" {
 		t.Fatalf("thread messages %s", got)
+	}
+	th, _, err := h.stores.Threads.Get(context.Background(), "default", "t1")
+	if err != nil || th.Title != "what time is it?" {
+		t.Fatalf("thread title %q (%v), want the first user message", th.Title, err)
 	}
 }
 

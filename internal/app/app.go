@@ -1,0 +1,157 @@
+// Package app wires a configuration into running parts: the NATS
+// connection, the JetStream settings, the model, the agents, workers and
+// loggers. The commands in cmd/ stay thin; tests and the bench command use
+// the same wiring.
+package app
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/natsagent/natsagent/internal/agent"
+	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/config"
+	"github.com/natsagent/natsagent/internal/middleware"
+	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/tools"
+)
+
+// Settings derives the JetStream settings from the configuration.
+func Settings(cfg config.Config) (bus.Settings, error) {
+	names, err := bus.NewNames(cfg.NATS.Prefix)
+	if err != nil {
+		return bus.Settings{}, fmt.Errorf("nats.prefix: %w", err)
+	}
+	s := bus.Settings{
+		Names:           names,
+		Replicas:        cfg.NATS.Replicas,
+		EventsMaxAge:    time.Duration(cfg.NATS.EventsMaxAge),
+		DuplicateWindow: time.Duration(cfg.NATS.DuplicateWindow),
+		AckWait:         time.Duration(cfg.NATS.AckWait),
+		MaxDeliver:      cfg.NATS.MaxDeliver,
+		MaxAckPending:   cfg.NATS.MaxAckPending,
+		MaxRequestBytes: cfg.NATS.MaxRequestBytes,
+	}.WithDefaults()
+	return s, s.Validate()
+}
+
+// Model builds the configured model: an OpenAI-compatible endpoint, or the
+// offline demo model when none is configured. The label says which, for
+// the start-up log.
+func Model(cfg config.Config) (model.Model, string, error) {
+	if cfg.UsesDemoModel() {
+		return model.NewDemo(model.DemoOptions{}), "offline demo model (set OPENAI_BASE_URL, OPENAI_API_KEY and NATSAGENT_MODEL to use a real one)", nil
+	}
+	m, err := model.NewOpenAI(model.OpenAIConfig{BaseURL: cfg.Model.BaseURL, APIKey: string(cfg.Model.APIKey), Model: cfg.Model.Name})
+	if err != nil {
+		return nil, "", err
+	}
+	base := cfg.Model.BaseURL
+	if base == "" {
+		base = "https://api.openai.com/v1"
+	}
+	return m, fmt.Sprintf("%s at %s", cfg.Model.Name, base), nil
+}
+
+// Agents builds the configured agent profiles around m, plus the built-in
+// chatbot unless the configuration defines its own.
+func Agents(cfg config.Config, m model.Model) (*agent.Agents, error) {
+	profiles, err := Profiles(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return agent.NewAgents(m, tools.NewRegistry(), profiles...)
+}
+
+// Profiles converts the configured agents into profiles.
+func Profiles(cfg config.Config) ([]agent.Profile, error) {
+	var out []agent.Profile
+	hasChatbot := false
+	for i, a := range cfg.Agents {
+		chain, err := chainConfig(a.Middleware)
+		if err != nil {
+			return nil, fmt.Errorf("agents[%d].middleware: %w", i, err)
+		}
+		p := agent.Profile{
+			Name:         a.Name,
+			Description:  a.Description,
+			SystemPrompt: a.SystemPrompt,
+			Model:        a.Model,
+			Tools:        a.Tools,
+			MaxSteps:     a.MaxSteps,
+			Kind:         a.Kind,
+			Middleware:   chain,
+		}
+		if p.Model == "" {
+			p.Model = cfg.Model.Name
+		}
+		hasChatbot = hasChatbot || a.Name == protocol.DefaultAgent
+		out = append(out, p)
+	}
+	if !hasChatbot {
+		p := agent.Chatbot()
+		p.Model = cfg.Model.Name
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// chainConfig converts YAML middleware settings into the chain's JSON form.
+func chainConfig(m config.Middleware) (middleware.ChainConfig, error) {
+	c := middleware.ChainConfig{Order: m.Order}
+	if len(m.Settings) > 0 {
+		c.Settings = make(map[string]json.RawMessage, len(m.Settings))
+		for name, v := range m.Settings {
+			raw, err := json.Marshal(v)
+			if err != nil {
+				return c, fmt.Errorf("settings.%s: %w", name, err)
+			}
+			c.Settings[name] = raw
+		}
+	}
+	for i, u := range m.User {
+		var raw json.RawMessage
+		if u.Settings != nil {
+			var err error
+			if raw, err = json.Marshal(u.Settings); err != nil {
+				return c, fmt.Errorf("user[%d].settings: %w", i, err)
+			}
+		}
+		c.User = append(c.User, middleware.UserMiddleware{Use: u.Use, Name: u.Name, Settings: raw})
+	}
+	return c, nil
+}
+
+// Connect dials NATS as configured.
+func Connect(cfg config.Config, name string) (*nats.Conn, error) {
+	var opts []nats.Option
+	if cfg.NATS.CredsFile != "" {
+		opts = append(opts, nats.UserCredentials(cfg.NATS.CredsFile))
+	}
+	return bus.Connect(cfg.NATS.URL, name, opts...)
+}
+
+// Logger builds a zap logger: JSON lines, or a console format for humans.
+func Logger(console, debug bool) *zap.Logger {
+	level := zap.NewAtomicLevelAt(zap.InfoLevel)
+	if debug {
+		level.SetLevel(zap.DebugLevel)
+	}
+	encCfg := zap.NewProductionEncoderConfig()
+	encCfg.EncodeTime = zapcore.ISO8601TimeEncoder
+	var enc zapcore.Encoder
+	if console {
+		encCfg.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		enc = zapcore.NewConsoleEncoder(encCfg)
+	} else {
+		enc = zapcore.NewJSONEncoder(encCfg)
+	}
+	return zap.New(zapcore.NewCore(enc, zapcore.Lock(os.Stderr), level))
+}

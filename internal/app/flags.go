@@ -1,0 +1,65 @@
+package app
+
+import (
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/natsagent/natsagent/internal/config"
+)
+
+// Flags are the command-line flags every natsagent process shares. A flag
+// given on the command line wins over the environment and the file.
+type Flags struct {
+	fs          *flag.FlagSet
+	ConfigPath  string
+	natsURL     string
+	prefix      string
+	replicas    int
+	concurrency int
+	Console     bool
+	Debug       bool
+	PrintConfig bool
+}
+
+// RegisterFlags adds the shared flags to fs.
+func RegisterFlags(fs *flag.FlagSet) *Flags {
+	f := &Flags{fs: fs}
+	fs.StringVar(&f.ConfigPath, "config", os.Getenv("NATSAGENT_CONFIG"), "YAML configuration file (env NATSAGENT_CONFIG)")
+	fs.StringVar(&f.natsURL, "nats-url", "", "NATS server or cluster URLs, comma-separated (env NATS_URL)")
+	fs.StringVar(&f.prefix, "prefix", "", "prefix of every subject, stream and bucket (default agent)")
+	fs.IntVar(&f.replicas, "replicas", 0, "JetStream replicas for streams and buckets: 1 or 3")
+	fs.IntVar(&f.concurrency, "concurrency", 0, "runs a worker executes at once (default 8)")
+	fs.BoolVar(&f.Console, "log-console", false, "human-readable logs instead of JSON lines")
+	fs.BoolVar(&f.Debug, "debug", false, "debug logging")
+	fs.BoolVar(&f.PrintConfig, "print-config", false, "print the effective configuration (secrets masked) and exit")
+	return f
+}
+
+// Load reads the configuration and applies the flags that were set.
+func (f *Flags) Load() (config.Config, error) {
+	cfg, err := config.Load(f.ConfigPath)
+	if err != nil {
+		return cfg, err
+	}
+	f.fs.Visit(func(fl *flag.Flag) {
+		switch fl.Name {
+		case "nats-url":
+			cfg.NATS.URL = f.natsURL
+		case "prefix":
+			cfg.NATS.Prefix = f.prefix
+		case "replicas":
+			cfg.NATS.Replicas = f.replicas
+		case "concurrency":
+			cfg.Worker.Concurrency = f.concurrency
+		}
+	})
+	if err := cfg.Validate(); err != nil {
+		return cfg, err
+	}
+	if f.PrintConfig {
+		fmt.Print(cfg.String())
+		os.Exit(0)
+	}
+	return cfg, nil
+}

@@ -1,0 +1,259 @@
+// Package config owns natsagent's configuration: the YAML file, the
+// environment overrides, defaults, and validation that names the path of
+// every bad field. It builds nothing; internal/app turns a Config into
+// running parts.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is the whole configuration of a gateway or worker process.
+type Config struct {
+	NATS    NATS    `yaml:"nats"`
+	Model   Model   `yaml:"model"`
+	Worker  Worker  `yaml:"worker"`
+	Gateway Gateway `yaml:"gateway"`
+	// Agents are the agent profiles; the built-in "chatbot" is added
+	// unless a profile of that name is configured.
+	Agents []Agent `yaml:"agents"`
+}
+
+// Agent is an agent profile.
+type Agent struct {
+	Name         string `yaml:"name"`
+	Description  string `yaml:"description"`
+	SystemPrompt string `yaml:"system_prompt"`
+	// Model is the model name sent to the provider (default: model.name).
+	Model    string   `yaml:"model"`
+	Tools    []string `yaml:"tools"`
+	MaxSteps int      `yaml:"max_steps"`
+	// Kind is lead (default) or subagent.
+	Kind       string     `yaml:"kind"`
+	Middleware Middleware `yaml:"middleware"`
+}
+
+// Middleware configures a profile's middleware chain (docs/middleware.md).
+type Middleware struct {
+	// Settings per built-in middleware; "enabled: false" removes an
+	// optional one, "enabled: true" adds one that is off by default.
+	Settings map[string]map[string]any `yaml:"settings"`
+	// Order rearranges optional middlewares within their segment.
+	Order []string `yaml:"order"`
+	// User lists the user segment's middlewares, in order.
+	User []UserMiddleware `yaml:"user"`
+}
+
+// UserMiddleware is one entry of the user segment.
+type UserMiddleware struct {
+	Use      string         `yaml:"use"`
+	Name     string         `yaml:"name"`
+	Settings map[string]any `yaml:"settings"`
+}
+
+// NATS configures the connection and the JetStream assets.
+type NATS struct {
+	// URL of the server or cluster (comma-separated); ignored in --dev.
+	URL string `yaml:"url"`
+	// Prefix of every subject, stream and bucket name.
+	Prefix   string `yaml:"prefix"`
+	Replicas int    `yaml:"replicas"`
+	// AckWait is how long a silent worker keeps a run before another
+	// worker takes it.
+	AckWait         Duration `yaml:"ack_wait"`
+	MaxDeliver      int      `yaml:"max_deliver"`
+	MaxAckPending   int      `yaml:"max_ack_pending"`
+	EventsMaxAge    Duration `yaml:"events_max_age"`
+	DuplicateWindow Duration `yaml:"duplicate_window"`
+	MaxRequestBytes int      `yaml:"max_request_bytes"`
+	// CredsFile is a NATS credentials file.
+	CredsFile string `yaml:"creds_file"`
+}
+
+// Model configures the default model provider. Without BaseURL, APIKey
+// and Name, the offline demo model is used.
+type Model struct {
+	BaseURL string `yaml:"base_url"`
+	APIKey  Secret `yaml:"api_key"`
+	Name    string `yaml:"name"`
+}
+
+// Worker configures run execution.
+type Worker struct {
+	Concurrency   int      `yaml:"concurrency"`
+	RunTimeout    Duration `yaml:"run_timeout"`
+	ShutdownGrace Duration `yaml:"shutdown_grace"`
+}
+
+// Gateway configures the HTTP API.
+type Gateway struct {
+	Listen       string `yaml:"listen"`
+	MaxBodyBytes int64  `yaml:"max_body_bytes"`
+}
+
+// Duration is a time.Duration written as "30s", "5m" in YAML.
+type Duration time.Duration
+
+// UnmarshalYAML parses a duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return err
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a duration (use forms like 30s, 5m, 1h)", s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalYAML writes the duration as a string.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// Secret is a string never printed in full.
+type Secret string
+
+// MarshalYAML masks the secret.
+func (s Secret) MarshalYAML() (any, error) {
+	if s == "" {
+		return "", nil
+	}
+	return "****", nil
+}
+
+// Default returns the configuration with every default filled.
+func Default() Config {
+	return Config{
+		NATS: NATS{
+			URL:             "nats://127.0.0.1:4222",
+			Prefix:          "agent",
+			Replicas:        1,
+			AckWait:         Duration(30 * time.Second),
+			MaxDeliver:      10,
+			MaxAckPending:   20000,
+			EventsMaxAge:    Duration(24 * time.Hour),
+			DuplicateWindow: Duration(10 * time.Minute),
+			MaxRequestBytes: 256 << 10,
+		},
+		Worker: Worker{
+			Concurrency:   8,
+			RunTimeout:    Duration(time.Hour),
+			ShutdownGrace: Duration(10 * time.Second),
+		},
+		Gateway: Gateway{
+			Listen:       "127.0.0.1:8080",
+			MaxBodyBytes: 1 << 20,
+		},
+	}
+}
+
+// Load reads the YAML file at path (none when path is ""), over the
+// defaults, then applies the environment. Unknown fields are errors.
+func Load(path string) (Config, error) {
+	cfg := Default()
+	if path != "" {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return cfg, fmt.Errorf("read config: %w", err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(data))
+		dec.KnownFields(true)
+		if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+			return cfg, fmt.Errorf("config %s: %w", path, err)
+		}
+	}
+	cfg.applyEnv(os.Getenv)
+	return cfg, cfg.Validate()
+}
+
+// Environment variables that override the file.
+const (
+	EnvBaseURL = "OPENAI_BASE_URL"
+	EnvAPIKey  = "OPENAI_API_KEY"
+	EnvModel   = "NATSAGENT_MODEL"
+	EnvNATSURL = "NATS_URL"
+)
+
+func (c *Config) applyEnv(get func(string) string) {
+	if v := get(EnvBaseURL); v != "" {
+		c.Model.BaseURL = v
+	}
+	if v := get(EnvAPIKey); v != "" {
+		c.Model.APIKey = Secret(v)
+	}
+	if v := get(EnvModel); v != "" {
+		c.Model.Name = v
+	}
+	if v := get(EnvNATSURL); v != "" {
+		c.NATS.URL = v
+	}
+}
+
+// UsesDemoModel reports whether no model provider is configured.
+func (c *Config) UsesDemoModel() bool {
+	return c.Model.BaseURL == "" && c.Model.APIKey == "" && c.Model.Name == ""
+}
+
+// Validate checks the configuration; errors name the field's path.
+func (c *Config) Validate() error {
+	var errs []string
+	bad := func(path, format string, args ...any) {
+		errs = append(errs, path+": "+fmt.Sprintf(format, args...))
+	}
+	if c.NATS.Replicas != 1 && c.NATS.Replicas != 3 {
+		bad("nats.replicas", "must be 1 or 3, not %d", c.NATS.Replicas)
+	}
+	if time.Duration(c.NATS.AckWait) < time.Second {
+		bad("nats.ack_wait", "must be at least 1s")
+	}
+	if c.NATS.MaxDeliver < 2 {
+		bad("nats.max_deliver", "must be at least 2")
+	}
+	if c.NATS.MaxAckPending < 1 {
+		bad("nats.max_ack_pending", "must be positive")
+	}
+	if c.NATS.MaxRequestBytes < 1024 {
+		bad("nats.max_request_bytes", "must be at least 1024")
+	}
+	if c.Worker.Concurrency < 1 {
+		bad("worker.concurrency", "must be at least 1")
+	}
+	seen := make(map[string]bool)
+	for i, a := range c.Agents {
+		path := fmt.Sprintf("agents[%d]", i)
+		if a.Name == "" {
+			bad(path+".name", "is required")
+		} else if seen[a.Name] {
+			bad(path+".name", "%q is defined twice", a.Name)
+		}
+		seen[a.Name] = true
+		if a.MaxSteps < 0 {
+			bad(path+".max_steps", "must not be negative")
+		}
+	}
+	if !c.UsesDemoModel() && c.Model.Name == "" {
+		bad("model.name", "a model endpoint is configured (%s or %s) but no model name: set %s (or model.name) to the model your endpoint serves, for example gpt-4o-mini or qwen2.5:7b", EnvBaseURL, EnvAPIKey, EnvModel)
+	}
+	if len(errs) > 0 {
+		return errors.New("invalid configuration:\n  " + strings.Join(errs, "\n  "))
+	}
+	return nil
+}
+
+// String renders the effective configuration as YAML with secrets masked.
+func (c Config) String() string {
+	data, err := yaml.Marshal(c)
+	if err != nil {
+		return err.Error()
+	}
+	return string(data)
+}
