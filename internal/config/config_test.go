@@ -64,12 +64,12 @@ agents:
 
 func TestLoadRejectsBadFieldsWithTheirPath(t *testing.T) {
 	cases := map[string]string{
-		"nats:\n  replicaz: 3\n":                           "replicaz",
-		"nats:\n  replicas: 2\n":                           "nats.replicas",
-		"nats:\n  ack_wait: soon\n":                        "is not a duration",
-		"worker:\n  concurrency: 0\n":                      "worker.concurrency",
-		"agents:\n  - name: a\n  - name: a\n":             "agents[1].name",
-		"agents:\n  - max_steps: 3\n":                      "agents[0].name",
+		"nats:\n  replicaz: 3\n":                         "replicaz",
+		"nats:\n  replicas: 2\n":                         "nats.replicas",
+		"nats:\n  ack_wait: soon\n":                      "is not a duration",
+		"worker:\n  concurrency: 0\n":                    "worker.concurrency",
+		"agents:\n  - name: a\n  - name: a\n":            "agents[1].name",
+		"agents:\n  - max_steps: 3\n":                    "agents[0].name",
 		"model:\n  base_url: http://localhost:8000/v1\n": "model.name",
 	}
 	t.Setenv(EnvModel, "")
