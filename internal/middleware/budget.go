@@ -67,14 +67,15 @@ func (b *TokenBudget) AfterModel(ctx context.Context, rt *Runtime, st *state.Sta
 	frac, used, budget, which := b.fraction(in, out)
 	i := LastAssistant(st)
 	if frac >= b.Hard && i >= 0 {
+		if len(st.Messages[i].ToolCalls) == 0 {
+			// A final answer that crossed the budget finished on its own:
+			// nothing was cut short.
+			return Result{}, nil
+		}
 		if rt.Emit != nil {
 			rt.Emit(EventBudgetExceeded, map[string]any{"used": used, "budget": budget, "kind": which})
 		}
 		note := fmt.Sprintf("[TOKEN BUDGET EXCEEDED] This run used %d %s tokens, over its budget of %d. Here is the answer with the results collected so far.", used, which, budget)
-		if len(st.Messages[i].ToolCalls) == 0 && i == len(st.Messages)-1 {
-			// Already a final answer: end here, keep it as it is.
-			return Result{Jump: JumpEnd, StopReason: protocol.StopTokenCapped}, nil
-		}
 		return stopWith(st, i, protocol.StopTokenCapped, note), nil
 	}
 	warned := Scratch(rt, "token_budget:warned", func() *bool { return new(bool) })
@@ -155,12 +156,17 @@ func UsageOf(m *model.Message) (Usage, bool) {
 }
 
 // RunUsage sums the usage of one run's assistant messages. A run's
-// messages are the tail of the transcript, so only that tail is read.
+// messages are the tail of the transcript, so reading stops at the first
+// message of another run; messages a middleware added without a run id
+// are passed over.
 func RunUsage(st *state.State, runID string) (in, out int) {
 	for i := len(st.Messages) - 1; i >= 0; i-- {
 		m := &st.Messages[i]
 		if id, _ := m.Meta["run_id"].(string); id != runID {
-			break
+			if id != "" {
+				break
+			}
+			continue
 		}
 		if m.Role != model.RoleAssistant {
 			continue

@@ -7,8 +7,10 @@ package middleware
 // keyed by each tool's salient arguments) within the last 20 tool-calling
 // messages warn at 3 and stop at 5; calls of one tool within the last 50
 // calls warn at 30 and stop at 50, with per-tool overrides. The history is
-// derived from the transcript itself, so it is the same on every worker and
-// after a redelivery. A warning goes into the next request only, as a
+// derived from the run's part of the transcript, so it is the same on every
+// worker and after a redelivery. Unlike DeerFlow's thread-wide history, it
+// is scoped to the run: a person asking the same thing in five turns is
+// not a loop. A warning goes into the next request only, as a
 // trailing user message; a stop strips the tool calls from the assistant
 // message and ends the run with stop_reason loop_capped. A whole batch is
 // accounted before deciding, so a warning never hides a stop later in it.
@@ -108,6 +110,9 @@ func (l *LoopDetection) AfterModel(ctx context.Context, rt *Runtime, st *state.S
 	seenCalls := 0
 	for j := i; j >= 0 && (seenMsgs < l.WindowSize || seenCalls < freqWindow); j-- {
 		m := st.Messages[j]
+		if id, _ := m.Meta["run_id"].(string); id != rt.RunID && id != "" {
+			break // an earlier run's turn
+		}
 		if m.Role != model.RoleAssistant || len(m.ToolCalls) == 0 {
 			continue
 		}

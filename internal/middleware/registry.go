@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -72,9 +73,9 @@ type Builtin struct {
 func Builtins() []Builtin {
 	return []Builtin{
 		{Name: "tool_error_guard", Segment: SegmentBase, Required: true,
-			Build: func(json.RawMessage, Env) (Middleware, error) { return ToolErrorGuard{}, nil }},
+			Build: noSettings(ToolErrorGuard{})},
 		{Name: "tool_call_repair", Segment: SegmentBase, Required: true,
-			Build: func(json.RawMessage, Env) (Middleware, error) { return ToolCallRepair{}, nil }},
+			Build: noSettings(ToolCallRepair{})},
 		{Name: "dynamic_context", Segment: SegmentBase,
 			Build: build(NewDynamicContext)},
 		{Name: "title", Segment: SegmentBase,
@@ -88,17 +89,29 @@ func Builtins() []Builtin {
 		{Name: "model_retry", Segment: SegmentBase,
 			Build: func(raw json.RawMessage, env Env) (Middleware, error) {
 				var r struct {
-					MaxRetries           int      `json:"max_retries"`
-					NetworkBudgetSeconds float64  `json:"network_budget_seconds"`
+					MaxRetries           *int     `json:"max_retries"`
+					NetworkBudgetSeconds *float64 `json:"network_budget_seconds"`
 					Fallbacks            []string `json:"fallback_models"`
 				}
 				if err := decodeSettings(raw, &r); err != nil {
 					return nil, err
 				}
-				if r.MaxRetries < 0 || r.NetworkBudgetSeconds < 0 {
-					return nil, fmt.Errorf("max_retries and network_budget_seconds must not be negative")
+				retry := Retry{Fallbacks: r.Fallbacks}
+				// Retry reads a zero as "the default"; a configured 0
+				// means none.
+				if n := r.MaxRetries; n != nil {
+					if *n < 0 {
+						return nil, fmt.Errorf("max_retries must not be negative")
+					}
+					retry.MaxRetries = cmp.Or(*n, -1)
 				}
-				return NewRetry(Retry{MaxRetries: r.MaxRetries, NetworkBudget: seconds(r.NetworkBudgetSeconds), Fallbacks: r.Fallbacks}), nil
+				if s := r.NetworkBudgetSeconds; s != nil {
+					if *s < 0 {
+						return nil, fmt.Errorf("network_budget_seconds must not be negative")
+					}
+					retry.NetworkBudget = cmp.Or(seconds(*s), -1)
+				}
+				return NewRetry(retry), nil
 			}},
 		{Name: "tool_call_limit", Segment: SegmentUser, UserOnly: true,
 			Build: build(NewToolCallLimit)},
@@ -202,6 +215,10 @@ func Assemble(cfg ChainConfig, env Env) (*Chain, error) {
 		}
 		segs[b.Segment] = append(segs[b.Segment], m)
 	}
+	used := make(map[string]bool)
+	for _, n := range names {
+		used[n] = true
+	}
 	for i, u := range cfg.User {
 		b, ok := byName[u.Use]
 		if !ok {
@@ -221,6 +238,10 @@ func Assemble(cfg ChainConfig, env Env) (*Chain, error) {
 		if err != nil {
 			return nil, fmt.Errorf("user[%d] (%s): %w", i, u.Use, err)
 		}
+		if used[m.Name()] {
+			return nil, fmt.Errorf("user[%d].name: %q is already in the chain; give each one a distinct name", i, m.Name())
+		}
+		used[m.Name()] = true
 		segs[SegmentUser] = append(segs[SegmentUser], m)
 	}
 	chain, err := NewChain(segs[SegmentBase], segs[SegmentUser], segs[SegmentTail])
@@ -289,6 +310,17 @@ func builtinNames(all []Builtin) []string {
 		out[i] = b.Name
 	}
 	return out
+}
+
+// noSettings is the Build of a middleware without settings: any key
+// besides "enabled" is an error.
+func noSettings(m Middleware) func(json.RawMessage, Env) (Middleware, error) {
+	return func(raw json.RawMessage, _ Env) (Middleware, error) {
+		if err := decodeSettings(raw, &struct{}{}); err != nil {
+			return nil, err
+		}
+		return m, nil
+	}
 }
 
 // build adapts a typed constructor to Builtin.Build.

@@ -79,6 +79,14 @@ func RepairTranscript(system string, msgs []model.Message) (string, []model.Mess
 	}
 	calls := make(map[int][]callInfo) // by message index
 	idless := make(map[int][]string)  // message index -> repaired ids of id-less calls
+	// Calls by the id the model gave them, in order: a provider that
+	// numbers calls per response reuses ids across turns, and the renamed
+	// call must still get the result that follows it.
+	type slot struct {
+		msg int
+		id  string // repaired id
+	}
+	byGiven := make(map[string][]slot)
 	seen := make(map[string]bool)
 	for i, m := range msgs {
 		if m.Role != model.RoleAssistant || len(m.ToolCalls) == 0 {
@@ -98,6 +106,9 @@ func RepairTranscript(system string, msgs []model.Message) (string, []model.Mess
 				}
 				changed = true
 			}
+			if c.ID != "" {
+				byGiven[c.ID] = append(byGiven[c.ID], slot{i, info.call.ID})
+			}
 			seen[info.call.ID] = true
 			if strings.TrimSpace(c.Name) == "" {
 				info.call.Name = UnknownToolName
@@ -115,16 +126,44 @@ func RepairTranscript(system string, msgs []model.Message) (string, []model.Mess
 	}
 
 	// Collect results by call id, in order; an id-less result is matched to
-	// the id-less calls of the assistant message before it.
+	// the id-less calls of the assistant message before it. A result whose
+	// id several calls were given answers the first call not yet answered
+	// in the nearest message before it that has that id.
 	results := make(map[string][]int)
 	lastAssistant := -1
 	idlessUsed := make(map[int]int)
+	claimed := make(map[string]bool)
 	for i, m := range msgs {
 		switch m.Role {
 		case model.RoleAssistant:
 			lastAssistant = i
 		case model.RoleTool:
 			id := m.ToolCallID
+			if slots := byGiven[id]; len(slots) > 1 {
+				near := -1
+				for _, s := range slots {
+					if s.msg < i {
+						near = s.msg
+					}
+				}
+				pick := ""
+				for _, s := range slots {
+					if s.msg != near {
+						continue
+					}
+					if pick == "" {
+						pick = s.id // all answered: a duplicate, dropped at the first call
+					}
+					if !claimed[s.id] {
+						pick = s.id
+						break
+					}
+				}
+				if pick != "" {
+					id = pick
+					claimed[id] = true
+				}
+			}
 			if id == "" && lastAssistant >= 0 {
 				if n := idlessUsed[lastAssistant]; n < len(idless[lastAssistant]) {
 					id = idless[lastAssistant][n]
@@ -211,7 +250,7 @@ func isJSONObject(s string) bool {
 		return true // sent as {}
 	}
 	var v map[string]json.RawMessage
-	return json.Unmarshal([]byte(s), &v) == nil
+	return json.Unmarshal([]byte(s), &v) == nil && v != nil // "null" decodes to a nil map
 }
 
 func clipText(s string, n int) string {

@@ -65,10 +65,11 @@ func (*Title) Name() string { return "title" }
 const EventTitled = "thread.titled"
 
 type titleJob struct {
-	mu    sync.Mutex
-	start bool
-	done  bool
-	title string
+	mu       sync.Mutex
+	start    bool
+	done     bool
+	title    string
+	fallback string // the fallback title of the first user message
 }
 
 // BeforeAgent sets the fallback title on a thread that has none.
@@ -103,7 +104,7 @@ func (t *Title) AfterModel(ctx context.Context, rt *Runtime, st *state.State) (R
 		return Result{}, nil
 	}
 	job := Scratch(rt, "title:job", func() *titleJob { return &titleJob{} })
-	if r, ok := t.ready(rt, job); ok {
+	if r, ok := t.ready(rt, st, job); ok {
 		return r, nil
 	}
 	job.mu.Lock()
@@ -124,6 +125,7 @@ func (t *Title) AfterModel(ctx context.Context, rt *Runtime, st *state.State) (R
 		return Result{}, nil
 	}
 	job.start = true
+	job.fallback = FallbackTitle(users[0], t.MaxWords, t.MaxChars)
 	go t.generate(context.WithoutCancel(ctx), job, users[0], answers[0])
 	return Result{}, nil
 }
@@ -133,18 +135,24 @@ func (t *Title) AfterAgent(ctx context.Context, rt *Runtime, st *state.State) (R
 	if t.Model == "" {
 		return Result{}, nil
 	}
-	r, _ := t.ready(rt, Scratch(rt, "title:job", func() *titleJob { return &titleJob{} }))
+	r, _ := t.ready(rt, st, Scratch(rt, "title:job", func() *titleJob { return &titleJob{} }))
 	return r, nil
 }
 
-func (t *Title) ready(rt *Runtime, job *titleJob) (Result, bool) {
+// ready applies the title model's answer once, and only over the fallback
+// title: a title someone set by other means stays.
+func (t *Title) ready(rt *Runtime, st *state.State, job *titleJob) (Result, bool) {
 	job.mu.Lock()
-	done, title := job.done, job.title
+	done, title, fallback := job.done, job.title, job.fallback
 	if done {
 		job.title = "" // apply once
 	}
 	job.mu.Unlock()
 	if !done || title == "" {
+		return Result{}, false
+	}
+	var cur string
+	if _, err := st.Value(TitleValue, &cur); err != nil || (cur != "" && cur != fallback) {
 		return Result{}, false
 	}
 	r, err := t.set(rt, title)

@@ -124,13 +124,26 @@ func (l *ToolCallLimit) matches(name string) bool { return l.Tool == "" || l.Too
 // AfterModel answers the calls of the new response that go over a limit.
 func (l *ToolCallLimit) AfterModel(ctx context.Context, rt *Runtime, st *state.State) (Result, error) {
 	i := LastAssistant(st)
-	if i < 0 || i != len(st.Messages)-1 || len(st.Messages[i].ToolCalls) == 0 {
+	if i < 0 || len(st.Messages[i].ToolCalls) == 0 {
 		return Result{}, nil
 	}
+	for _, m := range st.Messages[i+1:] {
+		if m.Role != model.RoleTool {
+			return Result{}, nil // not a fresh response
+		}
+	}
+	// Results already present for the new calls come from another limit
+	// earlier in the after-model order: those calls are blocked already.
+	answered := make(map[string]bool)
 	blocked := make(map[string]bool)
 	for _, m := range st.Messages {
-		if m.Role == model.RoleTool && m.Meta[MetaBlockedBy] == l.Name() {
+		if m.Role == model.RoleTool && m.Meta[MetaBlockedBy] != nil {
 			blocked[m.ToolCallID] = true
+		}
+	}
+	for _, m := range st.Messages[i+1:] {
+		if m.Role == model.RoleTool {
+			answered[m.ToolCallID] = true
 		}
 	}
 	runCount, threadCount := 0, 0
@@ -155,7 +168,7 @@ func (l *ToolCallLimit) AfterModel(ctx context.Context, rt *Runtime, st *state.S
 	var results []model.Message
 	var over []string
 	for _, c := range st.Messages[i].ToolCalls {
-		if !l.matches(c.Name) {
+		if !l.matches(c.Name) || answered[c.ID] {
 			continue
 		}
 		runCount++
@@ -182,7 +195,6 @@ func (l *ToolCallLimit) AfterModel(ctx context.Context, rt *Runtime, st *state.S
 	case LimitEnd:
 		// Every other call of the response is answered too, so the
 		// transcript stays valid, and the run ends.
-		answered := make(map[string]bool)
 		for _, r := range results {
 			answered[r.ToolCallID] = true
 		}

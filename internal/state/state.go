@@ -55,8 +55,24 @@ func (u *Update) Empty() bool {
 	return u == nil || (len(u.Messages) == 0 && len(u.Remove) == 0 && len(u.Values) == 0)
 }
 
-// Merge appends o's changes after u's.
+// Merge appends o's changes after u's, so that applying u then o and
+// applying the merged update give the same state. Apply removes before it
+// upserts, so a message u upserts and o removes is dropped from u here,
+// or the merged update would bring it back.
 func (u *Update) Merge(o Update) {
+	if len(o.Remove) > 0 && len(u.Messages) > 0 {
+		drop := make(map[string]bool, len(o.Remove))
+		for _, id := range o.Remove {
+			drop[id] = true
+		}
+		kept := u.Messages[:0:0]
+		for _, m := range u.Messages {
+			if !drop[m.ID] {
+				kept = append(kept, m)
+			}
+		}
+		u.Messages = kept
+	}
 	u.Messages = append(u.Messages, o.Messages...)
 	u.Remove = append(u.Remove, o.Remove...)
 	for k, v := range o.Values {
