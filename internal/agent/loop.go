@@ -350,6 +350,13 @@ func (l *loop) runTools(ctx context.Context, handler middleware.ToolHandler, cal
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// A panic in a tool wrapper must not take the worker down: this
+			// goroutine is outside the job's own recover.
+			defer func() {
+				if p := recover(); p != nil {
+					errs[i] = &middleware.PanicError{What: "tool call " + c.Name, Value: p, Stack: debug.Stack()}
+				}
+			}()
 			results[i], errs[i] = handler(ctx, &middleware.ToolCall{Call: c, Tool: l.rt.Tools.Get(c.Name), State: l.st})
 		}()
 	}

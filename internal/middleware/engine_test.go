@@ -458,3 +458,45 @@ func TestEngine_DefaultChainLoopCapped(t *testing.T) {
 		}
 	}
 }
+
+// Nothing a tool or a middleware does may take the worker down: a panic in
+// a tool, or in a wrapper inside the tool error guard, becomes an error
+// result the model reads, and the run goes on.
+func TestEngine_PanicsBecomeToolErrors(t *testing.T) {
+	rec := &recorder{}
+	panicky := &mw{name: "panicky", rec: rec, wt: func(ctx context.Context, rt *middleware.Runtime, call *middleware.ToolCall, next middleware.ToolHandler) (*middleware.ToolResult, error) {
+		if call.Call.Name == "echo" {
+			panic("wrapper bug")
+		}
+		return next(ctx, call)
+	}}
+	set, err := tools.NewSet(
+		tools.Func(model.ToolSpec{Name: "echo"}, func(context.Context, json.RawMessage) (string, error) { return "unreachable", nil }),
+		tools.Func(model.ToolSpec{Name: "boom"}, func(context.Context, json.RawMessage) (string, error) { panic("tool bug") }),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := model.NewScripted(func(n int, req *model.Request) model.Reply {
+		if n == 0 {
+			return model.Reply{ToolCalls: []model.ToolCall{{ID: "c1", Name: "echo", Arguments: "{}"}, {ID: "c2", Name: "boom", Arguments: "{}"}}}
+		}
+		return model.Reply{Text: "recovered"}
+	})
+	r := execute(t, newChain(t, middleware.ToolErrorGuard{}, panicky), m, set)
+	if r.out.Status != protocol.StatusSuccess || r.out.Output.Content != "recovered" {
+		t.Fatalf("outcome %+v", r.out)
+	}
+	var errs []string
+	for _, msg := range r.st.Messages {
+		if msg.Role == model.RoleTool {
+			if msg.Status != model.ToolStatusError || strings.Contains(msg.Content, "goroutine") {
+				t.Errorf("tool result %+v: want an error result without a stack", msg)
+			}
+			errs = append(errs, msg.Content)
+		}
+	}
+	if len(errs) != 2 || !strings.Contains(errs[0], "wrapper bug") || !strings.Contains(errs[1], "tool bug") {
+		t.Fatalf("tool results %q", errs)
+	}
+}

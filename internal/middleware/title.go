@@ -162,17 +162,21 @@ func (t *Title) ready(rt *Runtime, st *state.State, job *titleJob) (Result, bool
 func (t *Title) generate(ctx context.Context, job *titleJob, user, answer string) {
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(t.TimeoutSeconds)*time.Second)
 	defer cancel()
+	title := ""
+	defer func() {
+		// A panicking provider leaves the fallback title; it must not take
+		// the worker down.
+		_ = recover()
+		job.mu.Lock()
+		job.done, job.title = true, title
+		job.mu.Unlock()
+	}()
 	prompt := fmt.Sprintf("Write a title of at most %d words for this conversation. Answer with the title only, no quotes.\n\nUser: %s\n\nAssistant: %s",
 		t.MaxWords, clipText(stripReasoning(user), 500), clipText(stripReasoning(answer), 500))
 	resp, err := t.provider.Generate(ctx, &model.Request{Model: t.Model, Messages: []model.Message{{Role: model.RoleUser, Content: prompt}}}, nil)
-	title := ""
 	if err == nil {
-		title = strings.Trim(strings.TrimSpace(stripReasoning(resp.Message.Content)), `"'`)
-		title = truncateChars(title, t.MaxChars)
+		title = truncateChars(strings.Trim(strings.TrimSpace(stripReasoning(resp.Message.Content)), `"'`), t.MaxChars)
 	}
-	job.mu.Lock()
-	job.done, job.title = true, title
-	job.mu.Unlock()
 }
 
 var reasoningTags = regexp.MustCompile(`(?s)<(think|thinking|reasoning)>.*?</(think|thinking|reasoning)>`)

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 
 	"go.uber.org/zap"
 
@@ -23,16 +24,26 @@ type ToolErrorGuard struct{}
 func (ToolErrorGuard) Name() string { return "tool_error_guard" }
 
 // WrapToolCall implements WrapToolCall.
-func (ToolErrorGuard) WrapToolCall(ctx context.Context, rt *Runtime, call *ToolCall, next ToolHandler) (*ToolResult, error) {
-	res, err := next(ctx, call)
+func (ToolErrorGuard) WrapToolCall(ctx context.Context, rt *Runtime, call *ToolCall, next ToolHandler) (res *ToolResult, err error) {
+	defer func() {
+		// A panic in an inner wrapper is a tool failure too.
+		if p := recover(); p != nil {
+			res, err = guardError(ctx, rt, call, &PanicError{What: "tool call " + call.Call.Name, Value: p, Stack: debug.Stack()})
+		}
+	}()
+	res, err = next(ctx, call)
 	if err == nil && res != nil {
 		return res, nil
 	}
-	if ctx.Err() != nil {
-		return nil, context.Cause(ctx)
-	}
 	if err == nil {
 		err = errors.New("the tool returned no result")
+	}
+	return guardError(ctx, rt, call, err)
+}
+
+func guardError(ctx context.Context, rt *Runtime, call *ToolCall, err error) (*ToolResult, error) {
+	if ctx.Err() != nil {
+		return nil, context.Cause(ctx)
 	}
 	if rt.Logger != nil {
 		fields := []zap.Field{zap.String("tool", call.Call.Name), zap.String("tool_call_id", call.Call.ID), zap.Error(err)}
