@@ -5,6 +5,7 @@
 package kv
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -61,7 +62,7 @@ func get[T any](ctx context.Context, kv jetstream.KeyValue, key string) (*T, uin
 		return nil, 0, err
 	}
 	v := new(T)
-	if err := json.Unmarshal(e.Value(), v); err != nil {
+	if err := decodeExact(e.Value(), v); err != nil {
 		return nil, 0, fmt.Errorf("decode %s: %w", key, err)
 	}
 	return v, e.Revision(), nil
@@ -85,4 +86,13 @@ func put(ctx context.Context, kv jetstream.KeyValue, key string, v any, rev uint
 		return 0, ErrConflict
 	}
 	return n, err
+}
+
+// decodeExact decodes JSON keeping numbers in free-form fields (metadata)
+// as json.Number, so a record rewritten by a worker keeps large integers
+// exact.
+func decodeExact(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	return dec.Decode(v)
 }

@@ -2,7 +2,6 @@ package kv
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -76,7 +75,7 @@ func (s *Runs) List(ctx context.Context, tenant string, keep func(*protocol.Run)
 			break
 		}
 		var r protocol.Run
-		if json.Unmarshal(e.Value(), &r) != nil {
+		if decodeExact(e.Value(), &r) != nil {
 			continue
 		}
 		if keep == nil || keep(&r) {

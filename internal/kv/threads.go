@@ -123,7 +123,7 @@ func (s *Threads) List(ctx context.Context, tenant string) ([]*protocol.Thread, 
 			break
 		}
 		var t protocol.Thread
-		if json.Unmarshal(e.Value(), &t) == nil {
+		if decodeExact(e.Value(), &t) == nil {
 			out = append(out, &t)
 		}
 	}

@@ -94,6 +94,7 @@ func DecodeRunRequest(data []byte, maxBytes int) (*RunRequest, error) {
 		return nil, invalid("", "run request is not valid UTF-8")
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber() // metadata keeps large integers exact
 	var req RunRequest
 	if err := dec.Decode(&req); err != nil {
 		return nil, invalid("", "run request is not valid JSON: %v", err)

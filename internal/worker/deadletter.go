@@ -59,13 +59,13 @@ func (w *Worker) decode(msg jetstream.Msg) (*protocol.RunRequest, error) {
 // deadLetter ends an invalid request: an error run (when the request names
 // a run it may own) with the reason, a copy in the dead-letter stream, and
 // the request removed from the runs stream. The worker keeps serving.
-func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, seq uint64, reason error) {
+func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, seq uint64, req *protocol.RunRequest, reason error) {
 	tenant, thread, ok := w.names.ParseRunSubject(msg.Subject())
 	log := w.log.With(zap.String("subject", msg.Subject()), zap.Uint64("stream_seq", seq))
 	log.Warn("invalid run request dead-lettered", zap.Error(reason))
 	if ok && protocol.ValidToken(tenant) && protocol.ValidToken(thread) {
 		runID := w.invalidRunID(msg, seq)
-		if err := w.recordInvalid(ctx, tenant, thread, runID, seq, reason); err != nil {
+		if err := w.recordInvalid(ctx, req, tenant, thread, runID, seq, reason); err != nil {
 			log.Warn("could not record the invalid run", zap.Error(err))
 		}
 	}
@@ -93,33 +93,44 @@ func (w *Worker) invalidRunID(msg jetstream.Msg, seq uint64) string {
 	return "invalid-" + strconv.FormatUint(seq, 10)
 }
 
-func (w *Worker) recordInvalid(ctx context.Context, tenant, thread, runID string, seq uint64, reason error) error {
-	rec, _, err := w.stores.Runs.Get(ctx, tenant, runID)
-	if err == nil && (rec.MsgSeq != seq || rec.Status.Terminal() || rec.ThreadID != thread) {
-		// The id belongs to another request's run; leave that run alone.
-		return nil
-	}
-	if err != nil && !errors.Is(err, kv.ErrNotFound) {
-		return err
-	}
-	if err == nil {
-		_, err = w.finishUnowned(ctx, rec, protocol.StatusError, "invalid run request: "+reason.Error(), func(r *protocol.Run) bool { return !r.Status.Terminal() })
-		return err
-	}
-	now := time.Now().UTC()
-	rec = &protocol.Run{
-		RunID: runID, ThreadID: thread, Tenant: tenant, Status: protocol.StatusError,
-		CreatedAt: now, FinishedAt: &now, MsgSeq: seq, Seq: 1,
-		Error: "invalid run request: " + reason.Error(),
-	}
-	if _, err := w.stores.Runs.Create(ctx, rec); err != nil {
-		if errors.Is(err, kv.ErrExists) {
-			return nil
+func (w *Worker) recordInvalid(ctx context.Context, req *protocol.RunRequest, tenant, thread, runID string, seq uint64, reason error) error {
+	text := "invalid run request: " + reason.Error()
+	for range 3 {
+		rec, _, err := w.stores.Runs.Get(ctx, tenant, runID)
+		if err == nil {
+			if rec.Status.Terminal() || rec.ThreadID != thread || (rec.MsgSeq != 0 && rec.MsgSeq != seq) {
+				// The id belongs to another request's run; leave it alone.
+				return nil
+			}
+			_, err = w.finishUnowned(ctx, rec, protocol.StatusError, text, func(r *protocol.Run) bool { return !r.Status.Terminal() })
+			return err
 		}
-		return err
+		if !errors.Is(err, kv.ErrNotFound) {
+			return err
+		}
+		// run.queued may exist already (the gateway publishes it before
+		// it creates the record): number after what is stored.
+		lastSeq, err := w.pub.LastSeq(ctx, tenant, thread, runID)
+		if err != nil {
+			return err
+		}
+		now := time.Now().UTC()
+		rec = &protocol.Run{RunID: runID, ThreadID: thread, Tenant: tenant, CreatedAt: now}
+		if req != nil && req.RunID == runID {
+			rec = kv.NewRun(req, seq, now)
+			rec.ThreadID, rec.Tenant = thread, tenant
+		}
+		rec.Status, rec.FinishedAt, rec.MsgSeq, rec.Seq, rec.Error = protocol.StatusError, &now, seq, lastSeq+1, text
+		if _, err := w.stores.Runs.Create(ctx, rec); err != nil {
+			if errors.Is(err, kv.ErrExists) {
+				continue // created meanwhile (by the gateway): finish that one
+			}
+			return err
+		}
+		_ = w.stores.Threads.IndexRun(ctx, tenant, thread, runID, now)
+		return w.pub.PublishFinished(ctx, rec)
 	}
-	_ = w.stores.Threads.IndexRun(ctx, tenant, thread, runID, now)
-	return w.pub.PublishFinished(ctx, rec)
+	return fmt.Errorf("run %s kept changing while being recorded as invalid", runID)
 }
 
 func (w *Worker) copyToDLQ(ctx context.Context, subject string, hdr nats.Header, data []byte, seq uint64, reason, tenant, thread string) error {

@@ -75,7 +75,7 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 	ctx := base
 	req, reason := w.decode(j.msg)
 	if reason != nil {
-		w.deadLetter(ctx, j.msg, j.seq, reason)
+		w.deadLetter(ctx, j.msg, j.seq, req, reason)
 		return
 	}
 	j.req = req
@@ -179,7 +179,7 @@ func (j *job) handBack() {
 // fail ends the run with an internal error when its own code panicked.
 func (j *job) fail(ctx context.Context, reason string) {
 	if j.req == nil {
-		j.w.deadLetter(ctx, j.msg, j.seq, &protocol.ValidationError{Message: reason})
+		j.w.deadLetter(ctx, j.msg, j.seq, nil, &protocol.ValidationError{Message: reason})
 		return
 	}
 	j.hold.Lock()

@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/natsagent/natsagent/internal/events"
+	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/tools"
@@ -249,5 +251,45 @@ func TestPlainNATSClient(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatalf("no run.finished; got %v", types)
 		}
+	}
+}
+
+// The gateway publishes run.queued and creates the pending record before a
+// worker sees the request; an invalid request must still end that record
+// (not leave it pending forever) and number its events after run.queued.
+func TestInvalidRequestWithGatewayRecord(t *testing.T) {
+	h := newHarness(t)
+	req := request("t1", "ghostly", "hi")
+	req.Agent = "ghost"
+	req.Normalize()
+	w := h.watch("default", "t1", "ghostly")
+	seq := h.submit(req)
+	pub, err := events.NewPublisher(context.Background(), h.js, h.names, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.PublishQueued(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	rec := kv.NewRun(req, seq, time.Now().UTC())
+	rec.Seq = 1
+	if _, err := h.stores.Runs.Create(context.Background(), rec); err != nil {
+		t.Fatal(err)
+	}
+	h.startWorker(textModel("x", 1, 0), nil)
+	fin := w.finished(t, 10*time.Second)
+	if fin.Status != protocol.StatusError || !strings.Contains(fin.Error, `unknown agent "ghost"`) {
+		t.Fatalf("run ended %s: %s", fin.Status, fin.Error)
+	}
+	if got := strings.Join(w.types(), ","); got != "run.queued,run.finished" {
+		t.Fatalf("events %s", got)
+	}
+	for i, ev := range w.all() {
+		if ev.Seq != uint64(i+1) {
+			t.Fatalf("seq %d at %d", ev.Seq, i)
+		}
+	}
+	if r := h.run("default", "ghostly"); r.Agent != "ghost" || r.Status != protocol.StatusError {
+		t.Fatalf("record %+v", r)
 	}
 }

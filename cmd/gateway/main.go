@@ -1,0 +1,205 @@
+// Command gateway serves natsagent's HTTP + SSE API and publishes runs to
+// NATS JetStream. With --dev it is a whole deployment in one process: an
+// embedded NATS server with JetStream (reachable by the nats CLI and any
+// client), in-process workers and the API.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/natsagent/natsagent/internal/app"
+	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/config"
+	"github.com/natsagent/natsagent/internal/gateway"
+	"github.com/natsagent/natsagent/internal/worker"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	dev        bool
+	listen     string
+	natsListen string
+	dataDir    string
+	workers    int
+}
+
+func run() error {
+	fs := flag.NewFlagSet("gateway", flag.ExitOnError)
+	flags := app.RegisterFlags(fs)
+	var o options
+	fs.BoolVar(&o.dev, "dev", false, "run everything in one process: embedded NATS, in-process workers and the API")
+	fs.StringVar(&o.listen, "listen", "", "HTTP listen address (default 127.0.0.1:8080)")
+	fs.StringVar(&o.natsListen, "nats-listen", "127.0.0.1:4222", "--dev: address of the embedded NATS server for outside clients")
+	fs.StringVar(&o.dataDir, "data", "./data", "--dev: folder for the embedded server's JetStream files")
+	fs.IntVar(&o.workers, "workers", 2, "--dev: in-process workers")
+	_ = fs.Parse(os.Args[1:])
+	if o.dev && !isSet(fs, "log-console") {
+		flags.Console = true
+	}
+	cfg, err := flags.Load()
+	if err != nil {
+		return err
+	}
+	if o.listen != "" {
+		cfg.Gateway.Listen = o.listen
+	}
+	log := app.Logger(flags.Console, flags.Debug)
+	defer func() { _ = log.Sync() }()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	settings, err := app.Settings(cfg)
+	if err != nil {
+		return err
+	}
+
+	connect := func(name string) (*nats.Conn, error) { return app.Connect(cfg, name) }
+	if o.dev {
+		dir, err := filepath.Abs(filepath.Join(o.dataDir, "nats"))
+		if err != nil {
+			return err
+		}
+		srv, err := bus.StartEmbedded(bus.EmbeddedConfig{StoreDir: dir, Listen: o.natsListen})
+		if err != nil {
+			return err
+		}
+		defer srv.Shutdown()
+		connect = func(name string) (*nats.Conn, error) { return srv.Connect(name) }
+		log.Info("embedded NATS server with JetStream", zap.String("url", srv.ClientURL()), zap.String("store", dir))
+	}
+
+	nc, err := connect("natsagent-gateway")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = nc.Drain() }()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	provCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := bus.Provision(provCtx, js, settings); err != nil {
+		return err
+	}
+
+	var workers sync.WaitGroup
+	workerCtx, stopWorkers := context.WithCancel(context.Background())
+	defer func() {
+		stopWorkers()
+		workers.Wait()
+	}()
+	if o.dev {
+		if err := startWorkers(ctx, workerCtx, &workers, cfg, settings, o.workers, connect, log); err != nil {
+			return err
+		}
+	}
+
+	gw, err := gateway.New(ctx, nc, gateway.Config{Settings: settings, MaxBodyBytes: cfg.Gateway.MaxBodyBytes, Logger: log})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Gateway.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w (change it with --listen)", cfg.Gateway.Listen, err)
+	}
+	// Open SSE streams end when shutdown begins (clients resume with
+	// Last-Event-ID) instead of holding the shutdown for its whole timeout.
+	baseCtx, endStreams := context.WithCancel(context.Background())
+	defer endStreams()
+	hs := &http.Server{
+		Handler:           gw.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return baseCtx },
+	}
+	hs.RegisterOnShutdown(endStreams)
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	log.Info("natsagent gateway", zap.String("http", "http://"+ln.Addr().String()), zap.Bool("dev", o.dev))
+	if o.dev {
+		fmt.Fprintf(os.Stderr, "\nTry it:\n  curl -N http://%s/threads/demo/runs/stream -H 'Content-Type: application/json' \\\n    -d '{\"input\":{\"messages\":[{\"role\":\"user\",\"content\":\"What time is it?\"}]}}'\n\n", ln.Addr())
+	}
+
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+	}
+	log.Info("shutting down")
+	shutCtx, cancelShut := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelShut()
+	_ = hs.Shutdown(shutCtx)
+	stopWorkers()
+	workers.Wait()
+	return nil
+}
+
+// startWorkers runs n in-process workers, each on its own connection.
+func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config.Config, settings bus.Settings, n int, connect func(string) (*nats.Conn, error), log *zap.Logger) error {
+	m, label, err := app.Model(cfg)
+	if err != nil {
+		return err
+	}
+	agents, err := app.Agents(cfg, m)
+	if err != nil {
+		return err
+	}
+	log.Info("model", zap.String("model", label))
+	for i := range n {
+		nc, err := connect(fmt.Sprintf("natsagent-worker-%d", i+1))
+		if err != nil {
+			return err
+		}
+		w, err := worker.New(ctx, nc, worker.Config{
+			Settings:      settings,
+			ID:            fmt.Sprintf("dev-%d-%d", os.Getpid(), i+1),
+			Concurrency:   cfg.Worker.Concurrency,
+			RunTimeout:    time.Duration(cfg.Worker.RunTimeout),
+			ShutdownGrace: time.Duration(cfg.Worker.ShutdownGrace),
+			Agents:        agents,
+			Logger:        log,
+		})
+		if err != nil {
+			nc.Close()
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { _ = nc.Drain() }()
+			if err := w.Run(workerCtx); err != nil {
+				log.Error("worker stopped", zap.Error(err))
+			}
+		}()
+	}
+	return nil
+}
+
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}

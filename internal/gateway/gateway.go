@@ -1,0 +1,286 @@
+// Package gateway owns natsagent's HTTP + SSE API, shaped after the
+// LangGraph Agent Server's threads/runs API so its users feel at home.
+//
+// The gateway speaks only NATS: it publishes run requests to the runs
+// stream, reads run, thread and checkpoint records from KV, replays and
+// follows run events with ordered consumers, and sends cancel requests. It
+// never executes a run, never takes a thread's lease and never changes a
+// run record once a worker may own it; the only records it writes are a
+// submitted run's pending record, a run it rejects itself, and a new
+// thread.
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/events"
+	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+// DefaultMaxBodyBytes bounds a request body when Config sets no limit.
+const DefaultMaxBodyBytes = 1 << 20
+
+// Config configures a gateway. Zero values take defaults.
+type Config struct {
+	// Settings must equal the deployment's provisioning settings.
+	Settings bus.Settings
+	// MaxBodyBytes bounds every request body (default 1 MiB); a larger
+	// body is answered 413.
+	MaxBodyBytes int64
+	// Logger receives structured logs (default: none).
+	Logger *zap.Logger
+	// DefaultAgent is the agent of a run that names none (default
+	// protocol.DefaultAgent).
+	DefaultAgent string
+}
+
+// Server serves the HTTP API. It keeps no state of its own: any number of
+// gateways can serve the same deployment.
+type Server struct {
+	cfg    Config
+	names  bus.Names
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stores *kv.Stores
+	pub    *events.Publisher
+	runs   jetstream.Stream
+	events jetstream.Stream
+	log    *zap.Logger
+	mux    *http.ServeMux
+
+	// keepAlive is how long an SSE stream may stay silent before a
+	// comment is sent, so proxies do not close it.
+	keepAlive time.Duration
+	// submitTimeout bounds the NATS round trips of one submission.
+	submitTimeout time.Duration
+	// cancelTimeout bounds a cancel request.
+	cancelTimeout time.Duration
+}
+
+// New binds a gateway to a NATS connection. The deployment's assets must
+// exist (bus.Provision).
+func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Server, error) {
+	cfg.Settings = cfg.Settings.WithDefaults()
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.DefaultAgent == "" {
+		cfg.DefaultAgent = protocol.DefaultAgent
+	}
+	if !protocol.ValidToken(cfg.DefaultAgent) {
+		return nil, fmt.Errorf("gateway: default agent %q is not valid: use A-Z, a-z, 0-9, '_' and '-'", cfg.DefaultAgent)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	names := cfg.Settings.Names
+	stores, err := kv.Open(ctx, js, names)
+	if err != nil {
+		return nil, err
+	}
+	pub, err := events.NewPublisher(ctx, js, names, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	runs, err := js.Stream(ctx, names.RunsStream())
+	if err != nil {
+		return nil, fmt.Errorf("open stream %s: %w", names.RunsStream(), err)
+	}
+	evs, err := js.Stream(ctx, names.EventsStream())
+	if err != nil {
+		return nil, fmt.Errorf("open stream %s: %w", names.EventsStream(), err)
+	}
+	s := &Server{
+		cfg:           cfg,
+		names:         names,
+		nc:            nc,
+		js:            js,
+		stores:        stores,
+		pub:           pub,
+		runs:          runs,
+		events:        evs,
+		log:           cfg.Logger,
+		keepAlive:     15 * time.Second,
+		submitTimeout: 15 * time.Second,
+		cancelTimeout: 30 * time.Second,
+	}
+	s.routes()
+	return s, nil
+}
+
+func (s *Server) routes() {
+	m := http.NewServeMux()
+	m.HandleFunc("GET /healthz", s.healthz)
+	m.HandleFunc("GET /readyz", s.readyz)
+
+	m.HandleFunc("POST /threads", s.tenanted(s.createThread))
+	m.HandleFunc("GET /threads", s.tenanted(s.listThreads))
+	m.HandleFunc("GET /threads/{thread_id}", s.tenanted(s.getThread))
+	m.HandleFunc("GET /threads/{thread_id}/state", s.tenanted(s.threadState))
+
+	m.HandleFunc("GET /threads/{thread_id}/runs", s.tenanted(s.listRuns))
+	m.HandleFunc("POST /threads/{thread_id}/runs", s.tenanted(s.createRun(modeBackground, false)))
+	m.HandleFunc("POST /threads/{thread_id}/runs/stream", s.tenanted(s.createRun(modeStream, false)))
+	m.HandleFunc("POST /threads/{thread_id}/runs/wait", s.tenanted(s.createRun(modeWait, false)))
+	m.HandleFunc("GET /threads/{thread_id}/runs/{run_id}", s.tenanted(s.getRun))
+	m.HandleFunc("GET /threads/{thread_id}/runs/{run_id}/stream", s.tenanted(s.joinStream))
+	m.HandleFunc("GET /threads/{thread_id}/runs/{run_id}/join", s.tenanted(s.joinRun))
+	m.HandleFunc("POST /threads/{thread_id}/runs/{run_id}/cancel", s.tenanted(s.cancelRun))
+
+	m.HandleFunc("POST /runs", s.tenanted(s.createRun(modeBackground, true)))
+	m.HandleFunc("POST /runs/stream", s.tenanted(s.createRun(modeStream, true)))
+	m.HandleFunc("POST /runs/wait", s.tenanted(s.createRun(modeWait, true)))
+	s.mux = m
+}
+
+// Handler returns the HTTP handler of the API. Every request body is
+// bounded by MaxBodyBytes, and unknown routes answer the JSON error body.
+func (s *Server) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		r.Body = http.MaxBytesReader(sw, r.Body, s.cfg.MaxBodyBytes)
+		if h, pattern := s.mux.Handler(r); pattern == "" {
+			s.noRoute(sw, r, h)
+		} else {
+			s.mux.ServeHTTP(sw, r)
+		}
+		s.log.Debug("http request",
+			zap.String("method", r.Method), zap.String("path", r.URL.Path),
+			zap.Int("status", sw.code()), zap.Duration("duration", time.Since(start)))
+	})
+}
+
+// noRoute answers what the mux would answer (404, or 405 with Allow) in
+// the API's error format.
+func (s *Server) noRoute(w http.ResponseWriter, r *http.Request, h http.Handler) {
+	probe := &headerRecorder{header: make(http.Header)}
+	h.ServeHTTP(probe, r)
+	if probe.status == http.StatusMethodNotAllowed {
+		w.Header().Set("Allow", probe.header.Get("Allow"))
+		writeError(w, &apiError{status: http.StatusMethodNotAllowed, code: protocol.CodeInvalid,
+			msg: fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path)})
+		return
+	}
+	writeError(w, errNotFound(fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)))
+}
+
+// tenantHandler is a handler of tenant-scoped routes. An error it returns
+// is written as the API's error body; a handler that already started its
+// response (SSE) reports nothing.
+type tenantHandler func(w http.ResponseWriter, r *http.Request, tenant string) error
+
+func (s *Server) tenanted(h tenantHandler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		tenant, err := tenantOf(r)
+		if err == nil {
+			err = h(w, r, tenant)
+		}
+		if err == nil {
+			return
+		}
+		ae := classify(err)
+		if ae.status >= 500 {
+			s.log.Error("request failed",
+				zap.String("method", r.Method), zap.String("path", r.URL.Path),
+				zap.String("tenant", tenant), zap.String("thread_id", r.PathValue("thread_id")),
+				zap.String("run_id", r.PathValue("run_id")), zap.Int("status", ae.status), zap.Error(err))
+		}
+		writeError(w, ae)
+	}
+}
+
+// tenantOf returns the tenant a request acts for. Today it trusts the
+// X-Tenant header (default "default"); this is the one place to change
+// when requests carry credentials instead.
+func tenantOf(r *http.Request) (string, error) {
+	t := r.Header.Get("X-Tenant")
+	if t == "" {
+		return protocol.DefaultTenant, nil
+	}
+	if err := protocol.CheckToken("X-Tenant", t); err != nil {
+		return "", err
+	}
+	return t, nil
+}
+
+// pathToken returns a path id after checking it may become a subject token
+// or a key.
+func pathToken(r *http.Request, name string) (string, error) {
+	v := r.PathValue(name)
+	if err := protocol.CheckToken(name, v); err != nil {
+		return "", err
+	}
+	return v, nil
+}
+
+// newID returns a random id valid as a token: 26 characters of base32,
+// lower-cased.
+func newID() string { return strings.ToLower(rand.Text()) }
+
+// runLocation is the Content-Location of a run.
+func runLocation(thread, run string) string { return "/threads/" + thread + "/runs/" + run }
+
+// statusWriter remembers the status for the request log. Unwrap lets
+// http.ResponseController reach Flush on the real writer.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *statusWriter) code() int {
+	if w.status == 0 {
+		return http.StatusOK
+	}
+	return w.status
+}
+
+// headerRecorder captures what the mux's own 404/405 handlers answer.
+type headerRecorder struct {
+	header http.Header
+	status int
+}
+
+func (h *headerRecorder) Header() http.Header { return h.header }
+func (h *headerRecorder) WriteHeader(code int) {
+	if h.status == 0 {
+		h.status = code
+	}
+}
+func (h *headerRecorder) Write(b []byte) (int, error) {
+	if h.status == 0 {
+		h.status = http.StatusOK
+	}
+	return len(b), nil
+}

@@ -1,0 +1,256 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/natsagent/natsagent/internal/events"
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+// feed reads a run's events from the events stream, in stream order, with
+// an ordered consumer: ephemeral, flow-controlled, and recreated from the
+// last delivered sequence if the server loses it.
+type feed struct {
+	s    *Server
+	cons jetstream.Consumer
+	it   jetstream.MessagesContext
+}
+
+// openFeed starts reading the events matching subject with stream
+// sequence above after (0: from the first one). The consumer exists on the
+// server when openFeed returns, so an event published afterwards is never
+// missed.
+func (s *Server) openFeed(ctx context.Context, subject string, after uint64) (*feed, error) {
+	cfg := jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{subject},
+		// Bounded: a consumer that cannot be recreated ends the stream,
+		// and the client resumes with Last-Event-ID.
+		MaxResetAttempts:  3,
+		InactiveThreshold: time.Minute,
+	}
+	if after > 0 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = after + 1
+	}
+	cons, err := s.js.OrderedConsumer(ctx, s.names.EventsStream(), cfg)
+	if err != nil {
+		return nil, err
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		s.deleteConsumer(cons)
+		return nil, err
+	}
+	return &feed{s: s, cons: cons, it: it}, nil
+}
+
+// next returns the next event, or ctx's error.
+func (f *feed) next(ctx context.Context) (jetstream.Msg, error) {
+	return f.it.Next(jetstream.NextContext(ctx))
+}
+
+// close stops the consumer and deletes it on the server rather than
+// leaving it to expire.
+func (f *feed) close() {
+	f.it.Stop()
+	f.s.deleteConsumer(f.cons)
+}
+
+func (s *Server) deleteConsumer(cons jetstream.Consumer) {
+	info := cons.CachedInfo()
+	if info == nil {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := s.js.DeleteConsumer(ctx, s.names.EventsStream(), info.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			s.log.Debug("delete event consumer", zap.String("consumer", info.Name), zap.Error(err))
+		}
+	}()
+}
+
+// envelopeType reads an event's type without decoding its data.
+func envelopeType(data []byte) string {
+	var env struct {
+		Type string `json:"type"`
+	}
+	_ = json.Unmarshal(data, &env)
+	return env.Type
+}
+
+// sse writes a text/event-stream response.
+type sse struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+}
+
+// startSSE sends the headers of an event stream. A server write timeout
+// would cut a long stream, so it is lifted for this response.
+func startSSE(w http.ResponseWriter) *sse {
+	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(time.Time{})
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	_ = rc.Flush()
+	return &sse{w: w, rc: rc}
+}
+
+// event writes one event and flushes it. id is "" for an event that has no
+// stream sequence (a synthesized run.finished).
+func (e *sse) event(id, eventType string, data []byte) error {
+	var b bytes.Buffer
+	if id != "" {
+		b.WriteString("id: " + id + "\n")
+	}
+	if t := oneLine(eventType); t != "" {
+		b.WriteString("event: " + t + "\n")
+	}
+	// A data line ends at a line break; JSON from encoding/json has none,
+	// but nothing else may break the framing either.
+	for _, line := range bytes.Split(bytes.ReplaceAll(bytes.ReplaceAll(data, []byte("\r\n"), []byte("\n")), []byte("\r"), []byte("\n")), []byte("\n")) {
+		b.WriteString("data: ")
+		b.Write(line)
+		b.WriteByte('\n')
+	}
+	b.WriteByte('\n')
+	if _, err := e.w.Write(b.Bytes()); err != nil {
+		return err
+	}
+	return e.rc.Flush()
+}
+
+func (e *sse) comment(text string) error {
+	if _, err := e.w.Write([]byte(": " + oneLine(text) + "\n\n")); err != nil {
+		return err
+	}
+	return e.rc.Flush()
+}
+
+func oneLine(s string) string {
+	return strings.NewReplacer("\r", "", "\n", "").Replace(s)
+}
+
+// streamRun answers with the events of rec's run stored after stream
+// sequence after, then live ones, until run.finished. f must read the
+// run's events from after. A finished run whose events are no longer
+// retained gets one run.finished built from its record.
+func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *feed, rec *protocol.Run, after uint64) {
+	log := s.log.With(zap.String("tenant", rec.Tenant), zap.String("thread_id", rec.ThreadID), zap.String("run_id", rec.RunID))
+	var synth []byte
+	if rec.Status.Terminal() {
+		last, err := s.events.GetLastMsgForSubject(r.Context(), s.names.RunEvents(rec.Tenant, rec.ThreadID, rec.RunID))
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			synth, err = finishedEnvelope(rec)
+			if err != nil {
+				log.Error("encode run.finished", zap.Error(err))
+			}
+		case err != nil:
+			log.Warn("read the last event of a finished run", zap.Error(err))
+		case last.Sequence <= after && envelopeType(last.Data) == protocol.EventRunFinished:
+			// The client already has every event.
+			startSSE(w)
+			return
+		}
+	}
+	out := startSSE(w)
+	if synth != nil {
+		_ = out.event("", protocol.EventRunFinished, synth)
+		return
+	}
+	for {
+		ctx, cancel := context.WithTimeout(r.Context(), s.keepAlive)
+		m, err := f.next(ctx)
+		cancel()
+		if err != nil {
+			if r.Context().Err() != nil {
+				log.Debug("event stream client left")
+				return
+			}
+			if errors.Is(err, context.DeadlineExceeded) {
+				if out.comment("keep-alive") != nil {
+					return
+				}
+				continue
+			}
+			log.Warn("event stream ended early; the client resumes with Last-Event-ID", zap.Error(err))
+			return
+		}
+		meta, err := m.Metadata()
+		if err != nil {
+			log.Warn("event without metadata", zap.Error(err))
+			continue
+		}
+		t := envelopeType(m.Data())
+		if err := out.event(strconv.FormatUint(meta.Sequence.Stream, 10), t, m.Data()); err != nil {
+			log.Debug("event stream write failed", zap.Error(err))
+			return
+		}
+		if t == protocol.EventRunFinished {
+			return
+		}
+	}
+}
+
+// finishedEnvelope is the run.finished event of a terminal record, for a
+// run whose stored events have expired.
+func finishedEnvelope(rec *protocol.Run) ([]byte, error) {
+	data, err := json.Marshal(events.FinishedData(rec))
+	if err != nil {
+		return nil, err
+	}
+	at := rec.CreatedAt
+	if rec.FinishedAt != nil {
+		at = *rec.FinishedAt
+	}
+	return json.Marshal(protocol.Event{
+		Type: protocol.EventRunFinished, Seq: rec.Seq, RunID: rec.RunID, ThreadID: rec.ThreadID,
+		Tenant: rec.Tenant, Time: at, Data: data,
+	})
+}
+
+// awaitFinished blocks until rec's run has finished and returns its final
+// record. f reads the run's lifecycle events. The record is checked now and
+// then as well, so a run whose events expired still returns.
+func (s *Server) awaitFinished(ctx context.Context, f *feed, tenant, run string) (*protocol.Run, error) {
+	for {
+		rec, _, err := s.stores.Runs.Get(ctx, tenant, run)
+		if err != nil {
+			return nil, err
+		}
+		if rec.Status.Terminal() {
+			return rec, nil
+		}
+		for {
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			m, err := f.next(wctx)
+			cancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				if errors.Is(err, context.DeadlineExceeded) {
+					break // check the record
+				}
+				return nil, errUnavailable("lost the run's events while waiting; join the run again", err)
+			}
+			if envelopeType(m.Data()) == protocol.EventRunFinished {
+				break
+			}
+		}
+	}
+}

@@ -1,0 +1,230 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+// submit takes a validated run request to the runs stream and returns its
+// run record. The steps are ordered so that a crash after any of them
+// leaves nothing a worker cannot finish:
+//
+//  1. a run id that already has a record is a retry: its record is the
+//     answer (the runs stream dedupes within its window, the record beyond
+//     it);
+//  2. the thread record is created if missing (or 404 for if_not_exists
+//     reject);
+//  3. reject strategy on a busy thread: the run is recorded rejected and
+//     never published;
+//  4. the request is published with Nats-Msg-Id = run id, and the PubAck
+//     awaited;
+//  5. run.queued is published (idempotent by its message id) before the
+//     record exists, so no worker can publish run.started ahead of it;
+//  6. the pending record is created; if a worker was faster, its record
+//     stands.
+func (s *Server) submit(ctx context.Context, req *protocol.RunRequest, ifNotExists string) (*protocol.Run, error) {
+	log := s.log.With(zap.String("tenant", req.Tenant), zap.String("thread_id", req.ThreadID), zap.String("run_id", req.RunID))
+	data, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	if limit := s.cfg.Settings.MaxRequestBytes; len(data) > limit {
+		return nil, errTooLarge(fmt.Sprintf("run request is %d bytes, over the limit of %d bytes; put large content in files and reference it", len(data), limit))
+	}
+
+	rec, _, err := s.stores.Runs.Get(ctx, req.Tenant, req.RunID)
+	switch {
+	case err == nil:
+		return s.retried(ctx, req, rec)
+	case !errors.Is(err, kv.ErrNotFound):
+		return nil, err
+	}
+
+	th, _, err := s.stores.Threads.Get(ctx, req.Tenant, req.ThreadID)
+	if errors.Is(err, kv.ErrNotFound) {
+		if ifNotExists == ifNotExistsReject {
+			return nil, errNotFound(fmt.Sprintf("thread %s not found; create it first or send \"if_not_exists\": \"create\"", req.ThreadID))
+		}
+		th = newThread(req.Tenant, req.ThreadID, nil)
+		_, err = s.stores.Threads.Put(ctx, th, 0)
+		if errors.Is(err, kv.ErrExists) {
+			// Created meanwhile (by a worker or another request): use it.
+			th, _, err = s.stores.Threads.Get(ctx, req.Tenant, req.ThreadID)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+
+	if req.MultitaskStrategy == protocol.StrategyReject {
+		busy, holder, err := s.busy(ctx, th)
+		if err != nil {
+			return nil, err
+		}
+		if busy {
+			return s.reject(ctx, req, holder, log)
+		}
+	}
+
+	m := nats.NewMsg(s.names.RunSubject(req.Tenant, req.ThreadID))
+	m.Data = data
+	m.Header.Set(jetstream.MsgIDHeader, req.RunID)
+	ack, err := s.js.PublishMsg(ctx, m)
+	if err != nil {
+		if errors.Is(err, nats.ErrMaxPayload) {
+			return nil, errTooLarge("run request is over the NATS server's max payload")
+		}
+		return nil, fmt.Errorf("publish run request: %w", err)
+	}
+	if err := s.pub.PublishQueued(ctx, req); err != nil {
+		return nil, fmt.Errorf("publish run.queued: %w", err)
+	}
+	rec = newRecord(req, ack.Sequence)
+	if _, err := s.stores.Runs.Create(ctx, rec); err != nil {
+		if !errors.Is(err, kv.ErrExists) {
+			return nil, fmt.Errorf("create run record: %w", err)
+		}
+		if rec, _, err = s.stores.Runs.Get(ctx, req.Tenant, req.RunID); err != nil {
+			return nil, err
+		}
+	}
+	// Indexing again what a worker indexed writes the same key: harmless.
+	_ = s.stores.Threads.IndexRun(ctx, req.Tenant, req.ThreadID, req.RunID, rec.CreatedAt)
+	log.Info("run submitted", zap.String("agent", req.Agent), zap.String("multitask_strategy", req.MultitaskStrategy),
+		zap.Uint64("msg_seq", ack.Sequence), zap.Bool("duplicate", ack.Duplicate))
+	return rec, nil
+}
+
+// newRecord is the pending record of a published request; run.queued
+// holds seq 1.
+func newRecord(req *protocol.RunRequest, msgSeq uint64) *protocol.Run {
+	rec := kv.NewRun(req, msgSeq, time.Now().UTC())
+	rec.Seq = 1
+	return rec
+}
+
+// retried answers a submission whose run id already has a record.
+func (s *Server) retried(ctx context.Context, req *protocol.RunRequest, rec *protocol.Run) (*protocol.Run, error) {
+	if rec.ThreadID != req.ThreadID {
+		return nil, errConflict(fmt.Sprintf("run id %s is already used by a run on thread %s; choose another run_id", req.RunID, rec.ThreadID))
+	}
+	if rec.Status == protocol.StatusRejected && rec.MsgSeq == 0 {
+		// Rejected here, never published: the retry gets the same answer,
+		// and run.finished is published in case the first attempt died
+		// before it.
+		if err := s.pub.PublishFinished(ctx, rec); err != nil {
+			return nil, err
+		}
+		return rec, errConflict(rec.Error)
+	}
+	return rec, nil
+}
+
+// busy reports whether a run other than a finished one holds or waits for
+// the thread, and names it when it can.
+func (s *Server) busy(ctx context.Context, th *protocol.Thread) (bool, string, error) {
+	active := func(run string) (bool, error) {
+		r, _, err := s.stores.Runs.Get(ctx, th.Tenant, run)
+		if errors.Is(err, kv.ErrNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		return !r.Status.Terminal(), nil
+	}
+	if th.Lease != nil {
+		// A lease whose run finished is stale: a worker breaks it.
+		ok, err := active(th.Lease.RunID)
+		if err != nil || ok {
+			return ok, th.Lease.RunID, err
+		}
+	}
+	for _, p := range th.Preempt {
+		ok, err := active(p.RunID)
+		if err != nil || ok {
+			return ok, p.RunID, err
+		}
+	}
+	// Requests stay in the work-queue stream until their run finishes; one
+	// whose run has no record yet was published and not seen by a worker.
+	subject := s.names.RunSubject(th.Tenant, th.ThreadID)
+	var seq uint64
+	for range 100 {
+		m, err := s.runs.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return false, "", nil
+		}
+		if err != nil {
+			return false, "", err
+		}
+		seq = m.Sequence + 1
+		run := m.Header.Get(jetstream.MsgIDHeader)
+		if run == "" {
+			var probe struct {
+				RunID string `json:"run_id"`
+			}
+			_ = json.Unmarshal(m.Data, &probe)
+			run = probe.RunID
+		}
+		if !protocol.ValidToken(run) {
+			return true, "", nil
+		}
+		r, _, err := s.stores.Runs.Get(ctx, th.Tenant, run)
+		if errors.Is(err, kv.ErrNotFound) {
+			return true, run, nil
+		}
+		if err != nil {
+			return false, "", err
+		}
+		if !r.Status.Terminal() {
+			return true, run, nil
+		}
+		// Finished, not yet acked: it holds nothing.
+	}
+	return true, "", nil
+}
+
+// reject records a run the gateway refuses because its thread is busy:
+// it is never published, so no worker sees it. run.queued goes first and
+// run.finished last, so a crash in between is repaired by a retry.
+func (s *Server) reject(ctx context.Context, req *protocol.RunRequest, holder string, log *zap.Logger) (*protocol.Run, error) {
+	reason := fmt.Sprintf("thread %s is busy", req.ThreadID)
+	if holder != "" {
+		reason = fmt.Sprintf("thread %s is busy with run %s", req.ThreadID, holder)
+	}
+	reason += "; run " + req.RunID + " was rejected (multitask_strategy reject)"
+	if err := s.pub.PublishQueued(ctx, req); err != nil {
+		return nil, fmt.Errorf("publish run.queued: %w", err)
+	}
+	now := time.Now().UTC()
+	rec := kv.NewRun(req, 0, now)
+	rec.Status, rec.FinishedAt, rec.Error, rec.Seq = protocol.StatusRejected, &now, reason, 2
+	if _, err := s.stores.Runs.Create(ctx, rec); err != nil {
+		if !errors.Is(err, kv.ErrExists) {
+			return nil, fmt.Errorf("create run record: %w", err)
+		}
+		// The same run id was submitted concurrently.
+		existing, _, err := s.stores.Runs.Get(ctx, req.Tenant, req.RunID)
+		if err != nil {
+			return nil, err
+		}
+		return s.retried(ctx, req, existing)
+	}
+	if err := s.pub.PublishFinished(ctx, rec); err != nil {
+		return nil, fmt.Errorf("publish run.finished: %w", err)
+	}
+	_ = s.stores.Threads.IndexRun(ctx, req.Tenant, req.ThreadID, req.RunID, rec.CreatedAt)
+	log.Info("run rejected: thread busy", zap.String("busy_run", holder))
+	return rec, errConflict(reason)
+}
