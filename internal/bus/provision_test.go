@@ -1,0 +1,126 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func startServer(t *testing.T) jetstream.JetStream {
+	t.Helper()
+	e, err := StartEmbedded(EmbeddedConfig{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Shutdown)
+	nc, err := e.Connect("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+func TestProvisionIsIdempotentAndRefusesChanges(t *testing.T) {
+	js := startServer(t)
+	ctx := context.Background()
+	s := Settings{AckWait: 5 * time.Second}
+	if err := Provision(ctx, js, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := Provision(ctx, js, s); err != nil {
+		t.Fatalf("second provision with the same settings: %v", err)
+	}
+	// Concurrent starts of several processes.
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() { errs <- Provision(ctx, js, s) }()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatalf("concurrent provision: %v", err)
+		}
+	}
+	err := Provision(ctx, js, Settings{AckWait: 9 * time.Second})
+	var mm *MismatchError
+	if !errors.As(err, &mm) || mm.Kind != "consumer" || !strings.Contains(err.Error(), "ack wait is 5s, want 9s") {
+		t.Fatalf("changed ack wait: %v", err)
+	}
+	err = Provision(ctx, js, Settings{AckWait: 5 * time.Second, EventsMaxAge: time.Hour})
+	if !errors.As(err, &mm) || mm.Name != "AGENT_EVENTS" || !strings.Contains(err.Error(), "max age") {
+		t.Fatalf("changed events max age: %v", err)
+	}
+	info, err := js.Stream(ctx, "AGENT_EVENTS")
+	if err != nil || info.CachedInfo().Config.MaxAge != DefaultEventsMaxAge {
+		t.Fatalf("provision changed an existing stream: %v", err)
+	}
+}
+
+func TestPrefixSeparatesDeployments(t *testing.T) {
+	js := startServer(t)
+	ctx := context.Background()
+	a, _ := NewNames("alpha")
+	b, _ := NewNames("beta")
+	for _, n := range []Names{a, b} {
+		if err := Provision(ctx, js, Settings{Names: n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"ALPHA_RUNS", "BETA_RUNS", "ALPHA_EVENTS", "KV_beta_threads", "OBJ_alpha_files"} {
+		if _, err := js.Stream(ctx, name); err != nil {
+			t.Errorf("stream %s: %v", name, err)
+		}
+	}
+	if _, err := NewNames("bad.prefix"); err == nil {
+		t.Fatal("a prefix with a dot must be refused")
+	}
+	if err := (Settings{Replicas: 2}).WithDefaults().Validate(); err == nil {
+		t.Fatal("replicas 2 must be refused")
+	}
+}
+
+func TestSubjectsRoundTrip(t *testing.T) {
+	n := DefaultNames()
+	if got := n.RunSubject("acme", "t1"); got != "agent.runs.acme.t1" {
+		t.Fatal(got)
+	}
+	if tn, th, ok := n.ParseRunSubject("agent.runs.acme.t1"); !ok || tn != "acme" || th != "t1" {
+		t.Fatal(tn, th, ok)
+	}
+	if _, _, ok := n.ParseRunSubject("agent.runs.acme.t1.x"); ok {
+		t.Fatal("five tokens is not a run subject")
+	}
+	if tn, th, r, ok := n.ParseCancelSubject(n.CancelSubject("a", "b", "c")); !ok || tn != "a" || th != "b" || r != "c" {
+		t.Fatal(tn, th, r, ok)
+	}
+	if !subjectMatches(n.RunEvents("a", "b", "c"), n.EventSubject("a", "b", "c", "tools")) {
+		t.Fatal("run events filter must match a tools event")
+	}
+	if !subjectMatches(n.ThreadLifecycle("a", "b"), n.EventSubject("a", "b", "r9", "lifecycle")) {
+		t.Fatal("thread lifecycle filter must match")
+	}
+}
+
+// subjectMatches checks a filter against a subject with NATS wildcard
+// rules.
+func subjectMatches(filter, subject string) bool {
+	f, s := strings.Split(filter, "."), strings.Split(subject, ".")
+	for i, tok := range f {
+		if tok == ">" {
+			return len(s) > i
+		}
+		if i >= len(s) || (tok != "*" && tok != s[i]) {
+			return false
+		}
+	}
+	return len(f) == len(s)
+}
+
