@@ -123,4 +123,3 @@ func subjectMatches(filter, subject string) bool {
 	}
 	return len(f) == len(s)
 }
-
