@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -36,9 +37,14 @@ type harness struct {
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
+	return newHarnessWith(t, bus.Settings{AckWait: 2 * time.Second, MaxDeliver: 5})
+}
+
+func newHarnessWith(t *testing.T, settings bus.Settings) *harness {
+	t.Helper()
 	srv := natstest.Start(t)
 	nc := srv.Connect()
-	settings := bus.Settings{AckWait: 2 * time.Second, MaxDeliver: 5}.WithDefaults()
+	settings = settings.WithDefaults()
 	natstest.Provision(t, nc, settings)
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -90,7 +96,13 @@ func (h *harness) startWorker(m model.Model, cfg func(*Config)) *workerHandle {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	wh := &workerHandle{w: w, nc: nc, cancel: cancel, done: make(chan error, 1)}
-	go func() { wh.done <- w.Run(ctx) }()
+	go func() {
+		err := w.Run(ctx)
+		if err != nil && !errors.Is(err, ErrConnectionClosed) {
+			h.t.Errorf("worker: %v", err)
+		}
+		wh.done <- err
+	}()
 	h.t.Cleanup(func() {
 		cancel()
 		select {

@@ -112,7 +112,7 @@ func (l *leaseHandle) renew(ctx context.Context) {
 		t.Lease.RenewedAt = time.Now().UTC()
 		return nil
 	})
-	if err != nil && !errors.Is(err, agent.ErrLeaseLost) {
+	if err != nil && !errors.Is(err, agent.ErrLeaseLost) && !l.w.nc.IsClosed() {
 		l.w.log.Warn("lease renewal failed", zap.String("run_id", l.run), zap.Error(err))
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/model"
@@ -291,5 +292,40 @@ func TestInvalidRequestWithGatewayRecord(t *testing.T) {
 	}
 	if r := h.run("default", "ghostly"); r.Agent != "ghost" || r.Status != protocol.StatusError {
 		t.Fatalf("record %+v", r)
+	}
+}
+
+// A run whose workers keep dying is delivered MaxDeliver times; then the
+// server gives up, and the advisory makes it an error run in the
+// dead-letter stream instead of a request stuck at the head of its thread.
+func TestMaxDeliveriesDeadLetters(t *testing.T) {
+	h := newHarnessWith(t, bus.Settings{AckWait: time.Second, MaxDeliver: 2})
+	calls := make(chan struct{}, 4)
+	hang := model.NewScripted(func(int, *model.Request) model.Reply {
+		calls <- struct{}{}
+		return model.Reply{Delay: time.Hour}
+	})
+	w := h.watch("default", "t1", "doomed")
+	seq := h.submit(request("t1", "doomed", "crash me"))
+	for range 2 {
+		wh := h.startWorker(hang, nil)
+		<-calls
+		wh.nc.Close() // the worker dies mid-run
+	}
+	h.startWorker(textModel("ok", 1, 0), nil)
+	fin := w.finished(t, 15*time.Second)
+	if fin.Status != protocol.StatusError || !strings.Contains(fin.Error, "delivered 2 times") {
+		t.Fatalf("run ended %s: %q", fin.Status, fin.Error)
+	}
+	dl := h.deadLetter(t, "default", "t1", seq)
+	if !strings.Contains(dl.Header.Get(HeaderDLQReason), "delivered 2 times") {
+		t.Fatalf("dead letter reason %q", dl.Header.Get(HeaderDLQReason))
+	}
+	h.waitRunsStreamEmpty(t)
+	// The thread is free again: the lease the dead run held was released.
+	w2 := h.watch("default", "t1", "next")
+	h.submit(request("t1", "next", "hello"))
+	if fin := w2.finished(t, 10*time.Second); fin.Status != protocol.StatusSuccess {
+		t.Fatalf("next run %s: %s", fin.Status, fin.Error)
 	}
 }

@@ -200,11 +200,16 @@ func (w *Worker) Run(ctx context.Context) error {
 	for _, j := range jobs {
 		j.drain()
 	}
+	grace := w.cfg.ShutdownGrace
+	if w.nc.IsClosed() {
+		// Nothing can be checkpointed or handed back any more: stop now.
+		grace = 0
+	}
 	done := make(chan struct{})
 	go func() { w.wg.Wait(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(w.cfg.ShutdownGrace):
+	case <-time.After(grace):
 		w.log.Warn("runs did not reach a safe boundary in time; cancelling them", zap.Duration("grace", w.cfg.ShutdownGrace))
 		stopJobs(ErrShutdown)
 		<-done
@@ -216,6 +221,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	return err
 }
+
+// ErrConnectionClosed ends Run when the worker's NATS connection was
+// closed for good (not a disconnect: those reconnect on their own).
+var ErrConnectionClosed = errors.New("worker: NATS connection closed")
 
 // pull fetches one request per free slot, so no request ages in a client
 // buffer while earlier runs execute.
@@ -243,6 +252,9 @@ func (w *Worker) pull(ctx, base context.Context) error {
 			w.releaseSlots(free)
 			if ctx.Err() != nil {
 				return ctx.Err()
+			}
+			if w.nc.IsClosed() {
+				return ErrConnectionClosed
 			}
 			w.log.Warn("fetch failed", zap.Error(err))
 			sleep(ctx, 250*time.Millisecond)
