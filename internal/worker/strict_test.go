@@ -165,3 +165,38 @@ func TestSteeredMidToolThenValidNextRequest(t *testing.T) {
 		t.Fatalf("invalid requests: %v", v)
 	}
 }
+
+// A run the loop guard stops reports loop_capped on its record and its
+// run.finished, not a bare success, and leaves no raw tool call behind
+// (deer-flow #4176, #2319).
+func TestLoopCappedRunReportsStopReason(t *testing.T) {
+	h := newHarness(t)
+	srv, m := strictModel(t, func(req *openaitest.Request) openaitest.Reply {
+		return openaitest.Reply{ToolCalls: []openaitest.Call{{Name: "current_time", Arguments: `{"timezone":"UTC"}`}}}
+	})
+	h.startWorker(m, nil)
+	w := h.watch("default", "t1", "loopy")
+	h.submit(request("t1", "loopy", "what time is it"))
+	fin := w.finished(t, 15*time.Second)
+	if fin.Status != protocol.StatusSuccess || fin.StopReason != protocol.StopLoopCapped {
+		t.Fatalf("run ended %s with stop reason %q, want success with loop_capped", fin.Status, fin.StopReason)
+	}
+	if fin.Output == nil || len(fin.Output.ToolCalls) != 0 || !strings.Contains(fin.Output.Content, "[FORCED STOP]") {
+		t.Fatalf("output %+v", fin.Output)
+	}
+	if rec := h.run("default", "loopy"); rec.StopReason != protocol.StopLoopCapped {
+		t.Fatalf("record stop reason %q", rec.StopReason)
+	}
+	if n := srv.Count(); n != 5 {
+		t.Fatalf("%d model calls, want 5 (the 5th identical call set stops)", n)
+	}
+	if v := srv.Violations(); len(v) != 0 {
+		t.Fatalf("invalid requests: %v", v)
+	}
+	// The 4th request carried the loop warning after the tool results.
+	req4 := srv.Requests()[3]
+	last := req4.Messages[len(req4.Messages)-1]
+	if last.Role != "user" || !strings.Contains(last.Content, "[LOOP DETECTED]") {
+		t.Fatalf("4th request ends with %+v", last)
+	}
+}
