@@ -272,12 +272,16 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 		msg = l.mark(msg)
 		l.stage(resp.Update)
 		l.stage(state.Update{Messages: []model.Message{msg}})
-		l.Host.Emit(protocol.EventMessageCompleted, msg)
 
 		res, err = l.Chain.RunHooks(ctx, middleware.HookAfterModel, l.rt, l.st)
 		l.keep(res.Update)
 		if err != nil {
 			return l.failed(ctx, err), false
+		}
+		// Published after the after-model hooks, so a client sees the
+		// message as it is stored: without tool calls a guard stripped.
+		if final := l.message(msgID); final != nil {
+			l.Host.Emit(protocol.EventMessageCompleted, final.Clone())
 		}
 		if err := l.flush(ctx); err != nil {
 			return l.failed(ctx, err), false

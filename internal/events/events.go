@@ -1,8 +1,9 @@
 // Package events owns publishing run events: the envelope, the numbering
 // within a run, and the lifecycle events whose count the protocol
-// guarantees (one run.queued, one run.finished per run), made idempotent
-// with Nats-Msg-Id so a redelivered or repeated step never publishes them
-// twice. It knows subjects and envelopes, not how runs execute.
+// guarantees (at most one run.queued, exactly one run.finished per run,
+// one run.started per attempt), made idempotent with Nats-Msg-Id so a
+// redelivered or repeated step never stores them twice. It knows subjects
+// and envelopes, not how runs execute.
 package events
 
 import (
@@ -44,12 +45,12 @@ func NewPublisher(ctx context.Context, js jetstream.JetStream, names bus.Names, 
 
 // Msg builds the NATS message of one event. msgID, when set, makes the
 // publish idempotent within the stream's duplicate window.
-func (p *Publisher) Msg(tenant, thread, run string, seq uint64, eventType string, data any, msgID string) (*nats.Msg, error) {
+func (p *Publisher) Msg(tenant, thread, run string, attempt int, seq uint64, eventType string, data any, msgID string) (*nats.Msg, error) {
 	raw, err := encodeData(data)
 	if err != nil {
 		return nil, err
 	}
-	env := protocol.Event{Type: eventType, Seq: seq, RunID: run, ThreadID: thread, Tenant: tenant, Time: time.Now().UTC(), Data: raw}
+	env := protocol.Event{Type: eventType, Seq: seq, RunID: run, ThreadID: thread, Tenant: tenant, Attempt: attempt, Time: time.Now().UTC(), Data: raw}
 	body, err := json.Marshal(env)
 	if err != nil {
 		return nil, err
@@ -92,7 +93,7 @@ func FinishedID(run string) string { return run + ".finished" }
 
 // PublishQueued publishes a run's run.queued event (always seq 1).
 func (p *Publisher) PublishQueued(ctx context.Context, req *protocol.RunRequest) error {
-	m, err := p.Msg(req.Tenant, req.ThreadID, req.RunID, 1, protocol.EventRunQueued,
+	m, err := p.Msg(req.Tenant, req.ThreadID, req.RunID, 0, 1, protocol.EventRunQueued,
 		protocol.QueuedData{Agent: req.Agent, MultitaskStrategy: req.MultitaskStrategy}, QueuedID(req.RunID))
 	if err != nil {
 		return err
@@ -107,11 +108,29 @@ func (p *Publisher) PublishFinished(ctx context.Context, r *protocol.Run) error 
 	if !r.Status.Terminal() {
 		return fmt.Errorf("run %s is %s, not finished", r.RunID, r.Status)
 	}
-	m, err := p.Msg(r.Tenant, r.ThreadID, r.RunID, r.Seq, protocol.EventRunFinished, FinishedData(r), FinishedID(r.RunID))
+	m, err := p.Msg(r.Tenant, r.ThreadID, r.RunID, r.Attempt, r.Seq, protocol.EventRunFinished, FinishedData(r), FinishedID(r.RunID))
 	if err != nil {
 		return err
 	}
 	return p.Publish(ctx, m)
+}
+
+// EnsureFinished publishes a terminal record's run.finished unless the
+// stream holds it already. Recovery paths (a redelivered request of a
+// finished run, a crash between finishing and acking) use it: beyond the
+// duplicate window the message id alone would not stop a second copy, and
+// live subscribers would see every re-publish.
+func (p *Publisher) EnsureFinished(ctx context.Context, r *protocol.Run) error {
+	m, err := p.stream.GetLastMsgForSubject(ctx, p.names.EventSubject(r.Tenant, r.ThreadID, r.RunID, protocol.KindLifecycle))
+	if err == nil {
+		var env protocol.Event
+		if json.Unmarshal(m.Data, &env) == nil && env.Type == protocol.EventRunFinished {
+			return nil
+		}
+	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return err
+	}
+	return p.PublishFinished(ctx, r)
 }
 
 // FinishedData is the data of a terminal record's run.finished event.
@@ -141,15 +160,16 @@ func (p *Publisher) LastSeq(ctx context.Context, tenant, thread, run string) (ui
 type Stream struct {
 	p                   *Publisher
 	tenant, thread, run string
+	attempt             int
 	mu                  sync.Mutex
 	seq                 uint64
 	futures             []jetstream.PubAckFuture
 	firstErr            error
 }
 
-// NewStream starts numbering after lastSeq.
-func (p *Publisher) NewStream(tenant, thread, run string, lastSeq uint64) *Stream {
-	return &Stream{p: p, tenant: tenant, thread: thread, run: run, seq: lastSeq}
+// NewStream starts numbering after lastSeq, for one attempt of a run.
+func (p *Publisher) NewStream(tenant, thread, run string, attempt int, lastSeq uint64) *Stream {
+	return &Stream{p: p, tenant: tenant, thread: thread, run: run, attempt: attempt, seq: lastSeq}
 }
 
 // Emit publishes an event with the next seq. msgID may be empty.
@@ -157,7 +177,7 @@ func (s *Stream) Emit(eventType string, data any, msgID string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.seq++
-	m, err := s.p.Msg(s.tenant, s.thread, s.run, s.seq, eventType, data, msgID)
+	m, err := s.p.Msg(s.tenant, s.thread, s.run, s.attempt, s.seq, eventType, data, msgID)
 	if err == nil {
 		var f jetstream.PubAckFuture
 		f, err = s.p.js.PublishMsgAsync(m)

@@ -132,6 +132,8 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /threads", s.tenanted(s.listThreads))
 	m.HandleFunc("GET /threads/{thread_id}", s.tenanted(s.getThread))
 	m.HandleFunc("GET /threads/{thread_id}/state", s.tenanted(s.threadState))
+	m.HandleFunc("GET /threads/{thread_id}/history", s.tenanted(s.threadHistory))
+	m.HandleFunc("POST /threads/{thread_id}/history", s.tenanted(s.threadHistory))
 
 	m.HandleFunc("GET /threads/{thread_id}/runs", s.tenanted(s.listRuns))
 	m.HandleFunc("POST /threads/{thread_id}/runs", s.tenanted(s.createRun(modeBackground, false)))

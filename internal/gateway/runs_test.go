@@ -14,6 +14,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/state"
 )
 
 func TestBackgroundRunThenPoll(t *testing.T) {
@@ -132,6 +133,29 @@ func TestWaitStateAndRunList(t *testing.T) {
 	e.do("GET", "/threads/t1", nil).expect(t, http.StatusOK).decode(t, &th)
 	if st.CheckpointID == nil || *st.CheckpointID != th.CheckpointID || th.CheckpointID == "" || st.ThreadID != "t1" || st.Status != protocol.ThreadIdle {
 		t.Fatalf("state %+v, thread %+v", st, th)
+	}
+
+	// History: newest checkpoint first; replaying the changes oldest first
+	// rebuilds the state.
+	var hist []historyEntry
+	e.do("GET", "/threads/t1/history", nil).expect(t, http.StatusOK).decode(t, &hist)
+	if len(hist) < 2 || hist[0].CheckpointID != *st.CheckpointID || hist[len(hist)-1].ParentCheckpointID != "" {
+		t.Fatalf("history %+v", hist)
+	}
+	rebuilt := &state.State{}
+	for i := len(hist) - 1; i >= 0; i-- {
+		if i < len(hist)-1 && hist[i].ParentCheckpointID != hist[i+1].CheckpointID {
+			t.Fatalf("history is not one chain: %+v", hist)
+		}
+		rebuilt.Apply(hist[i].Changes)
+	}
+	if len(rebuilt.Messages) != len(msgs) {
+		t.Fatalf("history rebuilds %d messages, state has %d", len(rebuilt.Messages), len(msgs))
+	}
+	var page1 []historyEntry
+	e.do("GET", "/threads/t1/history?limit=1&offset=1", nil).expect(t, http.StatusOK).decode(t, &page1)
+	if len(page1) != 1 || page1[0].CheckpointID != hist[1].CheckpointID {
+		t.Fatalf("history page %+v", page1)
 	}
 
 	var runs []protocol.Run

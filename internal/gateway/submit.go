@@ -122,7 +122,7 @@ func (s *Server) retried(ctx context.Context, req *protocol.RunRequest, rec *pro
 		// Rejected here, never published: the retry gets the same answer,
 		// and run.finished is published in case the first attempt died
 		// before it.
-		if err := s.pub.PublishFinished(ctx, rec); err != nil {
+		if err := s.pub.EnsureFinished(ctx, rec); err != nil {
 			return nil, err
 		}
 		return rec, errConflict(rec.Error)

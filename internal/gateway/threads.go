@@ -14,6 +14,7 @@ import (
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/state"
 )
 
 // threadView is a thread as the API shows it: the LangGraph thread fields,
@@ -183,6 +184,41 @@ func (s *Server) threadState(w http.ResponseWriter, r *http.Request, tenant stri
 		}
 	}
 	writeJSON(w, http.StatusOK, view)
+	return nil
+}
+
+// historyEntry is one checkpoint of a thread: what its step changed.
+type historyEntry struct {
+	CheckpointID       string       `json:"checkpoint_id"`
+	ParentCheckpointID string       `json:"parent_checkpoint_id,omitempty"`
+	RunID              string       `json:"run_id"`
+	Step               int          `json:"step"`
+	CreatedAt          time.Time    `json:"created_at"`
+	Changes            state.Update `json:"changes"`
+}
+
+// threadHistory lists the checkpoints of a thread's current history,
+// newest first (LangGraph's thread history). Each entry holds what its
+// step changed; replaying them oldest first rebuilds the state.
+func (s *Server) threadHistory(w http.ResponseWriter, r *http.Request, tenant string) error {
+	th, err := s.thread(r, tenant)
+	if err != nil {
+		return err
+	}
+	p, err := pageOf(r)
+	if err != nil {
+		return err
+	}
+	_, chain, err := s.stores.Checkpoints.Load(r.Context(), tenant, th.ThreadID, th.Head)
+	if err != nil {
+		return err
+	}
+	out := []historyEntry{}
+	for i := len(chain) - 1 - p.offset; i >= 0 && len(out) < p.limit; i-- {
+		d := chain[i]
+		out = append(out, historyEntry{CheckpointID: d.ID, ParentCheckpointID: d.Parent, RunID: d.RunID, Step: d.Step, CreatedAt: d.Time, Changes: d.Update})
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"fmt"
 
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
 )
 
@@ -72,7 +73,7 @@ const (
 
 // StopToolLimitCapped is the stop reason of a run ended by a tool call
 // limit.
-const StopToolLimitCapped = "tool_limit_capped"
+const StopToolLimitCapped = protocol.StopToolLimitCapped
 
 // ToolCallLimit caps tool calls per run and per thread.
 type ToolCallLimit struct {

@@ -46,6 +46,7 @@ const (
 	StopSubagentLimitCapped = "subagent_limit_capped"
 	StopMaxSteps            = "max_steps"
 	StopSafety              = "safety"
+	StopToolLimitCapped     = "tool_limit_capped"
 )
 
 // Multitask strategies: what happens when a thread already has an active run.
@@ -207,13 +208,17 @@ const (
 
 // Event is the envelope of every run event.
 type Event struct {
-	Type     string          `json:"type"`
-	Seq      uint64          `json:"seq"`
-	RunID    string          `json:"run_id"`
-	ThreadID string          `json:"thread_id"`
-	Tenant   string          `json:"tenant"`
-	Time     time.Time       `json:"time"`
-	Data     json.RawMessage `json:"data,omitempty"`
+	Type     string `json:"type"`
+	Seq      uint64 `json:"seq"`
+	RunID    string `json:"run_id"`
+	ThreadID string `json:"thread_id"`
+	Tenant   string `json:"tenant"`
+	// Attempt is the run attempt that published the event (0 before the
+	// run started). After a takeover, a client ignores events of an
+	// attempt older than the newest run.started it saw.
+	Attempt int             `json:"attempt,omitempty"`
+	Time    time.Time       `json:"time"`
+	Data    json.RawMessage `json:"data,omitempty"`
 }
 
 // KindOf returns the subject kind an event type is published under.

@@ -84,6 +84,13 @@ func clip(s string, n int) string {
 // defaults (tenant, agent, strategy). maxBytes <= 0 means
 // DefaultMaxRequestBytes.
 func DecodeRunRequest(data []byte, maxBytes int) (*RunRequest, error) {
+	return DecodeRunRequestFor(data, maxBytes, "", "")
+}
+
+// DecodeRunRequestFor is DecodeRunRequest for a request that arrived on a
+// run subject: an empty tenant or thread_id is taken from the subject's
+// tokens (which are still checked to be valid ids).
+func DecodeRunRequestFor(data []byte, maxBytes int, tenant, thread string) (*RunRequest, error) {
 	if maxBytes <= 0 {
 		maxBytes = DefaultMaxRequestBytes
 	}
@@ -101,6 +108,12 @@ func DecodeRunRequest(data []byte, maxBytes int) (*RunRequest, error) {
 	}
 	if dec.More() {
 		return nil, invalid("", "run request has data after the JSON object")
+	}
+	if req.Tenant == "" {
+		req.Tenant = tenant
+	}
+	if req.ThreadID == "" {
+		req.ThreadID = thread
 	}
 	req.Normalize()
 	if err := req.Validate(); err != nil {

@@ -203,7 +203,7 @@ func (j *job) head(ctx context.Context) (headState, error) {
 		if !hrec.Status.Terminal() {
 			return headOther, nil
 		}
-		if err := w.pub.PublishFinished(ctx, hrec); err != nil {
+		if err := w.pub.EnsureFinished(ctx, hrec); err != nil {
 			return 0, err
 		}
 		w.deleteRequest(ctx, m.Sequence)

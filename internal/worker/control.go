@@ -149,8 +149,8 @@ func (w *Worker) handleCancel(m *nats.Msg) {
 		respondError(m, protocol.CodeInvalid, "malformed cancel subject")
 		return
 	}
-	for field, v := range map[string]string{"tenant": tenant, "thread_id": thread, "run_id": run} {
-		if err := protocol.CheckToken(field, v); err != nil {
+	for _, f := range [][2]string{{"tenant", tenant}, {"thread_id", thread}, {"run_id", run}} {
+		if err := protocol.CheckToken(f[0], f[1]); err != nil {
 			respondError(m, protocol.CodeInvalid, err.Error())
 			return
 		}

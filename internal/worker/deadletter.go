@@ -37,7 +37,7 @@ func (w *Worker) decode(msg jetstream.Msg) (*protocol.RunRequest, error) {
 	if err := protocol.CheckToken("thread_id (subject)", thread); err != nil {
 		return nil, err
 	}
-	req, err := protocol.DecodeRunRequest(msg.Data(), w.cfg.Settings.MaxRequestBytes)
+	req, err := protocol.DecodeRunRequestFor(msg.Data(), w.cfg.Settings.MaxRequestBytes, tenant, thread)
 	if err != nil {
 		return nil, err
 	}
@@ -75,6 +75,30 @@ func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, seq uint64, 
 		return
 	}
 	_ = msg.TermWithReason(clipReason(reason.Error()))
+}
+
+// conflictingRunID ends a request whose run id is taken by a run of
+// another thread.
+func (w *Worker) conflictingRunID(ctx context.Context, msg jetstream.Msg, seq uint64, req *protocol.RunRequest, owner *protocol.Run) {
+	reason := fmt.Sprintf("run_id: %q is already used by a run on thread %q; choose another run id", req.RunID, owner.ThreadID)
+	w.log.Warn("run request with a taken run id dead-lettered", zap.String("run_id", req.RunID), zap.String("thread_id", req.ThreadID), zap.String("owner_thread", owner.ThreadID))
+	lastSeq, err := w.pub.LastSeq(ctx, req.Tenant, req.ThreadID, req.RunID)
+	if err == nil {
+		var m *nats.Msg
+		m, err = w.pub.Msg(req.Tenant, req.ThreadID, req.RunID, 0, lastSeq+1, protocol.EventRunFinished,
+			protocol.FinishedData{Status: protocol.StatusError, Error: reason}, req.RunID+".conflict."+req.ThreadID)
+		if err == nil {
+			err = w.pub.Publish(ctx, m)
+		}
+	}
+	if err != nil {
+		w.log.Warn("could not publish the conflict event", zap.Error(err))
+	}
+	if err := w.copyToDLQ(ctx, msg.Subject(), msg.Headers(), msg.Data(), seq, reason, req.Tenant, req.ThreadID); err != nil {
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	_ = msg.TermWithReason(clipReason(reason))
 }
 
 // invalidRunID picks the id under which an invalid request is recorded:

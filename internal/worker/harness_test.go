@@ -25,7 +25,7 @@ import (
 // harness is a real embedded JetStream server with natsagent provisioned
 // and workers started on their own connections.
 type harness struct {
-	t        *testing.T
+	t        testing.TB
 	srv      *natstest.Server
 	nc       *nats.Conn
 	js       jetstream.JetStream
@@ -40,7 +40,7 @@ func newHarness(t *testing.T) *harness {
 	return newHarnessWith(t, bus.Settings{AckWait: 2 * time.Second, MaxDeliver: 5})
 }
 
-func newHarnessWith(t *testing.T, settings bus.Settings) *harness {
+func newHarnessWith(t testing.TB, settings bus.Settings) *harness {
 	t.Helper()
 	srv := natstest.Start(t)
 	nc := srv.Connect()

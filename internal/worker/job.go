@@ -87,12 +87,19 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 		j.retryLater(err)
 		return
 	}
+	if rec.ThreadID != req.ThreadID {
+		// The run id belongs to a run of another thread: this request can
+		// have no record of its own. Its sender learns why on the events
+		// of the thread it asked for, and the request is dead-lettered.
+		w.conflictingRunID(ctx, j.msg, j.seq, req, rec)
+		return
+	}
 	if rec.MsgSeq != j.seq && rec.MsgSeq != 0 {
 		// Same run id published again after the duplicate window: the run
 		// already exists; this copy is dropped.
 		j.log.Info("duplicate run request dropped", zap.Uint64("stream_seq", j.seq), zap.Uint64("owner_seq", rec.MsgSeq))
 		if rec.Status.Terminal() {
-			_ = w.pub.PublishFinished(ctx, rec)
+			_ = w.pub.EnsureFinished(ctx, rec)
 		}
 		_ = j.msg.Ack()
 		return
@@ -100,7 +107,7 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 	if rec.Status.Terminal() {
 		// Finished before (a crash between finishing and acking, or a
 		// cancel while pending): make sure its terminal event exists.
-		if err := w.pub.PublishFinished(ctx, rec); err != nil {
+		if err := w.pub.EnsureFinished(ctx, rec); err != nil {
 			j.retryLater(err)
 			return
 		}
@@ -152,7 +159,7 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 				return
 			}
 			if rec.Status.Terminal() {
-				_ = w.pub.PublishFinished(ctx, rec)
+				_ = w.pub.EnsureFinished(ctx, rec)
 				_ = j.msg.Ack()
 				return
 			}
@@ -295,7 +302,7 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, th *protoc
 		// the thread back first.
 		_ = lease.release(ctx, nil)
 		if errors.Is(err, errAlreadyFinished) {
-			_ = w.pub.PublishFinished(ctx, rec)
+			_ = w.pub.EnsureFinished(ctx, rec)
 			w.wakeThread(req.Tenant, req.ThreadID)
 			_ = j.msg.Ack()
 			return
@@ -310,7 +317,7 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, th *protoc
 			lastSeq = n
 		}
 	}
-	stream := w.pub.NewStream(req.Tenant, req.ThreadID, req.RunID, lastSeq)
+	stream := w.pub.NewStream(req.Tenant, req.ThreadID, req.RunID, attempt, lastSeq)
 	stream.Emit(protocol.EventRunStarted, protocol.StartedData{Attempt: attempt, Worker: w.cfg.ID, Agent: req.Agent}, events.StartedID(req.RunID, attempt))
 	j.log = j.log.With(zap.Int("attempt", attempt))
 	j.log.Debug("run started", zap.Uint64("epoch", th.Epoch), zap.Uint64("deliveries", meta.NumDelivered))

@@ -77,6 +77,17 @@ func TestWorkerDeathContinuesFromCheckpoint(t *testing.T) {
 	if len(attempts) != 2 || attempts[0] != 1 || attempts[1] != 2 {
 		t.Fatalf("run.started attempts %v, want [1 2]", attempts)
 	}
+	// Every event carries the attempt that published it, so a client can
+	// drop late events of a worker that was replaced.
+	second := false
+	for _, ev := range w.all() {
+		if ev.Type == protocol.EventRunStarted && ev.Attempt == 2 {
+			second = true
+		}
+		if second && ev.Attempt != 2 {
+			t.Fatalf("event %s after the takeover has attempt %d", ev.Type, ev.Attempt)
+		}
+	}
 	if rec := h.run("default", "r1"); rec.Attempt != 2 || rec.Epoch != 2 {
 		t.Fatalf("record attempt %d epoch %d, want 2 and 2", rec.Attempt, rec.Epoch)
 	}
@@ -327,5 +338,46 @@ func TestMaxDeliveriesDeadLetters(t *testing.T) {
 	h.submit(request("t1", "next", "hello"))
 	if fin := w2.finished(t, 10*time.Second); fin.Status != protocol.StatusSuccess {
 		t.Fatalf("next run %s: %s", fin.Status, fin.Error)
+	}
+}
+
+// A run id already used on another thread cannot get a record of its own:
+// the request is dead-lettered and its sender learns why on the thread it
+// asked for, instead of waiting forever.
+func TestRunIDOfAnotherThread(t *testing.T) {
+	h := newHarness(t)
+	h.startWorker(textModel("ok", 1, 0), nil)
+	w1 := h.watch("default", "t1", "shared")
+	h.submit(request("t1", "shared", "first"))
+	w1.finished(t, 10*time.Second)
+	w2 := h.watch("default", "t2", "shared")
+	// Within the duplicate window the stream drops the copy (the publisher
+	// sees PubAck.Duplicate); after it, the worker must deal with it.
+	req := request("t2", "shared", "second")
+	req.Normalize()
+	data, _ := json.Marshal(req)
+	seq := h.publishRaw(h.names.RunSubject("default", "t2"), data, "")
+	fin := w2.finished(t, 10*time.Second)
+	if fin.Status != protocol.StatusError || !strings.Contains(fin.Error, `already used by a run on thread "t1"`) {
+		t.Fatalf("run on t2 ended %s: %q", fin.Status, fin.Error)
+	}
+	h.deadLetter(t, "default", "t2", seq)
+	if r := h.run("default", "shared"); r.ThreadID != "t1" || r.Status != protocol.StatusSuccess {
+		t.Fatalf("the first run's record changed: %+v", r)
+	}
+}
+
+// Over NATS the subject names the tenant and thread; a request that leaves
+// them out of its body takes them from the subject.
+func TestTenantAndThreadFromSubject(t *testing.T) {
+	h := newHarness(t)
+	h.startWorker(textModel("ok", 1, 0), nil)
+	w := h.watch("acme", "demo", "bare")
+	h.publishRaw(h.names.RunSubject("acme", "demo"), []byte(`{"run_id":"bare","input":{"messages":[{"role":"user","content":"hi"}]}}`), "bare")
+	if fin := w.finished(t, 10*time.Second); fin.Status != protocol.StatusSuccess {
+		t.Fatalf("run ended %s: %s", fin.Status, fin.Error)
+	}
+	if r := h.run("acme", "bare"); r.Tenant != "acme" || r.ThreadID != "demo" {
+		t.Fatalf("record %+v", r)
 	}
 }

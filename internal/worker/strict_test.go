@@ -184,6 +184,21 @@ func TestLoopCappedRunReportsStopReason(t *testing.T) {
 	if fin.Output == nil || len(fin.Output.ToolCalls) != 0 || !strings.Contains(fin.Output.Content, "[FORCED STOP]") {
 		t.Fatalf("output %+v", fin.Output)
 	}
+	// message.completed shows the message as stored, without the stripped
+	// tool calls.
+	var lastCompleted model.Message
+	for _, ev := range w.all() {
+		if ev.Type == protocol.EventMessageCompleted {
+			var m model.Message
+			if err := json.Unmarshal(ev.Data, &m); err != nil {
+				t.Fatal(err)
+			}
+			lastCompleted = m
+		}
+	}
+	if len(lastCompleted.ToolCalls) != 0 || !strings.Contains(lastCompleted.Content, "[FORCED STOP]") {
+		t.Fatalf("last message.completed %+v", lastCompleted)
+	}
 	if rec := h.run("default", "loopy"); rec.StopReason != protocol.StopLoopCapped {
 		t.Fatalf("record stop reason %q", rec.StopReason)
 	}
