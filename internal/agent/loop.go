@@ -35,6 +35,8 @@ const MetaRunID = "run_id"
 // leases, KV checkpoints and the events stream.
 type Host interface {
 	// Checkpoint persists u, the state changes since the last checkpoint.
+	// The changes of a run's last step come back in Outcome.Pending
+	// instead, for the host to persist with the run's end.
 	Checkpoint(ctx context.Context, u state.Update) error
 	// Emit publishes a run event.
 	Emit(eventType string, data any)
@@ -72,6 +74,11 @@ type Outcome struct {
 	// context's cause (cancel, timeout, lost lease, shutdown) or
 	// ErrPreempted. The worker turns it into a status.
 	Stopped error
+	// Pending holds the state changes of the run's last step, not yet
+	// checkpointed: the host persists them with the run's end (one write
+	// fewer per run). Empty when the run stopped or failed: those paths
+	// checkpoint what they have themselves.
+	Pending state.Update
 }
 
 // Execute runs the loop until a final answer, a guard, an error or a stop.
@@ -180,9 +187,10 @@ func (l *loop) execute(ctx context.Context) Outcome {
 	if err != nil {
 		return l.failed(ctx, err)
 	}
-	if err := l.flush(ctx); err != nil {
-		return l.failed(ctx, err)
-	}
+	// The last changes are not checkpointed here: the host persists them
+	// together with the run's end, which saves a write per run.
+	out.Pending = l.pending
+	l.pending = state.Update{}
 	if out.Status == protocol.StatusSuccess {
 		out.Output = l.lastAssistant()
 	}
@@ -280,21 +288,22 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 		}
 		// Published after the after-model hooks, so a client sees the
 		// message as it is stored: without tool calls a guard stripped.
-		if final := l.message(msgID); final != nil {
+		final := l.message(msgID)
+		if final != nil {
 			l.Host.Emit(protocol.EventMessageCompleted, final.Clone())
+		}
+		switch {
+		case res.Jump == middleware.JumpEnd:
+			return Outcome{Status: protocol.StatusSuccess, StopReason: res.StopReason}, true
+		case res.Jump != middleware.JumpModel && (final == nil || len(final.ToolCalls) == 0):
+			// A final answer: its checkpoint goes with the run's end.
+			return Outcome{Status: protocol.StatusSuccess}, true
 		}
 		if err := l.flush(ctx); err != nil {
 			return l.failed(ctx, err), false
 		}
-		switch res.Jump {
-		case middleware.JumpEnd:
-			return Outcome{Status: protocol.StatusSuccess, StopReason: res.StopReason}, true
-		case middleware.JumpModel:
+		if res.Jump == middleware.JumpModel {
 			continue
-		}
-		final := l.message(msgID)
-		if final == nil || len(final.ToolCalls) == 0 {
-			return Outcome{Status: protocol.StatusSuccess}, true
 		}
 		if out, stop := l.runTools(ctx, toolCall, l.unanswered(final)); stop {
 			return out, false

@@ -213,6 +213,25 @@ func (s *Stream) trim() {
 	s.futures = kept
 }
 
+// EmitQueued publishes run.queued as the stream's first event (seq 1,
+// attempt 0), for a run whose record this worker is about to create.
+func (s *Stream) EmitQueued(req *protocol.RunRequest) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seq++
+	m, err := s.p.Msg(req.Tenant, req.ThreadID, req.RunID, 0, s.seq, protocol.EventRunQueued,
+		protocol.QueuedData{Agent: req.Agent, MultitaskStrategy: req.MultitaskStrategy}, QueuedID(req.RunID))
+	if err == nil {
+		var f jetstream.PubAckFuture
+		if f, err = s.p.js.PublishMsgAsync(m); err == nil {
+			s.futures = append(s.futures, f)
+		}
+	}
+	if err != nil && s.firstErr == nil {
+		s.firstErr = err
+	}
+}
+
 // Seq returns the seq of the last event emitted.
 func (s *Stream) Seq() uint64 {
 	s.mu.Lock()

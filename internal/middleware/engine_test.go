@@ -181,6 +181,10 @@ func executeOn(t *testing.T, st *state.State, chain *middleware.Chain, m model.M
 	if out.Stopped != nil || out.Status == protocol.StatusError {
 		t.Fatalf("run failed: %+v", out)
 	}
+	// The worker persists the last step's changes with the run's end.
+	if err := host.Checkpoint(context.Background(), out.Pending); err != nil {
+		t.Fatal(err)
+	}
 	return runResult{out, st, host}
 }
 

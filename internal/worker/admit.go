@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -32,48 +33,79 @@ type decision struct {
 	reason  string
 }
 
+// snapshot is what decides a request's fate, read in one round trip: its
+// run record, whether it is the oldest request of its thread, and the
+// thread record.
+type snapshot struct {
+	rec   *protocol.Run
+	rev   uint64
+	head  headState
+	th    *protocol.Thread
+	thRev uint64
+}
+
+// look reads the snapshot; the three reads go out together.
+func (j *job) look(ctx context.Context) (*snapshot, error) {
+	w := j.w
+	req := j.req
+	s := &snapshot{head: headSelf}
+	var wg sync.WaitGroup
+	var recErr, headErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.rec, s.rev, recErr = w.stores.Runs.Get(ctx, req.Tenant, req.RunID)
+		if errors.Is(recErr, kv.ErrNotFound) {
+			s.rec, recErr = nil, nil
+		}
+	}()
+	if !preempting(req) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.head, headErr = j.head(ctx)
+		}()
+	}
+	th, rev, err := w.stores.Threads.Get(ctx, req.Tenant, req.ThreadID)
+	if err == nil {
+		s.th, s.thRev = th, rev
+	} else if !errors.Is(err, kv.ErrNotFound) {
+		wg.Wait()
+		return nil, err
+	}
+	wg.Wait()
+	if recErr != nil {
+		return nil, recErr
+	}
+	return s, headErr
+}
+
+func preempting(req *protocol.RunRequest) bool {
+	return req.MultitaskStrategy == protocol.StrategySteer || req.MultitaskStrategy == protocol.StrategyRollback
+}
+
 // admit decides whether the run may start now. Ordering comes from the
 // runs stream itself: a thread's requests stay in the stream until they
 // finish, so the oldest one on the thread's subject is the one whose turn
 // it is. Steer and rollback runs skip that order and reserve the thread in
 // its record (Preempt); every start goes through a CAS on the thread
 // record, which is also the lease.
-func (j *job) admit(ctx context.Context, rec *protocol.Run) (decision, error) {
-	for range 20 {
-		d, err := j.admitOnce(ctx)
-		if err != nil || d.verdict != verdictRetry {
-			return d, err
-		}
-	}
-	return decision{verdict: verdictWait}, nil
-}
-
-func (j *job) admitOnce(ctx context.Context) (decision, error) {
+func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 	w := j.w
 	req := j.req
 	strategy := req.MultitaskStrategy
-	preempting := strategy == protocol.StrategySteer || strategy == protocol.StrategyRollback
 
-	if !preempting {
-		head, err := j.head(ctx)
-		if err != nil {
-			return decision{}, err
+	switch snap.head {
+	case headGone:
+		return decision{verdict: verdictGone}, nil
+	case headOther:
+		if strategy == protocol.StrategyReject {
+			return decision{verdict: verdictReject, reason: "the thread has an earlier run waiting or running"}, nil
 		}
-		switch head {
-		case headGone:
-			return decision{verdict: verdictGone}, nil
-		case headOther:
-			if strategy == protocol.StrategyReject {
-				return decision{verdict: verdictReject, reason: "the thread has an earlier run waiting or running"}, nil
-			}
-			return decision{verdict: verdictWait}, nil
-		}
+		return decision{verdict: verdictWait}, nil
 	}
 
-	th, rev, err := w.stores.Threads.Get(ctx, req.Tenant, req.ThreadID)
-	if err != nil && !errors.Is(err, kv.ErrNotFound) {
-		return decision{}, err
-	}
+	th, rev := snap.th, snap.thRev
 	var breakEpoch uint64 // a stale lease this run may break
 	if th != nil && th.Lease != nil && th.Lease.RunID != req.RunID {
 		stale, err := w.staleLease(ctx, th)
@@ -105,7 +137,7 @@ func (j *job) admitOnce(ctx context.Context) (decision, error) {
 		switch {
 		case strategy == protocol.StrategyReject:
 			return decision{verdict: verdictReject, reason: fmt.Sprintf("run %s is about to take the thread", th.Preempt[0].RunID)}, nil
-		case preempting:
+		case preempting(req):
 			return j.reserve(ctx, th, rev)
 		}
 		return decision{verdict: verdictWait}, nil

@@ -35,6 +35,8 @@ type job struct {
 	cancelRun context.CancelCauseFunc
 	preempt   context.CancelFunc
 	wake      chan struct{} // signalled to re-check a waiting run
+	rec       *protocol.Run // the record as this worker last wrote it
+	recRev    uint64
 	drained   bool
 	abandoned bool // lease lost: never touch the message again
 	finished  chan struct{}
@@ -82,19 +84,68 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 	j.key = bus.Key(req.Tenant, req.RunID)
 	j.log = w.log.With(zap.String("tenant", req.Tenant), zap.String("thread_id", req.ThreadID), zap.String("run_id", req.RunID))
 
-	rec, rev, created, err := w.ensureRecord(ctx, req, j.seq)
-	if err != nil {
-		j.retryLater(err)
-		return
+	var d decision
+	for {
+		if w.isDraining() {
+			j.handBack()
+			return
+		}
+		snap, err := j.look(ctx)
+		if err != nil {
+			j.retryLater(err)
+			return
+		}
+		if rec := snap.rec; rec != nil {
+			if done := j.settled(ctx, rec); done {
+				return
+			}
+		}
+		d, err = j.admit(ctx, snap)
+		if err != nil {
+			j.retryLater(err)
+			return
+		}
+		if d.verdict == verdictStart {
+			j.start(ctx, meta, snap.rec, snap.rev, d.thread, d.rev)
+			return
+		}
+		if d.verdict == verdictGone {
+			_ = j.msg.Ack()
+			return
+		}
+		if d.verdict == verdictRetry {
+			continue
+		}
+		// Rejected or waiting: the run needs a record (and run.queued) now.
+		if snap.rec == nil {
+			if _, _, _, err := w.ensureRecord(ctx, req, j.seq); err != nil {
+				j.retryLater(err)
+				return
+			}
+		}
+		if d.verdict == verdictReject {
+			j.finishPending(ctx, protocol.StatusRejected, "", d.reason)
+			return
+		}
+		if d.verdict == verdictWait && !j.wait(ctx, hasSlot) {
+			_ = j.msg.NakWithDelay(w.cfg.WaitPoll)
+			return
+		}
 	}
-	if rec.ThreadID != req.ThreadID {
+}
+
+// settled handles a request whose run record says it must not start:
+// another thread's run id, a duplicate copy, a finished run, a run
+// cancelled while pending. It reports whether the request is done with.
+func (j *job) settled(ctx context.Context, rec *protocol.Run) bool {
+	w := j.w
+	switch {
+	case rec.ThreadID != j.req.ThreadID:
 		// The run id belongs to a run of another thread: this request can
 		// have no record of its own. Its sender learns why on the events
 		// of the thread it asked for, and the request is dead-lettered.
-		w.conflictingRunID(ctx, j.msg, j.seq, req, rec)
-		return
-	}
-	if rec.MsgSeq != j.seq && rec.MsgSeq != 0 {
+		w.conflictingRunID(ctx, j.msg, j.seq, j.req, rec)
+	case rec.MsgSeq != j.seq && rec.MsgSeq != 0:
 		// Same run id published again after the duplicate window: the run
 		// already exists; this copy is dropped.
 		j.log.Info("duplicate run request dropped", zap.Uint64("stream_seq", j.seq), zap.Uint64("owner_seq", rec.MsgSeq))
@@ -102,73 +153,21 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 			_ = w.pub.EnsureFinished(ctx, rec)
 		}
 		_ = j.msg.Ack()
-		return
-	}
-	if rec.Status.Terminal() {
+	case rec.Status.Terminal():
 		// Finished before (a crash between finishing and acking, or a
 		// cancel while pending): make sure its terminal event exists.
 		if err := w.pub.EnsureFinished(ctx, rec); err != nil {
 			j.retryLater(err)
-			return
-		}
-		_ = j.msg.Ack()
-		return
-	}
-	if rec.Status == protocol.StatusPending && rec.CancelRequested {
-		j.finishPending(ctx, protocol.StatusCancelled, "", "")
-		return
-	}
-	_ = created
-
-	// Admission: wait for the thread, in submission order.
-	var th *protocol.Thread
-	var thRev uint64
-	for {
-		if w.isDraining() {
-			j.handBack()
-			return
-		}
-		d, err := j.admit(ctx, rec)
-		if err != nil {
-			if errors.Is(err, kv.ErrNotFound) {
-				_ = j.msg.Ack()
-				return
-			}
-			j.retryLater(err)
-			return
-		}
-		switch d.verdict {
-		case verdictStart:
-			th, thRev = d.thread, d.rev
-		case verdictReject:
-			j.finishPending(ctx, protocol.StatusRejected, "", d.reason)
-			return
-		case verdictGone:
+		} else {
+			w.wakeThread(j.req.Tenant, j.req.ThreadID)
 			_ = j.msg.Ack()
-			return
-		case verdictWait:
-			if !j.wait(ctx, hasSlot) {
-				_ = j.msg.NakWithDelay(w.cfg.WaitPoll)
-				return
-			}
-			// Re-read the record: the run may have been cancelled while it
-			// waited.
-			rec, rev, err = w.stores.Runs.Get(ctx, req.Tenant, req.RunID)
-			if err != nil {
-				j.retryLater(err)
-				return
-			}
-			if rec.Status.Terminal() {
-				_ = w.pub.EnsureFinished(ctx, rec)
-				_ = j.msg.Ack()
-				return
-			}
-			continue
 		}
-		break
+	case rec.Status == protocol.StatusPending && rec.CancelRequested:
+		j.finishPending(ctx, protocol.StatusCancelled, "", "")
+	default:
+		return false
 	}
-	_ = rev
-	j.start(ctx, meta, th, thRev)
+	return true
 }
 
 // retryLater hands the request back after an infrastructure error (NATS
@@ -269,35 +268,14 @@ func (j *job) finishPending(ctx context.Context, status protocol.Status, stopRea
 
 var errAlreadyFinished = errors.New("run already finished")
 
-// start takes the run from pending to running under the lease it holds,
-// executes the agent loop and finishes the run.
-func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, th *protocol.Thread, thRev uint64) {
+// start takes the run to running under the lease it holds, executes the
+// agent loop and finishes the run. A run seen for the first time gets its
+// record created directly as running, with run.queued and run.started.
+func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *protocol.Run, rev uint64, th *protocol.Thread, thRev uint64) {
 	w := j.w
 	req := j.req
 	lease := &leaseHandle{w: w, tenant: req.Tenant, thread: req.ThreadID, run: req.RunID, epoch: th.Epoch, th: th, rev: thRev}
-
-	var attempt int
-	var lastSeq uint64
-	var takeover bool
-	rec, _, err := w.stores.Runs.Mutate(ctx, req.Tenant, req.RunID, func(r *protocol.Run) error {
-		if r.Status.Terminal() {
-			return errAlreadyFinished
-		}
-		now := time.Now().UTC()
-		takeover = r.Status == protocol.StatusRunning
-		if !takeover {
-			r.BaseCheckpoint = th.Head
-		}
-		r.Status = protocol.StatusRunning
-		r.Attempt++
-		r.StartedAt = &now
-		r.Worker = w.cfg.ID
-		r.Epoch = th.Epoch
-		r.MsgSeq = j.seq
-		attempt, lastSeq = r.Attempt, r.Seq
-		return nil
-	})
-	if err != nil {
+	giveUp := func(rec *protocol.Run, err error) {
 		// Cancelled between admission and start, or NATS trouble: give
 		// the thread back first.
 		_ = lease.release(ctx, nil)
@@ -308,8 +286,61 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, th *protoc
 			return
 		}
 		j.retryLater(err)
-		return
 	}
+
+	now := time.Now().UTC()
+	var stream *events.Stream
+	if rec == nil {
+		stream = w.pub.NewStream(req.Tenant, req.ThreadID, req.RunID, 1, 0)
+		stream.EmitQueued(req)
+		rec = kv.NewRun(req, j.seq, now)
+		rec.Status, rec.Attempt, rec.StartedAt = protocol.StatusRunning, 1, &now
+		rec.Worker, rec.Epoch, rec.BaseCheckpoint, rec.Seq = w.cfg.ID, th.Epoch, th.Head, 2
+		var err error
+		rev, err = w.stores.Runs.Create(ctx, rec)
+		if errors.Is(err, kv.ErrExists) {
+			// Created meanwhile (by the gateway, or a cancel): continue
+			// from that record; run.queued is stored once either way.
+			rec, rev, err = w.stores.Runs.Get(ctx, req.Tenant, req.RunID)
+		} else if err == nil {
+			_ = w.stores.Threads.IndexRun(ctx, req.Tenant, req.ThreadID, req.RunID, now)
+		}
+		if err != nil {
+			giveUp(rec, err)
+			return
+		}
+	}
+	takeover := false
+	if rec.Status != protocol.StatusRunning || rec.Epoch != th.Epoch {
+		takeover = rec.Status == protocol.StatusRunning
+		next := *rec
+		if next.Status.Terminal() {
+			giveUp(rec, errAlreadyFinished)
+			return
+		}
+		if !takeover {
+			next.BaseCheckpoint = th.Head
+		}
+		next.Status, next.StartedAt, next.Worker, next.Epoch, next.MsgSeq = protocol.StatusRunning, &now, w.cfg.ID, th.Epoch, j.seq
+		next.Attempt++
+		newRev, err := w.stores.Runs.Update(ctx, &next, rev)
+		if errors.Is(err, kv.ErrConflict) {
+			// Changed since read (a cancel?): decide again on what it is now.
+			cur, _, gerr := w.stores.Runs.Get(ctx, req.Tenant, req.RunID)
+			if gerr == nil && cur.Status.Terminal() {
+				giveUp(cur, errAlreadyFinished)
+			} else {
+				giveUp(cur, err)
+			}
+			return
+		}
+		if err != nil {
+			giveUp(rec, err)
+			return
+		}
+		rec, rev = &next, newRev
+	}
+	attempt, lastSeq := rec.Attempt, rec.Seq
 	if takeover {
 		// The previous attempt died after publishing events this worker
 		// cannot know: continue numbering after the last stored one.
@@ -317,8 +348,11 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, th *protoc
 			lastSeq = n
 		}
 	}
-	stream := w.pub.NewStream(req.Tenant, req.ThreadID, req.RunID, attempt, lastSeq)
+	if stream == nil || attempt != 1 {
+		stream = w.pub.NewStream(req.Tenant, req.ThreadID, req.RunID, attempt, lastSeq)
+	}
 	stream.Emit(protocol.EventRunStarted, protocol.StartedData{Attempt: attempt, Worker: w.cfg.ID, Agent: req.Agent}, events.StartedID(req.RunID, attempt))
+	j.rec, j.recRev = rec, rev
 	j.log = j.log.With(zap.Int("attempt", attempt))
 	j.log.Debug("run started", zap.Uint64("epoch", th.Epoch), zap.Uint64("deliveries", meta.NumDelivered))
 
@@ -350,14 +384,16 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, th *protoc
 		cancelRun(ErrCancelled)
 	}
 
-	out := j.execute(runCtx, preemptCtx, rec, lease, stream)
-	j.finalize(ctx, lease, stream, out)
+	host := &runHost{j: j, lease: lease, stream: stream}
+	out := j.execute(runCtx, preemptCtx, host)
+	j.finalize(ctx, lease, host, out)
 }
 
 // execute prepares the run and drives the agent loop.
-func (j *job) execute(ctx, preempt context.Context, rec *protocol.Run, lease *leaseHandle, stream *events.Stream) agent.Outcome {
+func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome {
 	w := j.w
 	req := j.req
+	lease, stream := host.lease, host.stream
 	prep, err := w.cfg.Agents.Prepare(req)
 	if err != nil {
 		return agent.Outcome{Status: protocol.StatusError, Error: err.Error()}
@@ -378,7 +414,6 @@ func (j *job) execute(ctx, preempt context.Context, rec *protocol.Run, lease *le
 	if req.Command != nil && !resumed && lease.threadStatus() != protocol.ThreadInterrupted {
 		return agent.Outcome{Status: protocol.StatusError, Error: "command.resume was sent but the thread is not waiting for input; send new messages as input instead"}
 	}
-	host := &runHost{j: j, lease: lease, stream: stream}
 	rt := &middleware.Runtime{
 		RunID:    req.RunID,
 		ThreadID: req.ThreadID,
@@ -406,7 +441,6 @@ func (j *job) execute(ctx, preempt context.Context, rec *protocol.Run, lease *le
 	if !resumed && req.Input != nil {
 		run.Input = req.Input.Messages
 	}
-	_ = rec
 	return agent.Execute(ctx, run)
 }
 
@@ -420,8 +454,17 @@ type runHost struct {
 
 // Checkpoint writes the delta and moves the thread's head under the lease.
 func (h *runHost) Checkpoint(ctx context.Context, u state.Update) error {
+	id, title, err := h.delta(ctx, u)
+	if err != nil {
+		return err
+	}
+	return h.lease.moveHead(ctx, id, title)
+}
+
+// delta writes the delta of the next step without moving the head.
+func (h *runHost) delta(ctx context.Context, u state.Update) (id, title string, err error) {
 	h.step++
-	return h.lease.checkpoint(ctx, h.j.req.RunID, h.step, u)
+	return h.lease.writeDelta(ctx, h.j.req.RunID, h.step, u)
 }
 
 // Emit publishes an event of the run.
@@ -430,9 +473,13 @@ func (h *runHost) Emit(eventType string, data any) { h.stream.Emit(eventType, da
 // finalize records the outcome, gives the thread back, publishes the one
 // terminal event and acks the request, in that order: a crash between any
 // two steps is finished by the next delivery without a second event.
-func (j *job) finalize(ctx context.Context, lease *leaseHandle, stream *events.Stream, out agent.Outcome) {
+func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, out agent.Outcome) {
 	w := j.w
 	req := j.req
+	var stream *events.Stream
+	if host != nil {
+		stream = host.stream
+	}
 	status, supersededBy := out.Status, ""
 	errText := out.Error
 	rollbackTo := ""
@@ -443,13 +490,7 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, stream *events.S
 		return
 	case errors.Is(out.Stopped, ErrShutdown):
 		j.log.Info("run handed back at a safe boundary for shutdown")
-		j.hold.Lock()
-		j.lease = nil
-		j.hold.Unlock()
-		if stream != nil {
-			_ = stream.Flush(ctx)
-		}
-		j.handBack()
+		j.handOff(ctx, stream)
 		return
 	case errors.Is(out.Stopped, ErrCancelled):
 		status = protocol.StatusCancelled
@@ -457,23 +498,15 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, stream *events.S
 		status, errText = protocol.StatusTimeout, ErrRunTimeout.Error()
 	case errors.Is(out.Stopped, ErrRolledBack):
 		status = protocol.StatusCancelled
-		p := lease.preemptor()
-		supersededBy = p.RunID
-		rollbackTo = lease.base
-		if rec, _, err := w.stores.Runs.Get(ctx, req.Tenant, req.RunID); err == nil {
-			rollbackTo = rec.BaseCheckpoint
+		supersededBy = lease.preemptor().RunID
+		if j.rec != nil {
+			rollbackTo = j.rec.BaseCheckpoint
 		}
 	case errors.Is(out.Stopped, agent.ErrPreempted):
 		status = protocol.StatusSteered
 		supersededBy = lease.preemptor().RunID
 		if j.isDrained() {
-			j.hold.Lock()
-			j.lease = nil
-			j.hold.Unlock()
-			if stream != nil {
-				_ = stream.Flush(ctx)
-			}
-			j.handBack()
+			j.handOff(ctx, stream)
 			return
 		}
 	default:
@@ -483,30 +516,50 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, stream *events.S
 		status, errText = protocol.StatusError, "run ended without a status"
 	}
 
+	// The last step's changes go with the end: its delta is written now and
+	// the head moves in the same write that releases the thread.
+	var head, title string
+	if !out.Pending.Empty() && host != nil {
+		var err error
+		if head, title, err = host.delta(ctx, out.Pending); err != nil {
+			j.log.Warn("could not save the run's last step; handing it back", zap.Error(err))
+			j.retryLater(err)
+			return
+		}
+	}
+
 	var finishedSeq uint64
 	if stream != nil {
 		finishedSeq = stream.Reserve()
 	}
-	rec, _, err := w.stores.Runs.Mutate(ctx, req.Tenant, req.RunID, func(r *protocol.Run) error {
-		if r.Epoch != lease.epoch {
-			return agent.ErrLeaseLost
-		}
-		if r.Status.Terminal() {
-			return errAlreadyFinished
-		}
+	end := func(r *protocol.Run) {
 		now := time.Now().UTC()
-		r.Status = status
-		r.StopReason = out.StopReason
-		r.Error = errText
-		r.Output = out.Output
-		r.SupersededBy = supersededBy
-		r.FinishedAt = &now
+		r.Status, r.StopReason, r.Error, r.Output, r.SupersededBy, r.FinishedAt = status, out.StopReason, errText, out.Output, supersededBy, &now
 		if finishedSeq == 0 {
 			finishedSeq = r.Seq + 1
 		}
 		r.Seq = finishedSeq
-		return nil
-	})
+	}
+	threadStatus := protocol.ThreadIdle
+	switch status {
+	case protocol.StatusError, protocol.StatusTimeout:
+		threadStatus = protocol.ThreadError
+	case protocol.StatusInterrupted:
+		threadStatus = protocol.ThreadInterrupted
+	}
+
+	// The record's terminal write and the thread's release go out
+	// together; both are fenced (the record by its revision and epoch,
+	// the release by the lease epoch).
+	var rec *protocol.Run
+	recErr := make(chan error, 1)
+	go func() {
+		var err error
+		rec, err = j.endRecord(ctx, lease.epoch, end)
+		recErr <- err
+	}()
+	relErr := lease.release(ctx, &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: errors.Is(out.Stopped, ErrRolledBack), head: head, title: title})
+	err := <-recErr
 	switch {
 	case errors.Is(err, agent.ErrLeaseLost):
 		j.abandon("run record taken over")
@@ -517,15 +570,8 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, stream *events.S
 		j.retryLater(err)
 		return
 	}
-	threadStatus := protocol.ThreadIdle
-	switch status {
-	case protocol.StatusError, protocol.StatusTimeout:
-		threadStatus = protocol.ThreadError
-	case protocol.StatusInterrupted:
-		threadStatus = protocol.ThreadInterrupted
-	}
-	if err := lease.release(ctx, &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: errors.Is(out.Stopped, ErrRolledBack)}); err != nil && !errors.Is(err, agent.ErrLeaseLost) {
-		j.log.Warn("could not release the thread", zap.Error(err))
+	if relErr != nil && !errors.Is(relErr, agent.ErrLeaseLost) {
+		j.log.Warn("could not release the thread", zap.Error(relErr))
 	}
 	if stream != nil {
 		if err := stream.Flush(ctx); err != nil {
@@ -543,6 +589,48 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, stream *events.S
 	w.wakeThread(req.Tenant, req.ThreadID)
 	_ = j.msg.Ack()
 	j.log.Debug("run finished", zap.String("status", string(status)))
+}
+
+// endRecord writes the run's terminal record: a compare-and-set at the
+// revision this worker last wrote, falling back to a re-read when the
+// record changed (and refusing when another epoch owns it now).
+func (j *job) endRecord(ctx context.Context, epoch uint64, end func(*protocol.Run)) (*protocol.Run, error) {
+	w := j.w
+	if j.rec != nil {
+		next := *j.rec
+		end(&next)
+		_, err := w.stores.Runs.Update(ctx, &next, j.recRev)
+		if err == nil {
+			return &next, nil
+		}
+		if !errors.Is(err, kv.ErrConflict) {
+			return nil, err
+		}
+	}
+	rec, _, err := w.stores.Runs.Mutate(ctx, j.req.Tenant, j.req.RunID, func(r *protocol.Run) error {
+		if r.Epoch != epoch {
+			return agent.ErrLeaseLost
+		}
+		if r.Status.Terminal() {
+			return errAlreadyFinished
+		}
+		end(r)
+		return nil
+	})
+	return rec, err
+}
+
+// handOff gives a stopped run back for another worker (shutdown): its
+// events are flushed and its request is returned to the stream; the lease
+// stays, so the next delivery takes the run over where it stopped.
+func (j *job) handOff(ctx context.Context, stream *events.Stream) {
+	j.hold.Lock()
+	j.lease = nil
+	j.hold.Unlock()
+	if stream != nil {
+		_ = stream.Flush(ctx)
+	}
+	j.handBack()
 }
 
 // abandon stops touching a request whose run another worker took over.

@@ -79,18 +79,23 @@ func (l *leaseHandle) mutate(ctx context.Context, fn func(*protocol.Thread) erro
 	return err
 }
 
-// checkpoint writes a delta and moves the head to it.
-func (l *leaseHandle) checkpoint(ctx context.Context, run string, step int, u state.Update) error {
+// writeDelta writes a checkpoint delta; the head does not move yet. It
+// returns the delta's id and the thread title the delta sets, if any.
+func (l *leaseHandle) writeDelta(ctx context.Context, run string, step int, u state.Update) (id, title string, err error) {
 	d := &kv.Delta{ID: kv.CheckpointID(l.epoch, step), Parent: l.head(), RunID: run, Step: step, Time: time.Now().UTC(), Update: u}
 	if _, err := l.w.stores.Checkpoints.Put(ctx, l.tenant, l.thread, d); err != nil {
-		return err
+		return "", "", err
 	}
-	var title string
 	if raw, ok := u.Values[middleware.TitleValue]; ok {
 		_ = json.Unmarshal(raw, &title)
 	}
+	return d.ID, title, nil
+}
+
+// moveHead makes a written delta the thread's head, under the lease.
+func (l *leaseHandle) moveHead(ctx context.Context, id, title string) error {
 	return l.mutate(ctx, func(t *protocol.Thread) error {
-		t.Head = d.ID
+		t.Head = id
 		t.Lease.RenewedAt = time.Now().UTC()
 		if title != "" {
 			t.Title = title
@@ -163,6 +168,9 @@ type releaseOpts struct {
 	status     string
 	rollback   bool
 	rollbackTo string
+	// head and title, when set, move the head to the run's last delta in
+	// the same write.
+	head, title string
 }
 
 // release gives the thread back. A rollback also returns the thread's head
@@ -174,8 +182,14 @@ func (l *leaseHandle) release(ctx context.Context, o *releaseOpts) error {
 	return l.mutate(ctx, func(t *protocol.Thread) error {
 		t.Lease = nil
 		t.Status = o.status
-		if o.rollback {
+		switch {
+		case o.rollback:
 			t.Head = o.rollbackTo
+		case o.head != "":
+			t.Head = o.head
+		}
+		if o.title != "" {
+			t.Title = o.title
 		}
 		t.Preempt = withoutRun(t.Preempt, l.run)
 		return nil
