@@ -51,16 +51,56 @@ func (p *Publisher) Msg(tenant, thread, run string, attempt int, seq uint64, eve
 		return nil, err
 	}
 	env := protocol.Event{Type: eventType, Seq: seq, RunID: run, ThreadID: thread, Tenant: tenant, Attempt: attempt, Time: time.Now().UTC(), Data: raw}
-	body, err := json.Marshal(env)
-	if err != nil {
-		return nil, err
-	}
 	m := nats.NewMsg(p.names.EventSubject(tenant, thread, run, protocol.KindOf(eventType)))
-	m.Data = body
+	m.Data = AppendEnvelope(make([]byte, 0, 160+len(raw)), &env)
 	if msgID != "" {
 		m.Header.Set(jetstream.MsgIDHeader, msgID)
 	}
 	return m, nil
+}
+
+// AppendEnvelope appends the JSON of an event envelope to b. It is the
+// hottest encoding of a run (every token delta goes through it), so it is
+// written out by hand: the data, already JSON, is copied as it is instead
+// of being re-validated, and the strings are escaped by strconv only when
+// they hold something beyond the id alphabet.
+func AppendEnvelope(b []byte, e *protocol.Event) []byte {
+	b = append(b, `{"type":`...)
+	b = appendString(b, e.Type)
+	b = append(b, `,"seq":`...)
+	b = strconv.AppendUint(b, e.Seq, 10)
+	b = append(b, `,"run_id":`...)
+	b = appendString(b, e.RunID)
+	b = append(b, `,"thread_id":`...)
+	b = appendString(b, e.ThreadID)
+	b = append(b, `,"tenant":`...)
+	b = appendString(b, e.Tenant)
+	if e.Attempt != 0 {
+		b = append(b, `,"attempt":`...)
+		b = strconv.AppendInt(b, int64(e.Attempt), 10)
+	}
+	b = append(b, `,"time":"`...)
+	b = e.Time.AppendFormat(b, time.RFC3339Nano)
+	b = append(b, '"')
+	if len(e.Data) > 0 {
+		b = append(b, `,"data":`...)
+		b = append(b, e.Data...)
+	}
+	return append(b, '}')
+}
+
+// appendString appends s as a JSON string. Ids and event types are plain
+// ASCII; anything else goes through encoding/json.
+func appendString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 func encodeData(data any) (json.RawMessage, error) {

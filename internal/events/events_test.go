@@ -1,0 +1,68 @@
+package events
+
+import (
+	"encoding/json"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+// The hand-written envelope encoder must produce what encoding/json would
+// decode back into the same event, for every kind of string.
+func TestAppendEnvelopeRoundTrip(t *testing.T) {
+	cases := []protocol.Event{
+		{Type: "run.started", Seq: 2, RunID: "r1", ThreadID: "t1", Tenant: "default", Attempt: 1, Data: json.RawMessage(`{"attempt":1}`)},
+		{Type: "run.queued", Seq: 1, RunID: "r-1_x", ThreadID: "T", Tenant: "acme"},
+		{Type: "message.delta", Seq: 9, RunID: "r", ThreadID: "t", Tenant: "d", Attempt: 3, Data: json.RawMessage(`{"message_id":"m","delta":"héllo \"quoted\" <b>\n"}`)},
+		{Type: "custom \"odd\"\n\u2028type", Seq: 1 << 40, RunID: "é", ThreadID: "<t>", Tenant: "a\\b"},
+	}
+	for _, want := range cases {
+		want.Time = time.Date(2026, 11, 30, 1, 2, 3, 456789000, time.UTC)
+		b := AppendEnvelope(nil, &want)
+		if !json.Valid(b) {
+			t.Fatalf("invalid JSON: %s", b)
+		}
+		var got protocol.Event
+		if err := json.Unmarshal(b, &got); err != nil {
+			t.Fatal(err)
+		}
+		if !got.Time.Equal(want.Time) {
+			t.Fatalf("time %v, want %v", got.Time, want.Time)
+		}
+		got.Time = want.Time
+		if len(want.Data) > 0 && !jsonEqual(got.Data, want.Data) {
+			t.Fatalf("data %s, want %s", got.Data, want.Data)
+		}
+		got.Data, want.Data = nil, nil
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("got %+v\nwant %+v\nfrom %s", got, want, b)
+		}
+	}
+}
+
+func jsonEqual(a, b []byte) bool {
+	var x, y any
+	return json.Unmarshal(a, &x) == nil && json.Unmarshal(b, &y) == nil && reflect.DeepEqual(x, y)
+}
+
+func BenchmarkEnvelope(b *testing.B) {
+	e := protocol.Event{Type: "message.delta", Seq: 42, RunID: "6yd4wqnbotmdocolqddgc2wbcs", ThreadID: "demo", Tenant: "default", Attempt: 1,
+		Time: time.Now(), Data: json.RawMessage(`{"message_id":"msg_dH1KIT487ZYXD14QfJmcIr","delta":"some streamed text "}`)}
+	b.Run("append", func(b *testing.B) {
+		b.ReportAllocs()
+		buf := make([]byte, 0, 512)
+		for b.Loop() {
+			buf = AppendEnvelope(buf[:0], &e)
+		}
+	})
+	b.Run("encoding/json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := json.Marshal(e); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
