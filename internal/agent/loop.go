@@ -251,8 +251,11 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 
 		msgID := newID("msg")
 		req := &middleware.ModelRequest{
-			System:    l.System,
-			Messages:  append([]model.Message(nil), l.st.Messages...),
+			System: l.System,
+			// The state's own messages, capped so that an append by a
+			// wrapper copies instead of writing into state: no copy per
+			// call (see ModelRequest.Messages).
+			Messages:  l.st.Messages[:len(l.st.Messages):len(l.st.Messages)],
 			Tools:     l.rt.Tools.Specs(),
 			Model:     l.Model,
 			ModelName: l.ModelName,
@@ -314,16 +317,9 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 // callModel is the innermost model handler: it calls the provider and
 // streams deltas as events.
 func (l *loop) callModel(ctx context.Context, req *middleware.ModelRequest) (*middleware.ModelResponse, error) {
-	msgs := make([]model.Message, 0, len(req.Messages)+1)
-	if req.System != "" {
-		msgs = append(msgs, model.Message{Role: model.RoleSystem, Content: req.System})
-	}
-	for _, m := range req.Messages {
-		m.Meta = nil
-		m.Status = ""
-		msgs = append(msgs, m)
-	}
-	mreq := &model.Request{Model: req.ModelName, Messages: msgs, Tools: req.Tools}
+	// The transcript goes to the provider as it is (providers send only
+	// the wire fields, never Meta or Status): no copy per call.
+	mreq := &model.Request{Model: req.ModelName, System: req.System, Messages: req.Messages, Tools: req.Tools}
 	msgID := middleware.MessageID(ctx)
 	resp, err := req.Model.Generate(ctx, mreq, func(d model.Delta) {
 		if d.Content != "" {

@@ -71,10 +71,10 @@ type AfterAgent interface {
 }
 
 // ModelRequest is one model call as the wrappers see it. Edits to it affect
-// this call only; to change state, set ModelResponse.Update. Messages is a
-// fresh slice whose elements share their ToolCalls and Meta with the state:
-// replace an element (or Clone the request) rather than editing a message's
-// slices or maps in place.
+// this call only; to change state, set ModelResponse.Update. Messages is
+// the state's own transcript (capped, so append copies it): a wrapper that
+// changes messages builds a new slice (or Clones the request) and never
+// assigns to an element or edits a message's slices or maps in place.
 type ModelRequest struct {
 	// System is the system prompt; the loop sends it as the one leading
 	// system message.

@@ -16,8 +16,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/state"
 )
 
 // ToolCallRepair keeps every model request a valid transcript.
@@ -28,6 +30,13 @@ func (ToolCallRepair) Name() string { return "tool_call_repair" }
 
 // WrapModelCall implements WrapModelCall.
 func (ToolCallRepair) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelRequest, next ModelHandler) (*ModelResponse, error) {
+	// Most transcripts need nothing: a per-run record of the prefix already
+	// found valid makes the check cost only the new messages, so preparing
+	// a call does not grow with the thread's history.
+	check := Scratch(rt, "tool_call_repair:check", func() *transcriptCheck { return &transcriptCheck{} })
+	if check.valid(req) {
+		return next(ctx, req)
+	}
 	system, msgs, changed := RepairTranscript(req.System, req.Messages)
 	if changed {
 		c := *req
@@ -35,6 +44,72 @@ func (ToolCallRepair) WrapModelCall(ctx context.Context, rt *Runtime, req *Model
 		req = &c
 	}
 	return next(ctx, req)
+}
+
+// transcriptCheck remembers how much of a run's transcript is known to be
+// valid, so the next call checks only what was added since.
+type transcriptCheck struct {
+	mu       sync.Mutex
+	st       *state.State
+	rewrites uint64
+	n        int    // messages checked
+	lastID   string // id of message n-1
+	open     map[string]bool // calls of the last assistant message not answered yet
+}
+
+// valid reports whether req's transcript needs no repair, checking only
+// the messages after the prefix validated before (the whole transcript
+// when state was rewritten since, or the prefix changed).
+func (c *transcriptCheck) valid(req *ModelRequest) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	msgs := req.Messages
+	fresh := req.State != nil && c.st == req.State && c.rewrites == req.State.Rewrites() &&
+		c.n <= len(msgs) && (c.n == 0 || msgs[c.n-1].ID == c.lastID)
+	if !fresh {
+		c.st, c.n, c.lastID, c.open = req.State, 0, "", make(map[string]bool)
+		if req.State != nil {
+			c.rewrites = req.State.Rewrites()
+		}
+	}
+	for i := c.n; i < len(msgs); i++ {
+		if !c.accept(msgs[i]) {
+			c.st = nil // start over next time
+			return false
+		}
+		c.n, c.lastID = i+1, msgs[i].ID
+	}
+	return len(c.open) == 0 && c.lastID != ""
+}
+
+// accept checks one message against what came before it.
+func (c *transcriptCheck) accept(m model.Message) bool {
+	switch m.Role {
+	case model.RoleSystem:
+		return false // merged into the system prompt by a full repair
+	case model.RoleTool:
+		if m.ToolCallID == "" || !c.open[m.ToolCallID] || m.Name == "" {
+			return false
+		}
+		delete(c.open, m.ToolCallID)
+		return true
+	case model.RoleAssistant:
+		if len(c.open) > 0 || (len(m.ToolCalls) == 0 && strings.TrimSpace(m.Content) == "") {
+			return false
+		}
+		// An id may repeat across turns (some providers number calls per
+		// response): each result follows its own message, so only a
+		// repeat within one message is a problem.
+		for _, call := range m.ToolCalls {
+			if call.ID == "" || c.open[call.ID] || strings.TrimSpace(call.Name) == "" || !isJSONObject(call.Arguments) {
+				return false
+			}
+			c.open[call.ID] = true
+		}
+		return true
+	default:
+		return len(c.open) == 0
+	}
 }
 
 // UnknownToolName replaces an empty tool name.
@@ -245,12 +320,14 @@ func RepairTranscript(system string, msgs []model.Message) (string, []model.Mess
 	return system, out, true
 }
 
+// isJSONObject reports whether s is a JSON object (or empty, sent as {}).
+// It runs on every new tool call, so it validates without decoding.
 func isJSONObject(s string) bool {
-	if strings.TrimSpace(s) == "" {
-		return true // sent as {}
+	t := strings.TrimSpace(s)
+	if t == "" {
+		return true
 	}
-	var v map[string]json.RawMessage
-	return json.Unmarshal([]byte(s), &v) == nil && v != nil // "null" decodes to a nil map
+	return t[0] == '{' && json.Valid([]byte(t))
 }
 
 func clipText(s string, n int) string {

@@ -94,15 +94,30 @@ type ToolSpec struct {
 	Parameters  json.RawMessage `json:"parameters,omitempty"`
 }
 
-// Request is one model call. Messages start with at most one system message.
+// Request is one model call. The system prompt is sent as the one leading
+// system message, before Messages.
 type Request struct {
 	// Model is the provider's model name; empty means the provider default.
-	Model    string
+	Model string
+	// System is the system prompt ("" for none). It is kept apart so the
+	// agent loop never copies a long transcript to put it in front.
+	System string
+	// Messages is the transcript. Providers only read it: the loop passes
+	// the thread's own slice, not a copy.
 	Messages []Message
 	Tools    []ToolSpec
 	// Temperature and MaxTokens are optional; nil/0 means provider default.
 	Temperature *float64
 	MaxTokens   int
+}
+
+// WithSystem returns the messages with the system prompt as a leading
+// system message, the form a provider sends.
+func (r *Request) WithSystem() []Message {
+	if r.System == "" {
+		return r.Messages
+	}
+	return append([]Message{{Role: RoleSystem, Content: r.System}}, r.Messages...)
 }
 
 // Clone deep-copies the request so a wrapper can edit it for one call only.

@@ -116,7 +116,10 @@ func (o *OpenAI) Generate(ctx context.Context, req *Request, onDelta func(Delta)
 func (o *OpenAI) chatRequest(req *Request) (openai.ChatCompletionRequest, error) {
 	creq := openai.ChatCompletionRequest{
 		Model:    o.model,
-		Messages: make([]openai.ChatCompletionMessage, 0, len(req.Messages)),
+		Messages: make([]openai.ChatCompletionMessage, 0, len(req.Messages)+1),
+	}
+	if req.System != "" {
+		creq.Messages = append(creq.Messages, openai.ChatCompletionMessage{Role: RoleSystem, Content: req.System})
 	}
 	if req.Model != "" {
 		creq.Model = req.Model

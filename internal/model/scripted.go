@@ -64,7 +64,12 @@ func (s *Scripted) Generate(ctx context.Context, req *Request, onDelta func(Delt
 	n := s.calls
 	s.calls++
 	if s.keep {
-		s.reqs = append(s.reqs, req.Clone())
+		// Tests see the request as a provider would: the system prompt as
+		// the leading message.
+		c := req.Clone()
+		c.Messages, c.System = c.WithSystem(), ""
+		req = c
+		s.reqs = append(s.reqs, c)
 	}
 	s.mu.Unlock()
 	r := s.reply(n, req)

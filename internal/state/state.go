@@ -17,28 +17,54 @@ import (
 type State struct {
 	Messages []model.Message            `json:"messages"`
 	Values   map[string]json.RawMessage `json:"values,omitempty"`
+
+	// index maps message ids to positions for the first indexLen
+	// messages; it is rebuilt when Messages grew behind its back.
+	index    map[string]int
+	indexLen int
+	// rewrites counts changes to existing messages (replacements and
+	// removals); appends do not count. Caches of a validated transcript
+	// prefix stay valid while it is unchanged.
+	rewrites uint64
 }
+
+// Rewrites returns how many times an existing message was replaced or
+// removed through Apply.
+func (s *State) Rewrites() uint64 { return s.rewrites }
 
 // Clone deep-copies s.
 func (s *State) Clone() *State {
-	c := &State{Messages: model.CloneMessages(s.Messages)}
+	c := &State{Messages: model.CloneMessages(s.Messages), rewrites: s.rewrites}
 	if s.Values != nil {
 		c.Values = maps.Clone(s.Values)
 	}
 	return c
 }
 
-// Index returns the position of the message with the given id, or -1.
+// Index returns the position of the message with the given id, or -1. It
+// does not scan the transcript: the cost of a step stays flat in the
+// thread's length.
 func (s *State) Index(id string) int {
 	if id == "" {
 		return -1
 	}
-	for i := len(s.Messages) - 1; i >= 0; i-- {
-		if s.Messages[i].ID == id {
-			return i
-		}
+	if s.index == nil || s.indexLen != len(s.Messages) {
+		s.reindex()
+	}
+	if i, ok := s.index[id]; ok && i < len(s.Messages) && s.Messages[i].ID == id {
+		return i
 	}
 	return -1
+}
+
+func (s *State) reindex() {
+	s.index = make(map[string]int, len(s.Messages))
+	for i, m := range s.Messages {
+		if m.ID != "" {
+			s.index[m.ID] = i // a later duplicate wins, as upserts find the last
+		}
+	}
+	s.indexLen = len(s.Messages)
 }
 
 // Update is a change to a state: messages upserted by id (a message whose
@@ -99,13 +125,24 @@ func (s *State) Apply(u Update) {
 				kept = append(kept, m)
 			}
 		}
+		if len(kept) != len(s.Messages) {
+			s.rewrites++
+			s.index = nil
+		}
 		s.Messages = kept
 	}
 	for _, m := range u.Messages {
 		if i := s.Index(m.ID); i >= 0 {
 			s.Messages[i] = m
-		} else {
-			s.Messages = append(s.Messages, m)
+			s.rewrites++
+			continue
+		}
+		s.Messages = append(s.Messages, m)
+		if s.index != nil && s.indexLen == len(s.Messages)-1 {
+			if m.ID != "" {
+				s.index[m.ID] = len(s.Messages) - 1
+			}
+			s.indexLen++
 		}
 	}
 	for k, v := range u.Values {

@@ -55,9 +55,36 @@ func TestMergeReplaysLikeSequentialApply(t *testing.T) {
 			}
 			once := base()
 			once.Apply(merged)
-			if !reflect.DeepEqual(seq, once) {
+			if !reflect.DeepEqual(seq.Messages, once.Messages) || !reflect.DeepEqual(seq.Values, once.Values) {
 				t.Fatalf("sequential %+v\nmerged     %+v", seq, once)
 			}
 		})
+	}
+}
+
+// Index stays right through appends, replacements and removals, and after
+// messages were appended to the slice directly.
+func TestIndex(t *testing.T) {
+	st := &State{}
+	st.Apply(Update{Messages: []model.Message{msg("a", "1"), msg("b", "2"), msg("c", "3")}})
+	if st.Index("b") != 1 || st.Index("nope") != -1 || st.Index("") != -1 {
+		t.Fatal("index after appends")
+	}
+	before := st.Rewrites()
+	st.Apply(Update{Messages: []model.Message{msg("d", "4")}})
+	if st.Rewrites() != before {
+		t.Fatal("an append counted as a rewrite")
+	}
+	st.Apply(Update{Remove: []string{"a"}})
+	if st.Index("b") != 0 || st.Index("d") != 2 || st.Rewrites() != before+1 {
+		t.Fatalf("index after removal: b=%d d=%d", st.Index("b"), st.Index("d"))
+	}
+	st.Apply(Update{Messages: []model.Message{msg("c", "3 edited")}})
+	if st.Messages[1].Content != "3 edited" || st.Rewrites() != before+2 {
+		t.Fatal("replacement")
+	}
+	st.Messages = append(st.Messages, msg("e", "5"))
+	if st.Index("e") != 3 {
+		t.Fatal("a message appended directly was not found")
 	}
 }
