@@ -52,8 +52,8 @@ type transcriptCheck struct {
 	mu       sync.Mutex
 	st       *state.State
 	rewrites uint64
-	n        int    // messages checked
-	lastID   string // id of message n-1
+	n        int             // messages checked
+	lastID   string          // id of message n-1
 	open     map[string]bool // calls of the last assistant message not answered yet
 }
 
