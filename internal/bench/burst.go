@@ -1,0 +1,169 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+// runBurst measures the raw JetStream baseline, then, at each worker
+// concurrency, publishes cfg.Runs no-op runs (one thread each) as fast as
+// it can and waits for every run.finished: runs/s from the first submit to
+// the last run.finished, and each run's submit → finished latency.
+func runBurst(ctx context.Context, e *env, s *scenarioRun) error {
+	cfg := e.cfg
+	payload := request("t0", "r0", "hi", "")
+
+	e.progress.stage("burst: raw JetStream", 0)
+	b, err := e.newBaseline(ctx, "burst")
+	if err != nil {
+		return err
+	}
+	// The baseline gets at most a fifth of the scenario's time.
+	bctx, cancel := shareOf(ctx, 0.2)
+	base, measured, err := b.throughput(bctx, cfg.Runs, payload)
+	cancel()
+	b.close()
+	if err != nil && err != errOutOfTime {
+		return err
+	}
+	s.add(Row{Key: "burst.baseline", Metric: fmt.Sprintf("raw JetStream: sync publish + pull + ack, %s msgs of %d B", group(float64(measured)), len(payload)), Value: base, Unit: unitMsgPerSec})
+	if measured < cfg.Runs {
+		s.note("the raw baseline ran out of its time after %d of %d messages", measured, cfg.Runs)
+	}
+
+	// Highest concurrency first: it is the fastest, so the slow levels get
+	// what the fast ones leave of the budget.
+	levels := slices.Clone(cfg.Concurrency)
+	slices.Sort(levels)
+	slices.Reverse(levels)
+	top := levels[0]
+	var results = map[int][]Row{}
+	for i, c := range levels {
+		if ctx.Err() != nil {
+			s.outOfTime = true
+			break
+		}
+		var weights float64
+		for _, rest := range levels[i:] {
+			weights += levelWeight(rest)
+		}
+		lctx, cancel := shareOf(ctx, levelWeight(c)/weights)
+		rows, out, err := burstLevel(lctx, e, s, c, base, c == top)
+		cancel()
+		results[c] = rows
+		if out {
+			s.outOfTime = true
+			s.note("concurrency %d ran out of its time", c)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	for _, c := range cfg.Concurrency {
+		for _, r := range results[c] {
+			s.add(r)
+		}
+	}
+	return nil
+}
+
+// levelWeight is a level's share of the burst budget: a worker with one
+// slot needs several times longer than one with 64.
+func levelWeight(c int) float64 { return 1 / (1 + math.Log2(float64(c))) }
+
+// shareOf returns a context ending after frac of ctx's remaining time.
+func shareOf(ctx context.Context, frac float64) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, time.Duration(float64(time.Until(deadline))*frac))
+}
+
+func burstLevel(ctx context.Context, e *env, s *scenarioRun, c int, base float64, top bool) ([]Row, bool, error) {
+	cfg := e.cfg
+	d, err := e.deploy(ctx, fmt.Sprintf("burst%d", c))
+	if err != nil {
+		return nil, false, err
+	}
+	defer d.close()
+	m, err := d.model(fixed(streamingReply(cfg.ModelLatency, cfg.ModelPieces)))
+	if err != nil {
+		return nil, false, err
+	}
+	if err := d.startWorkers(ctx, m, c, 1); err != nil {
+		return nil, false, err
+	}
+	payloads := make([][]byte, cfg.Runs)
+	for i := range payloads {
+		payloads[i] = request(fmt.Sprintf("t%d", i), fmt.Sprintf("r%d", i), "hi", "")
+	}
+	e.progress.stage(fmt.Sprintf("burst c=%d", c), cfg.Runs)
+	tracks := make([]*track, 0, cfg.Runs)
+	for i := range cfg.Runs {
+		if ctx.Err() != nil {
+			break
+		}
+		t, err := d.submit(fmt.Sprintf("t%d", i), fmt.Sprintf("r%d", i), payloads[i])
+		tracks = append(tracks, t)
+		if err != nil {
+			return nil, false, err
+		}
+	}
+	done := d.obs.waitAll(ctx, tracks)
+	oc := d.obs.outcome(tracks)
+	checkStatuses(s, fmt.Sprintf("concurrency %d", c), oc, protocol.StatusSuccess)
+	rows := runRows(fmt.Sprintf("burst.c%d", c), fmt.Sprintf("c=%d", c), oc, !done, true)
+	thr := Row{Key: fmt.Sprintf("burst.c%d.throughput", c), Metric: fmt.Sprintf("throughput, concurrency %d", c), Value: oc.throughput(), Unit: unitRunsPerSec}.withBaseline(base, unitMsgPerSec)
+	if top {
+		thr = thr.atLeast(7500, "≥ 7,500 runs/s")
+	}
+	rows = append([]Row{thr}, rows...)
+	if n := d.publishErrors(); n > 0 {
+		rows = append(rows, Row{Key: fmt.Sprintf("burst.c%d.publish_errors", c), Metric: "failed publishes, c=" + fmt.Sprint(c), Value: float64(n), Unit: unitCount}.atMost(0, "0"))
+	}
+	return rows, !done, nil
+}
+
+// runRows are the latency percentiles and the lost and duplicated counts
+// of a set of runs. p90 is included when withP90 is set. When the time ran
+// out, runs without run.finished are reported as unfinished, not lost.
+func runRows(key, label string, oc outcome, outOfTime, withP90 bool) []Row {
+	lat := oc.latencies
+	rows := []Row{{Key: key + ".p50", Metric: "submit → finished p50, " + label, Value: ms(lat.percentile(0.50)), Unit: unitMillis}}
+	if withP90 {
+		rows = append(rows, Row{Key: key + ".p90", Metric: "submit → finished p90, " + label, Value: ms(lat.percentile(0.90)), Unit: unitMillis})
+	}
+	rows = append(rows, Row{Key: key + ".p99", Metric: "submit → finished p99, " + label, Value: ms(lat.percentile(0.99)), Unit: unitMillis})
+	if outOfTime {
+		rows = append(rows, Row{Key: key + ".unfinished", Metric: fmt.Sprintf("unfinished when time ran out (of %s), %s", group(float64(oc.submitted)), label), Value: float64(oc.lost), Unit: unitCount})
+	} else {
+		rows = append(rows, Row{Key: key + ".lost", Metric: fmt.Sprintf("lost runs (of %s), %s", group(float64(oc.submitted)), label), Value: float64(oc.lost), Unit: unitCount}.atMost(0, "0"))
+	}
+	rows = append(rows, Row{Key: key + ".duplicated", Metric: "runs with two run.finished, " + label, Value: float64(oc.duplicated), Unit: unitCount}.atMost(0, "0"))
+	return rows
+}
+
+// checkStatuses notes runs that finished with another status than want.
+func checkStatuses(s *scenarioRun, label string, oc outcome, want protocol.Status) int {
+	var other []string
+	n := 0
+	for st, count := range oc.statuses {
+		if st != want {
+			other = append(other, fmt.Sprintf("%d %s", count, st))
+			n += count
+		}
+	}
+	if n > 0 {
+		sort.Strings(other)
+		s.note("%s: %d runs finished %s instead of %s", label, n, strings.Join(other, ", "), want)
+	}
+	return n
+}

@@ -1,0 +1,137 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// runLatency measures submit → finished of no-op runs one at a time
+// (idle), then at a fixed rate (paced), next to the raw JetStream round
+// trip (sync publish, fetch, ack) on the same server.
+func runLatency(ctx context.Context, e *env, s *scenarioRun) error {
+	cfg := e.cfg
+	d, err := e.deploy(ctx, "latency")
+	if err != nil {
+		return err
+	}
+	defer d.close()
+	m, err := d.model(fixed(streamingReply(cfg.ModelLatency, cfg.ModelPieces)))
+	if err != nil {
+		return err
+	}
+	c := slices.Max(cfg.Concurrency)
+	if err := d.startWorkers(ctx, m, c, 1); err != nil {
+		return err
+	}
+
+	e.progress.stage("latency: raw JetStream", 0)
+	b, err := e.newBaseline(ctx, "latency")
+	if err != nil {
+		return err
+	}
+	bctx, cancel := shareOf(ctx, 0.1)
+	rt, err := b.roundTrips(bctx, min(cfg.IdleRuns, 1000), request("t0", "r0", "hi", ""))
+	cancel()
+	b.close()
+	if err != nil && err != errOutOfTime {
+		return err
+	}
+	rt50, rt99 := ms(rt.percentile(0.5)), ms(rt.percentile(0.99))
+	s.add(Row{Key: "latency.baseline.p50", Metric: fmt.Sprintf("raw JetStream round trip p50 (%d)", len(rt)), Value: rt50, Unit: unitMillis})
+	s.add(Row{Key: "latency.baseline.p99", Metric: fmt.Sprintf("raw JetStream round trip p99 (%d)", len(rt)), Value: rt99, Unit: unitMillis})
+
+	// Warm-up runs (connections, caches, the first KV keys) are not
+	// measured.
+	e.progress.stage("latency: warm-up", 20)
+	for i := range 20 {
+		t, err := d.submit(fmt.Sprintf("w%d", i), fmt.Sprintf("w%d", i), request(fmt.Sprintf("w%d", i), fmt.Sprintf("w%d", i), "hi", ""))
+		if err != nil {
+			return err
+		}
+		if !waitOne(ctx, d, t) && ctx.Err() != nil {
+			return errOutOfTime
+		}
+	}
+
+	// Idle: one run at a time; it gets at most half of what is left.
+	e.progress.stage("latency: idle", cfg.IdleRuns)
+	ictx, cancel := shareOf(ctx, 0.5)
+	var idle []*track
+	for i := range cfg.IdleRuns {
+		if ictx.Err() != nil {
+			break
+		}
+		id := fmt.Sprintf("i%d", i)
+		t, err := d.submit(id, id, request(id, id, "hi", ""))
+		if err != nil {
+			cancel()
+			return err
+		}
+		idle = append(idle, t)
+		waitOne(ictx, d, t)
+	}
+	cancel()
+	oc := d.obs.outcome(idle)
+	idleOut := len(idle) < cfg.IdleRuns
+	if idleOut {
+		s.outOfTime = true
+		s.note("idle: %d of %d runs measured before the time ran out", len(idle), cfg.IdleRuns)
+	}
+	checkStatuses(s, "idle", oc, "success")
+	rows := runRows("latency.idle", "idle", oc, false, true)
+	rows[0] = rows[0].withBaseline(rt50, unitMillis).atMost(1, "≤ 1 ms")
+	rows[2] = rows[2].withBaseline(rt99, unitMillis).atMost(3, "≤ 3 ms")
+	for _, r := range rows {
+		s.add(r)
+	}
+
+	// Paced: an open loop at cfg.PacedRate runs a second, whether or not
+	// earlier runs finished.
+	e.progress.stage(fmt.Sprintf("latency: %d/s", cfg.PacedRate), cfg.PacedRuns)
+	interval := time.Second / time.Duration(cfg.PacedRate)
+	var paced []*track
+	start := time.Now()
+	for i := range cfg.PacedRuns {
+		if ctx.Err() != nil {
+			break
+		}
+		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
+			time.Sleep(wait)
+		}
+		id := fmt.Sprintf("p%d", i)
+		t, err := d.submit(id, id, request(id, id, "hi", ""))
+		if err != nil {
+			return err
+		}
+		paced = append(paced, t)
+	}
+	sent := time.Since(start)
+	done := d.obs.waitAll(ctx, paced)
+	oc = d.obs.outcome(paced)
+	if !done || len(paced) < cfg.PacedRuns {
+		s.outOfTime = true
+	}
+	checkStatuses(s, "paced", oc, "success")
+	s.add(Row{Key: "latency.paced.rate", Metric: fmt.Sprintf("paced: submit rate achieved (%s runs)", group(float64(len(paced)))), Value: rate(len(paced), sent), Unit: unitRunsPerSec})
+	label := fmt.Sprintf("%s/s", group(float64(cfg.PacedRate)))
+	rows = runRows("latency.paced", label, oc, !done, true)
+	rows[0] = rows[0].withBaseline(rt50, unitMillis)
+	rows[2] = rows[2].withBaseline(rt99, unitMillis).atMost(5, "≤ 5 ms")
+	for _, r := range rows {
+		s.add(r)
+	}
+	if n := d.publishErrors(); n > 0 {
+		s.add(Row{Key: "latency.publish_errors", Metric: "failed publishes", Value: float64(n), Unit: unitCount}.atMost(0, "0"))
+	}
+	return nil
+}
+
+// waitOne waits for one run, at most 10s: a run that takes longer counts
+// as lost, and the next one is measured.
+func waitOne(ctx context.Context, d *deployment, t *track) bool {
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return d.obs.wait(wctx, t)
+}
