@@ -133,12 +133,34 @@ func FinishedID(run string) string { return run + ".finished" }
 
 // PublishQueued publishes a run's run.queued event (always seq 1).
 func (p *Publisher) PublishQueued(ctx context.Context, req *protocol.RunRequest) error {
-	m, err := p.Msg(req.Tenant, req.ThreadID, req.RunID, 0, 1, protocol.EventRunQueued,
-		protocol.QueuedData{Agent: req.Agent, MultitaskStrategy: req.MultitaskStrategy}, QueuedID(req.RunID))
+	m, err := p.queuedMsg(req)
 	if err != nil {
 		return err
 	}
-	return p.Publish(ctx, m)
+	if err := p.Publish(ctx, m); err != nil && !runHasEvents(err) {
+		return err
+	}
+	return nil
+}
+
+// queuedMsg builds run.queued. It is only stored while the run has no
+// lifecycle event at all: a request published again long after its run
+// finished (beyond the duplicate window) must not queue it again.
+func (p *Publisher) queuedMsg(req *protocol.RunRequest) (*nats.Msg, error) {
+	m, err := p.Msg(req.Tenant, req.ThreadID, req.RunID, 0, 1, protocol.EventRunQueued,
+		protocol.QueuedData{Agent: req.Agent, MultitaskStrategy: req.MultitaskStrategy}, QueuedID(req.RunID))
+	if err != nil {
+		return nil, err
+	}
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
+	return m, nil
+}
+
+// runHasEvents reports a publish refused because the run's lifecycle
+// subject holds events already.
+func runHasEvents(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
 // PublishFinished publishes the run.finished event of a terminal record
@@ -204,6 +226,7 @@ type Stream struct {
 	mu                  sync.Mutex
 	seq                 uint64
 	futures             []jetstream.PubAckFuture
+	queued              jetstream.PubAckFuture // run.queued, refused when the run has events
 	firstErr            error
 }
 
@@ -259,13 +282,9 @@ func (s *Stream) EmitQueued(req *protocol.RunRequest) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.seq++
-	m, err := s.p.Msg(req.Tenant, req.ThreadID, req.RunID, 0, s.seq, protocol.EventRunQueued,
-		protocol.QueuedData{Agent: req.Agent, MultitaskStrategy: req.MultitaskStrategy}, QueuedID(req.RunID))
+	m, err := s.p.queuedMsg(req)
 	if err == nil {
-		var f jetstream.PubAckFuture
-		if f, err = s.p.js.PublishMsgAsync(m); err == nil {
-			s.futures = append(s.futures, f)
-		}
+		s.queued, err = s.p.js.PublishMsgAsync(m)
 	}
 	if err != nil && s.firstErr == nil {
 		s.firstErr = err
@@ -292,9 +311,24 @@ func (s *Stream) Reserve() uint64 {
 // first publish error.
 func (s *Stream) Flush(ctx context.Context) error {
 	s.mu.Lock()
-	futures := s.futures
-	s.futures = nil
+	futures, queued := s.futures, s.queued
+	s.futures, s.queued = nil, nil
 	s.mu.Unlock()
+	if queued != nil {
+		select {
+		case <-queued.Ok():
+		case err := <-queued.Err():
+			if !runHasEvents(err) {
+				s.mu.Lock()
+				if s.firstErr == nil {
+					s.firstErr = err
+				}
+				s.mu.Unlock()
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	for _, f := range futures {
 		select {
 		case <-f.Ok():

@@ -1,11 +1,16 @@
 package events
 
 import (
+	"context"
 	"encoding/json"
 	"reflect"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -65,4 +70,45 @@ func BenchmarkEnvelope(b *testing.B) {
 			}
 		}
 	})
+}
+
+// run.queued is stored only while its run has no lifecycle event: a
+// request published again after its run finished (beyond the duplicate
+// window) never queues it a second time, and saying so is not an error.
+func TestQueuedOnlyForARunWithoutEvents(t *testing.T) {
+	srv := natstest.Start(t)
+	nc := srv.Connect()
+	natstest.Provision(t, nc, bus.Settings{})
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	p, err := NewPublisher(ctx, js, bus.DefaultNames(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &protocol.Run{RunID: "r1", ThreadID: "t1", Tenant: "default", Status: protocol.StatusSuccess, Seq: 1}
+	if err := p.PublishFinished(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	req := &protocol.RunRequest{RunID: "r1", ThreadID: "t1", Tenant: "default", Agent: "chatbot", MultitaskStrategy: "enqueue"}
+	if err := p.PublishQueued(ctx, req); err != nil {
+		t.Fatalf("a refused run.queued must not be an error: %v", err)
+	}
+	s := p.NewStream("default", "t1", "r1", 1, 0)
+	s.EmitQueued(req)
+	if err := s.Flush(ctx); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	st, _ := js.Stream(ctx, "AGENT_EVENTS")
+	info, _ := st.Info(ctx)
+	if info.State.Msgs != 1 {
+		t.Fatalf("%d events stored, want only the run.finished", info.State.Msgs)
+	}
+	// A new run gets its run.queued.
+	req.RunID = "r2"
+	if err := p.PublishQueued(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := p.LastSeq(ctx, "default", "t1", "r2"); err != nil || n != 1 {
+		t.Fatalf("r2 last seq %d (%v)", n, err)
+	}
 }

@@ -79,6 +79,7 @@ func (s *Server) submit(ctx context.Context, req *protocol.RunRequest, ifNotExis
 	m := nats.NewMsg(s.names.RunSubject(req.Tenant, req.ThreadID))
 	m.Data = data
 	m.Header.Set(jetstream.MsgIDHeader, req.RunID)
+	m.Header.Set(protocol.HeaderSubmitter, "gateway")
 	ack, err := s.js.PublishMsg(ctx, m)
 	if err != nil {
 		if errors.Is(err, nats.ErrMaxPayload) {

@@ -57,6 +57,11 @@ const (
 	StrategyRollback = "rollback"
 )
 
+// HeaderSubmitter on a run request says a submitter (the gateway) creates
+// the run's pending record itself; without it a worker that sees the
+// request first may assume no record exists yet and save a read.
+const HeaderSubmitter = "Natsagent-Submitter"
+
 // DefaultTenant is used when a request names none.
 const DefaultTenant = "default"
 

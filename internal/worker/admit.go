@@ -44,21 +44,26 @@ type snapshot struct {
 	thRev uint64
 }
 
-// look reads the snapshot; the three reads go out together.
-func (j *job) look(ctx context.Context) (*snapshot, error) {
+// look reads the snapshot; the reads go out together. The run record is
+// not read for a request delivered for the first time that no submitter
+// announced (a plain NATS publish): nobody has written its record yet
+// unless the run id is reused, which creating the record finds out.
+func (j *job) look(ctx context.Context, first bool) (*snapshot, error) {
 	w := j.w
 	req := j.req
 	s := &snapshot{head: headSelf}
 	var wg sync.WaitGroup
 	var recErr, headErr error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		s.rec, s.rev, recErr = w.stores.Runs.Get(ctx, req.Tenant, req.RunID)
-		if errors.Is(recErr, kv.ErrNotFound) {
-			s.rec, recErr = nil, nil
-		}
-	}()
+	if !first || j.msg.Headers().Get(protocol.HeaderSubmitter) != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.rec, s.rev, recErr = w.stores.Runs.Get(ctx, req.Tenant, req.RunID)
+			if errors.Is(recErr, kv.ErrNotFound) {
+				s.rec, recErr = nil, nil
+			}
+		}()
+	}
 	if !preempting(req) {
 		wg.Add(1)
 		go func() {

@@ -85,12 +85,14 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 	j.log = w.log.With(zap.String("tenant", req.Tenant), zap.String("thread_id", req.ThreadID), zap.String("run_id", req.RunID))
 
 	var d decision
+	first := meta.NumDelivered == 1
 	for {
 		if w.isDraining() {
 			j.handBack()
 			return
 		}
-		snap, err := j.look(ctx)
+		snap, err := j.look(ctx, first)
+		first = false
 		if err != nil {
 			j.retryLater(err)
 			return
@@ -299,9 +301,16 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 		var err error
 		rev, err = w.stores.Runs.Create(ctx, rec)
 		if errors.Is(err, kv.ErrExists) {
-			// Created meanwhile (by the gateway, or a cancel): continue
-			// from that record; run.queued is stored once either way.
+			// Created meanwhile (by the gateway, or a cancel), or the run
+			// id is taken: continue from that record, unless it says this
+			// request must not run; run.queued is stored once either way.
 			rec, rev, err = w.stores.Runs.Get(ctx, req.Tenant, req.RunID)
+			if err == nil && (rec.ThreadID != req.ThreadID || (rec.MsgSeq != 0 && rec.MsgSeq != j.seq) || rec.Status.Terminal() ||
+				(rec.Status == protocol.StatusPending && rec.CancelRequested)) {
+				_ = lease.release(ctx, nil)
+				j.settled(ctx, rec)
+				return
+			}
 		} else if err == nil {
 			_ = w.stores.Threads.IndexRun(ctx, req.Tenant, req.ThreadID, req.RunID, now)
 		}
