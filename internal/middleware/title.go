@@ -64,6 +64,10 @@ func (*Title) Name() string { return "title" }
 // EventTitled is emitted when the thread gets a title.
 const EventTitled = "thread.titled"
 
+type titledData struct {
+	Title string `json:"title"`
+}
+
 type titleJob struct {
 	mu       sync.Mutex
 	start    bool
@@ -92,7 +96,7 @@ func (t *Title) set(rt *Runtime, title string) (Result, error) {
 		return Result{}, err
 	}
 	if rt.Emit != nil {
-		rt.Emit(EventTitled, map[string]any{"title": title})
+		rt.Emit(EventTitled, titledData{Title: title})
 	}
 	return Result{Update: u}, nil
 }
@@ -182,6 +186,9 @@ func (t *Title) generate(ctx context.Context, job *titleJob, user, answer string
 var reasoningTags = regexp.MustCompile(`(?s)<(think|thinking|reasoning)>.*?</(think|thinking|reasoning)>`)
 
 func stripReasoning(s string) string {
+	if !strings.Contains(s, "</") {
+		return strings.TrimSpace(s) // no closing tag: nothing to strip, no regexp
+	}
 	return strings.TrimSpace(reasoningTags.ReplaceAllString(s, ""))
 }
 
