@@ -21,6 +21,7 @@ import (
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
+	"github.com/natsagent/natsagent/internal/tools"
 )
 
 // ErrPreempted is the cause of a run stopped at a safe boundary because a
@@ -56,6 +57,9 @@ type Run struct {
 	// Input holds the run's new messages; nil when resuming.
 	Input []model.Message
 	Host  Host
+	// ToolEnv is what tools get of the run (workdir, identity); the loop
+	// adds the state and the event emitter.
+	ToolEnv tools.Env
 	// Preempt is done when a newer run asked for the thread: the loop
 	// stops at its next safe boundary (aborting a streaming response,
 	// never a tool batch).
@@ -74,6 +78,9 @@ type Outcome struct {
 	// context's cause (cancel, timeout, lost lease, shutdown) or
 	// ErrPreempted. The worker turns it into a status.
 	Stopped error
+	// Interrupt is set when the run paused for a person (status
+	// interrupted).
+	Interrupt *protocol.Interrupt
 	// Pending holds the state changes of the run's last step, not yet
 	// checkpointed: the host persists them with the run's end (one write
 	// fewer per run). Empty when the run stopped or failed: those paths
@@ -135,6 +142,39 @@ func (l *loop) stopped(ctx context.Context, cause error) Outcome {
 	return Outcome{Stopped: cause}
 }
 
+// abandonInterrupt settles an interrupt the thread waited for when new
+// input arrives instead of a resume: tool calls still waiting for a
+// decision are answered as not run, so the transcript stays valid, and the
+// thread no longer waits.
+func (l *loop) abandonInterrupt() {
+	var open protocol.Interrupt
+	if ok, _ := l.st.Value(middleware.InterruptValue, &open); !ok {
+		return
+	}
+	u := state.Update{Values: map[string]json.RawMessage{middleware.InterruptValue: json.RawMessage("null")}}
+	if i := l.st.Index(open.MessageID); i >= 0 {
+		m := l.st.Messages[i]
+		for _, c := range l.unanswered(&m) {
+			u.Messages = append(u.Messages, l.mark(model.Message{
+				ID: newID("msg"), Role: model.RoleTool, ToolCallID: c.ID, Name: c.Name, Status: model.ToolStatusError,
+				Content: "Not run: the person sent a new message instead of deciding on this call.",
+			}))
+		}
+	}
+	l.stage(u)
+}
+
+// paused ends the run for a person: what it staged (the response whose
+// calls wait, the interrupt) is persisted with the run's end.
+func (l *loop) paused(intr *protocol.Interrupt) Outcome {
+	if intr.RunID == "" {
+		intr.RunID = l.rt.RunID
+	}
+	out := Outcome{Status: protocol.StatusInterrupted, Interrupt: intr, Pending: l.pending}
+	l.pending = state.Update{}
+	return out
+}
+
 // ErrLeaseLost is the cause of a run whose worker lost the thread's lease:
 // another worker owns the run now, so this one writes nothing more.
 var ErrLeaseLost = errors.New("lease on the thread was lost")
@@ -166,6 +206,9 @@ func stopCause(ctx, preempt context.Context) error {
 }
 
 func (l *loop) execute(ctx context.Context) Outcome {
+	if len(l.Input) > 0 {
+		l.abandonInterrupt()
+	}
 	if len(l.Input) > 0 {
 		in := make([]model.Message, len(l.Input))
 		for i, m := range l.Input {
@@ -205,11 +248,31 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 	if err != nil {
 		return l.failed(ctx, err), false
 	}
-	if res.Jump == middleware.JumpEnd {
-		return Outcome{Status: protocol.StatusSuccess, StopReason: res.StopReason}, true
+	if res.Interrupt != nil {
+		return l.paused(res.Interrupt), false
+	}
+	if l.rt.Resume != nil {
+		var open protocol.Interrupt
+		if ok, _ := l.st.Value(middleware.InterruptValue, &open); ok {
+			return l.failed(ctx, fmt.Errorf("the resume did not answer the %s the thread waits for: no middleware of this agent handles it", open.Kind)), false
+		}
 	}
 	modelCall := l.Chain.ModelCall(l.rt, l.callModel)
 	toolCall := l.Chain.ToolCall(l.rt, callTool)
+	switch res.Jump {
+	case middleware.JumpEnd:
+		return Outcome{Status: protocol.StatusSuccess, StopReason: res.StopReason}, true
+	case middleware.JumpTools:
+		// A resumed approval: the calls a person let through run now.
+		if i := middleware.LastAssistant(l.st); i >= 0 {
+			last := l.st.Messages[i]
+			if calls := l.unanswered(&last); len(calls) > 0 {
+				if out, stop := l.runTools(ctx, toolCall, calls); stop {
+					return out, false
+				}
+			}
+		}
+	}
 	jumps := 0
 	for {
 		// Recovery: a redelivered run continues where its last checkpoint
@@ -238,6 +301,9 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 		l.keep(res.Update)
 		if err != nil {
 			return l.failed(ctx, err), false
+		}
+		if res.Interrupt != nil {
+			return l.paused(res.Interrupt), false
 		}
 		switch res.Jump {
 		case middleware.JumpEnd:
@@ -288,6 +354,12 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 		l.keep(res.Update)
 		if err != nil {
 			return l.failed(ctx, err), false
+		}
+		if res.Interrupt != nil {
+			if final := l.message(msgID); final != nil {
+				l.Host.Emit(protocol.EventMessageCompleted, final.Clone())
+			}
+			return l.paused(res.Interrupt), false
 		}
 		// Published after the after-model hooks, so a client sees the
 		// message as it is stored: without tool calls a guard stripped.
@@ -353,6 +425,8 @@ func (l *loop) callChain(ctx context.Context, chain middleware.ModelHandler, msg
 func (l *loop) runTools(ctx context.Context, handler middleware.ToolHandler, calls []model.ToolCall) (Outcome, bool) {
 	results := make([]*middleware.ToolResult, len(calls))
 	errs := make([]error, len(calls))
+	env := l.ToolEnv
+	env.Tenant, env.Thread, env.Run, env.State, env.Emit = l.rt.Tenant, l.rt.ThreadID, l.rt.RunID, l.st, l.Host.Emit
 	var wg sync.WaitGroup
 	for i, c := range calls {
 		l.Host.Emit(protocol.EventToolStarted, protocol.ToolEventData{ToolCallID: c.ID, Name: c.Name, Arguments: c.Arguments})
@@ -366,7 +440,7 @@ func (l *loop) runTools(ctx context.Context, handler middleware.ToolHandler, cal
 					errs[i] = &middleware.PanicError{What: "tool call " + c.Name, Value: p, Stack: debug.Stack()}
 				}
 			}()
-			results[i], errs[i] = handler(ctx, &middleware.ToolCall{Call: c, Tool: l.rt.Tools.Get(c.Name), State: l.st})
+			results[i], errs[i] = handler(ctx, &middleware.ToolCall{Call: c, Tool: l.rt.Tools.Get(c.Name), State: l.st, Env: &env})
 		}()
 	}
 	wg.Wait()
@@ -375,6 +449,7 @@ func (l *loop) runTools(ctx context.Context, handler middleware.ToolHandler, cal
 	var msgs []model.Message
 	var update state.Update
 	var firstErr error
+	var intr *protocol.Interrupt
 	for i, c := range calls {
 		res, err := results[i], errs[i]
 		var msg model.Message
@@ -382,6 +457,9 @@ func (l *loop) runTools(ctx context.Context, handler middleware.ToolHandler, cal
 		case err == nil && res != nil:
 			msg = res.Message
 			update.Merge(res.Update)
+			if res.Interrupt != nil && intr == nil {
+				intr = res.Interrupt
+			}
 		case cause != nil:
 			// Cancelled mid-batch: answer the call so the transcript stays
 			// valid for the next run on the thread.
@@ -415,6 +493,9 @@ func (l *loop) runTools(ctx context.Context, handler middleware.ToolHandler, cal
 	if cause != nil {
 		return l.stopped(ctx, cause), true
 	}
+	if intr != nil {
+		return l.paused(intr), true
+	}
 	if err := l.flush(ctx); err != nil {
 		return l.failed(ctx, err), true
 	}
@@ -439,11 +520,22 @@ func callTool(ctx context.Context, call *middleware.ToolCall) (res *middleware.T
 			err = &middleware.PanicError{What: "tool " + call.Call.Name, Value: p, Stack: debug.Stack()}
 		}
 	}()
-	out, err := call.Tool.Call(ctx, args)
+	env := call.Env
+	if env == nil {
+		env = &tools.Env{}
+	}
+	out, err := call.Tool.Call(ctx, &tools.Call{ID: call.Call.ID, Name: call.Call.Name, Args: args, Env: env})
 	if err != nil {
 		return nil, err
 	}
-	return &middleware.ToolResult{Message: model.Message{Content: out, Status: model.ToolStatusSuccess}}, nil
+	if out == nil {
+		return nil, fmt.Errorf("tool %s returned no result", call.Call.Name)
+	}
+	status := model.ToolStatusSuccess
+	if out.Error {
+		status = model.ToolStatusError
+	}
+	return &middleware.ToolResult{Message: model.Message{Content: out.Content, Status: status}, Update: out.Update}, nil
 }
 
 // callUsage is the provider's usage of a call, or an estimate (4

@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
@@ -36,6 +37,9 @@ const (
 	JumpEnd
 	// JumpModel goes back to the first before-model hook.
 	JumpModel
+	// JumpTools runs the unanswered tool calls of the last assistant
+	// message (a resumed approval), then goes on to the model.
+	JumpTools
 )
 
 // Result is what a before/after hook returns: a state update persisted
@@ -46,6 +50,10 @@ type Result struct {
 	// StopReason is recorded on the run when the hook ends it (Jump ==
 	// JumpEnd) because a guard tripped.
 	StopReason string
+	// Interrupt pauses the run for a person: it ends "interrupted" with
+	// this request, without running the pending tool calls or the
+	// after-agent hooks. A resume run on the thread continues it.
+	Interrupt *protocol.Interrupt
 }
 
 // BeforeAgent runs once per run, in list order, before the first model call.
@@ -118,13 +126,16 @@ type ToolCall struct {
 	// Tool is nil when the run may not use a tool of that name.
 	Tool  tools.Tool
 	State *state.State
+	// Env is what the tool gets of the run (workdir, identity).
+	Env *tools.Env
 }
 
-// ToolResult is a tool call's result: the tool message and an optional
-// state update.
+// ToolResult is a tool call's result: the tool message, an optional state
+// update, and an optional interrupt that pauses the run after the batch.
 type ToolResult struct {
-	Message model.Message
-	Update  state.Update
+	Message   model.Message
+	Update    state.Update
+	Interrupt *protocol.Interrupt
 }
 
 // ToolHandler performs (the rest of) a tool call.
@@ -146,6 +157,10 @@ type Runtime struct {
 	Config   protocol.RunConfig
 	// Resume is the value of a command run, nil otherwise.
 	Resume []byte
+	// User owns per-user data (memory); "default" when the run names none.
+	User string
+	// Files is the thread's workdir, nil when the deployment has none.
+	Files files.Workdir
 	// Step counts the model calls of this run so far.
 	Step int
 	// Tools are the tools this run may call.
@@ -265,6 +280,10 @@ func (c *Chain) RunHooks(ctx context.Context, hook Hook, rt *Runtime, st *state.
 		if !r.Update.Empty() {
 			st.Apply(r.Update)
 			out.Update.Merge(r.Update)
+		}
+		if r.Interrupt != nil {
+			out.Interrupt = r.Interrupt
+			return true, nil
 		}
 		if r.Jump != JumpNone {
 			out.Jump, out.StopReason = r.Jump, r.StopReason

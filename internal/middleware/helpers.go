@@ -11,6 +11,11 @@ import (
 // stripped; its value is the guard's stop reason.
 const MetaStopNote = "stopped_by"
 
+// InterruptValue is the state value holding the interrupt a thread waits
+// for (a protocol.Interrupt); the middleware that raises it sets it, the
+// one that handles the resume clears it.
+const InterruptValue = "interrupt"
+
 // MetaHidden marks a message that is part of the transcript but not meant
 // for a person's view (injected context, reminders).
 const MetaHidden = "hidden"

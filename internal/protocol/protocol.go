@@ -96,6 +96,8 @@ type RunConfig struct {
 	MaxSteps         int    `json:"max_steps,omitempty"`
 	// TimeoutSeconds bounds the run's wall time; the run ends "timeout".
 	TimeoutSeconds int `json:"timeout_seconds,omitempty"`
+	// UserID owns per-user data such as memory ("default" when empty).
+	UserID string `json:"user_id,omitempty"`
 }
 
 // Parent links a subagent run to the tool call that started it.
@@ -124,6 +126,9 @@ type Run struct {
 	Metadata          map[string]any `json:"metadata,omitempty"`
 	// SupersededBy names the run that steered or rolled back this one.
 	SupersededBy string `json:"superseded_by,omitempty"`
+	// Interrupt says what a person must answer before an interrupted run's
+	// thread goes on.
+	Interrupt *Interrupt `json:"interrupt,omitempty"`
 
 	// Worker and Epoch identify the lease under which the run is running;
 	// a write from an older epoch is refused (fencing).
@@ -252,6 +257,68 @@ type FinishedData struct {
 	Error        string         `json:"error,omitempty"`
 	Output       *model.Message `json:"output,omitempty"`
 	SupersededBy string         `json:"superseded_by,omitempty"`
+	Interrupt    *Interrupt     `json:"interrupt,omitempty"`
+}
+
+// Interrupt kinds.
+const (
+	InterruptApproval      = "approval"
+	InterruptClarification = "clarification"
+)
+
+// Decisions a person may take on a tool call awaiting approval.
+const (
+	DecisionApprove = "approve"
+	DecisionEdit    = "edit"
+	DecisionReject  = "reject"
+	DecisionRespond = "respond"
+)
+
+// Interrupt is what an interrupted run waits for: decisions on tool calls
+// (approval) or an answer to a question (clarification). A run with
+// "command":{"resume":...} on the thread answers it.
+type Interrupt struct {
+	Kind  string `json:"kind"`
+	RunID string `json:"run_id"`
+	// MessageID is the assistant message whose tool calls wait.
+	MessageID string `json:"message_id,omitempty"`
+	// ActionRequests are the tool calls awaiting a decision (approval),
+	// in the order decisions must be given.
+	ActionRequests []ActionRequest `json:"action_requests,omitempty"`
+	// AllowedDecisions lists what a person may decide (approval).
+	AllowedDecisions []string `json:"allowed_decisions,omitempty"`
+	// Question, Type and Options ask for a clarification; ToolCallID is
+	// the ask_clarification call the answer completes.
+	Question   string   `json:"question,omitempty"`
+	Type       string   `json:"type,omitempty"`
+	Options    []string `json:"options,omitempty"`
+	ToolCallID string   `json:"tool_call_id,omitempty"`
+}
+
+// ActionRequest is one tool call awaiting a decision.
+type ActionRequest struct {
+	ToolCallID  string `json:"tool_call_id"`
+	Name        string `json:"name"`
+	Arguments   string `json:"arguments"`
+	Description string `json:"description,omitempty"`
+}
+
+// Resume is the value of command.resume.
+type Resume struct {
+	// Decisions answer an approval interrupt, one per action request, in
+	// order.
+	Decisions []Decision `json:"decisions,omitempty"`
+	// Answer answers a clarification.
+	Answer string `json:"answer,omitempty"`
+}
+
+// Decision is a person's decision on one tool call.
+type Decision struct {
+	Type string `json:"type"`
+	// Arguments replace the call's arguments (edit): a JSON object.
+	Arguments json.RawMessage `json:"arguments,omitempty"`
+	// Message explains a reject, or is the result of a respond.
+	Message string `json:"message,omitempty"`
 }
 
 // StartedData is the data of run.started.

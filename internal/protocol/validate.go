@@ -16,6 +16,14 @@ const MaxTokenLen = 128
 // DefaultMaxRequestBytes bounds an encoded run request.
 const DefaultMaxRequestBytes = 256 << 10
 
+// Tool approval modes.
+const (
+	// ApprovalDefault stops before sensitive tools until a person decides.
+	ApprovalDefault = "default"
+	// ApprovalAlwaysTrust runs every tool without asking.
+	ApprovalAlwaysTrust = "always_trust"
+)
+
 // DefaultAgent is the agent profile used when a request names none.
 const DefaultAgent = "chatbot"
 
@@ -186,6 +194,14 @@ func (r *RunRequest) Validate() error {
 	}
 	if r.Config.TimeoutSeconds < 0 {
 		return invalid("config.timeout_seconds", "must not be negative")
+	}
+	if r.Config.UserID != "" && !ValidToken(r.Config.UserID) {
+		return invalid("config.user_id", "%q is not a valid id", clip(r.Config.UserID, 40))
+	}
+	switch r.Config.ToolApprovalMode {
+	case "", ApprovalDefault, ApprovalAlwaysTrust:
+	default:
+		return invalid("config.tool_approval_mode", "%q is not one of default, always_trust", clip(r.Config.ToolApprovalMode, 40))
 	}
 	if r.Parent != nil {
 		if err := CheckToken("parent.run_id", r.Parent.RunID); err != nil {

@@ -6,6 +6,7 @@ package tools
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -14,19 +15,60 @@ import (
 	// host having one.
 	_ "time/tzdata"
 
+	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/state"
 )
 
 // Tool is something the model can call.
 type Tool interface {
 	Spec() model.ToolSpec
-	// Call runs the tool. args is the JSON object the model sent (already
-	// checked to be valid JSON). An error becomes an error tool result
-	// the model can read; it never fails the run.
-	Call(ctx context.Context, args json.RawMessage) (string, error)
+	// Call runs the tool. call.Args is the JSON object the model sent
+	// (already checked to be valid JSON). An error becomes an error tool
+	// result the model can read; it never fails the run.
+	Call(ctx context.Context, call *Call) (*Result, error)
 }
 
-// Func builds a Tool from a spec and a function.
+// Call is one invocation of a tool.
+type Call struct {
+	ID   string
+	Name string
+	Args json.RawMessage
+	Env  *Env
+}
+
+// Env is what a tool may use of the run that calls it.
+type Env struct {
+	Tenant string
+	Thread string
+	Run    string
+	// User owns per-user data (memory); "default" when the run names none.
+	User string
+	// Files is the thread's workdir, nil when the deployment has none.
+	Files files.Workdir
+	// State is the run's state when the tool batch started; read only.
+	State *state.State
+	// Emit publishes a run event.
+	Emit func(eventType string, data any)
+}
+
+// Result is what a tool returns.
+type Result struct {
+	Content string
+	// Error marks the result as an error the model should react to.
+	Error bool
+	// Update changes state (todos, activated skills...), persisted with
+	// the tool batch.
+	Update state.Update
+}
+
+// Text is a successful result with content s.
+func Text(s string) *Result { return &Result{Content: s} }
+
+// ErrNoWorkdir is returned by file tools when the run has no workdir.
+var ErrNoWorkdir = errors.New("this run has no workdir: the deployment configures no file storage")
+
+// Func builds a Tool from a spec and a function of the arguments.
 func Func(spec model.ToolSpec, fn func(ctx context.Context, args json.RawMessage) (string, error)) Tool {
 	return funcTool{spec: spec, fn: fn}
 }
@@ -37,8 +79,12 @@ type funcTool struct {
 }
 
 func (t funcTool) Spec() model.ToolSpec { return t.spec }
-func (t funcTool) Call(ctx context.Context, args json.RawMessage) (string, error) {
-	return t.fn(ctx, args)
+func (t funcTool) Call(ctx context.Context, call *Call) (*Result, error) {
+	out, err := t.fn(ctx, call.Args)
+	if err != nil {
+		return nil, err
+	}
+	return Text(out), nil
 }
 
 // Set is the tools one run may use, by name. It is built once per run and

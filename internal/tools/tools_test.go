@@ -12,7 +12,14 @@ import (
 
 func TestCurrentTime(t *testing.T) {
 	ct := CurrentTime()
-	out, err := ct.Call(context.Background(), json.RawMessage(`{}`))
+	call := func(args string) (string, error) {
+		res, err := ct.Call(context.Background(), &Call{Name: "current_time", Args: json.RawMessage(args)})
+		if err != nil {
+			return "", err
+		}
+		return res.Content, nil
+	}
+	out, err := call(`{}`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -20,12 +27,12 @@ func TestCurrentTime(t *testing.T) {
 	if err != nil || time.Since(got) > time.Minute || !strings.HasSuffix(out, "+0000") {
 		t.Fatalf("UTC time %q (%v)", out, err)
 	}
-	out, err = ct.Call(context.Background(), json.RawMessage(`{"timezone":"Asia/Tokyo"}`))
+	out, err = call(`{"timezone":"Asia/Tokyo"}`)
 	if err != nil || !strings.HasSuffix(out, "+0900") {
 		t.Fatalf("Tokyo time %q (%v): the zone database must be built in", out, err)
 	}
 	for _, bad := range []string{`{"timezone":"Mars/Olympus"}`, `{"timezone":"../../etc/passwd"}`, `[1,2]`} {
-		if _, err := ct.Call(context.Background(), json.RawMessage(bad)); err == nil {
+		if _, err := call(bad); err == nil {
 			t.Errorf("%s accepted", bad)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
+	"github.com/natsagent/natsagent/internal/tools"
 )
 
 // job is one run request held by this worker, from delivery to ack.
@@ -430,6 +431,8 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 		Agent:    req.Agent,
 		Config:   req.Config,
 		Tools:    prep.Tools,
+		User:     userOf(req),
+		Files:    w.workdir(req.Tenant, req.ThreadID),
 		Logger:   j.log,
 		Emit:     func(t string, data any) { stream.Emit(t, data, "") },
 	}
@@ -437,6 +440,7 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 		rt.Resume = req.Command.Resume
 	}
 	run := &agent.Run{
+		ToolEnv:   tools.Env{User: rt.User, Files: rt.Files},
 		Runtime:   rt,
 		Chain:     prep.Chain,
 		Model:     prep.Model,
@@ -451,6 +455,14 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 		run.Input = req.Input.Messages
 	}
 	return agent.Execute(ctx, run)
+}
+
+// userOf is the user a run acts for.
+func userOf(req *protocol.RunRequest) string {
+	if req.Config.UserID != "" {
+		return req.Config.UserID
+	}
+	return "default"
 }
 
 // runHost is the agent loop's view of the worker.
@@ -544,6 +556,7 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 	end := func(r *protocol.Run) {
 		now := time.Now().UTC()
 		r.Status, r.StopReason, r.Error, r.Output, r.SupersededBy, r.FinishedAt = status, out.StopReason, errText, out.Output, supersededBy, &now
+		r.Interrupt = out.Interrupt
 		if finishedSeq == 0 {
 			finishedSeq = r.Seq + 1
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/natsagent/natsagent/internal/agent"
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/events"
+	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -52,6 +53,9 @@ type Config struct {
 	StaleLease time.Duration
 	Agents     *agent.Agents
 	Logger     *zap.Logger
+	// Files opens a thread's workdir; nil means runs have none (file
+	// tools then answer with an error).
+	Files func(tenant, thread string) files.Workdir
 }
 
 func (c Config) withDefaults() Config {
@@ -346,6 +350,14 @@ func (w *Worker) runningJob(tenant, run string) *job {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.running[bus.Key(tenant, run)]
+}
+
+// workdir returns a thread's workdir, or nil.
+func (w *Worker) workdir(tenant, thread string) files.Workdir {
+	if w.cfg.Files == nil {
+		return nil
+	}
+	return w.cfg.Files(tenant, thread)
 }
 
 func (w *Worker) isDraining() bool {
