@@ -100,6 +100,7 @@ func NewAgents(m model.Model, reg *tools.Registry, profiles ...Profile) (*Agents
 			Model:     m,
 			KnownTool: func(name string) bool { return set.Get(name) != nil },
 			Kind:      p.Kind,
+			Tools:     reg,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("agent profile %q: middleware %w", p.Name, err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/tools"
 )
 
 // Segment is one of the chain's three fixed parts.
@@ -44,6 +45,10 @@ type Env struct {
 	Model     model.Model
 	KnownTool func(name string) bool
 	Kind      string
+	// Tools is the deployment's tool registry (all tools, not only the
+	// profile's), for middlewares that reveal tools later (skills, tool
+	// search).
+	Tools *tools.Registry
 }
 
 // Builtin is a middleware the configuration can name.
@@ -76,6 +81,10 @@ func Builtins() []Builtin {
 			Build: noSettings(ToolErrorGuard{})},
 		{Name: "tool_call_repair", Segment: SegmentBase, Required: true,
 			Build: noSettings(ToolCallRepair{})},
+		// [files]
+		// [skills]
+		// [memory]
+		// [todos]
 		{Name: "dynamic_context", Segment: SegmentBase,
 			Build: build(NewDynamicContext)},
 		{Name: "title", Segment: SegmentBase,
@@ -119,6 +128,8 @@ func Builtins() []Builtin {
 			Build: build(NewLoopDetection)},
 		{Name: "token_budget", Segment: SegmentTail, Off: true,
 			Build: build(NewTokenBudget)},
+		// [tool_search]
+		// [view_image]
 		{Name: "tool_exclusion", Segment: SegmentTail,
 			Build: func(raw json.RawMessage, env Env) (Middleware, error) {
 				var t ToolExclusion
@@ -131,8 +142,10 @@ func Builtins() []Builtin {
 				}
 				return NewToolExclusion(t, known)
 			}},
+		// [approval]
 		{Name: "safety_finish_reason", Segment: SegmentTail, After: []string{"loop_detection", "token_budget"},
 			Build: build(NewSafetyFinishReason)},
+		// [clarification]
 	}
 }
 
