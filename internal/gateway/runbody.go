@@ -167,6 +167,10 @@ func runConfig(raw json.RawMessage) (protocol.RunConfig, error) {
 			if out.TimeoutSeconds == 0 {
 				err = json.Unmarshal(raw, &out.TimeoutSeconds)
 			}
+		case "user_id":
+			if out.UserID == "" {
+				err = json.Unmarshal(raw, &out.UserID)
+			}
 		}
 		if err != nil {
 			return out, errInvalid(field, fmt.Sprintf("%s: %v", field, err))

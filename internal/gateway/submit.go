@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -64,6 +66,12 @@ func (s *Server) submit(ctx context.Context, req *protocol.RunRequest, ifNotExis
 	}
 	if err != nil {
 		return nil, err
+	}
+
+	if req.Command != nil {
+		if err := s.checkResume(ctx, req, th); err != nil {
+			return nil, err
+		}
 	}
 
 	if req.MultitaskStrategy == protocol.StrategyReject {
@@ -228,4 +236,34 @@ func (s *Server) reject(ctx context.Context, req *protocol.RunRequest, holder st
 	_ = s.stores.Threads.IndexRun(ctx, req.Tenant, req.ThreadID, req.RunID, rec.CreatedAt)
 	log.Info("run rejected: thread busy", zap.String("busy_run", holder))
 	return rec, errConflict(reason)
+}
+
+// checkResume refuses, before anything is published, a resume the thread
+// cannot take: the thread waits for nothing, or the decisions do not fit
+// the tool calls that wait (never a silent guess). The worker checks again
+// when the run starts; this only answers early.
+func (s *Server) checkResume(ctx context.Context, req *protocol.RunRequest, th *protocol.Thread) error {
+	st, _, err := s.stores.Checkpoints.Load(ctx, req.Tenant, th.ThreadID, th.Head)
+	if err != nil {
+		return err
+	}
+	var open protocol.Interrupt
+	if ok, err := st.Value(middleware.InterruptValue, &open); err != nil || !ok {
+		return errConflict(fmt.Sprintf("thread %s is not waiting for a person's answer; send new messages as input instead of command.resume", th.ThreadID))
+	}
+	var resume protocol.Resume
+	if err := json.Unmarshal(req.Command.Resume, &resume); err != nil {
+		return errInvalid("command.resume", fmt.Sprintf("must be an object like {\"decisions\": [...]} or {\"answer\": \"...\"}: %v", err))
+	}
+	switch open.Kind {
+	case protocol.InterruptApproval:
+		if err := middleware.CheckDecisions(&open, resume.Decisions); err != nil {
+			return errInvalid("command.resume.decisions", err.Error())
+		}
+	case protocol.InterruptClarification:
+		if strings.TrimSpace(resume.Answer) == "" {
+			return errInvalid("command.resume.answer", fmt.Sprintf("the thread waits for an answer to %q", open.Question))
+		}
+	}
+	return nil
 }

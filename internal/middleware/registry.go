@@ -142,10 +142,20 @@ func Builtins() []Builtin {
 				}
 				return NewToolExclusion(t, known)
 			}},
+		{Name: "tool_approval", Segment: SegmentTail,
+			Build: func(raw json.RawMessage, env Env) (Middleware, error) {
+				var a ToolApproval
+				if err := decodeSettings(raw, &a); err != nil {
+					return nil, err
+				}
+				return NewToolApproval(a, env.Kind)
+			}},
 		// [approval]
 		{Name: "safety_finish_reason", Segment: SegmentTail, After: []string{"loop_detection", "token_budget"},
 			Build: build(NewSafetyFinishReason)},
 		// [clarification]
+		{Name: "clarification", Segment: SegmentTail, LeadOnly: true,
+			Build: build(NewClarification)},
 	}
 }
 

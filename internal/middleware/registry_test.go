@@ -11,7 +11,42 @@ import (
 
 var defaultLead = []string{
 	"tool_error_guard", "tool_call_repair", "dynamic_context", "title", "model_retry",
-	"loop_detection", "tool_exclusion", "safety_finish_reason",
+	"loop_detection", "tool_exclusion", "tool_approval", "safety_finish_reason", "clarification",
+}
+
+// reordered is defaultLead with the named middlewares put in the given
+// order among the places they hold.
+func reordered(order ...string) []string {
+	out := append([]string(nil), defaultLead...)
+	var slots []int
+	for i, n := range out {
+		for _, o := range order {
+			if n == o {
+				slots = append(slots, i)
+			}
+		}
+	}
+	for k, i := range slots {
+		out[i] = order[k]
+	}
+	return out
+}
+
+// withUser is defaultLead with user middlewares between base and tail.
+func withUser(user ...string) []string {
+	var base, tail []string
+	seg := make(map[string]Segment)
+	for _, b := range Builtins() {
+		seg[b.Name] = b.Segment
+	}
+	for _, n := range defaultLead {
+		if seg[n] == SegmentBase {
+			base = append(base, n)
+		} else {
+			tail = append(tail, n)
+		}
+	}
+	return append(append(base, user...), tail...)
 }
 
 func settings(kv ...string) map[string]json.RawMessage {
@@ -52,8 +87,15 @@ func TestAssemble_DefaultLeadChain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := sub.Names(); !reflect.DeepEqual(got, defaultLead) {
-		t.Errorf("subagent names = %v", got)
+	// A subagent's chain has everything but what needs a person.
+	var wantSub []string
+	for _, n := range defaultLead {
+		if n != "clarification" {
+			wantSub = append(wantSub, n)
+		}
+	}
+	if got := sub.Names(); !reflect.DeepEqual(got, wantSub) {
+		t.Errorf("subagent names = %v\nwant           %v", got, wantSub)
 	}
 	// The hooks were built from the settings.
 	c, err := Assemble(ChainConfig{Settings: settings("loop_detection", `{"warn_threshold":4,"hard_limit":9}`)}, Env{})
@@ -183,18 +225,12 @@ func TestAssemble_Errors(t *testing.T) {
 
 func TestAssemble_OrderWithinSegment(t *testing.T) {
 	got := assembleNames(t, ChainConfig{Order: []string{"model_retry", "title", "dynamic_context"}})
-	want := []string{
-		"tool_error_guard", "tool_call_repair", "model_retry", "title", "dynamic_context",
-		"loop_detection", "tool_exclusion", "safety_finish_reason",
-	}
+	want := reordered("model_retry", "title", "dynamic_context")
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("names = %v\nwant    %v", got, want)
 	}
 	got = assembleNames(t, ChainConfig{Order: []string{"tool_exclusion", "loop_detection"}})
-	want = []string{
-		"tool_error_guard", "tool_call_repair", "dynamic_context", "title", "model_retry",
-		"tool_exclusion", "loop_detection", "safety_finish_reason",
-	}
+	want = reordered("tool_exclusion", "loop_detection")
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("names = %v\nwant    %v", got, want)
 	}
@@ -217,11 +253,7 @@ func TestAssemble_UserSegmentBetweenBaseAndTail(t *testing.T) {
 		{Use: "tool_call_limit", Name: "limit_all", Settings: json.RawMessage(`{"run_limit":20}`)},
 		{Use: "tool_call_limit", Name: "limit_search", Settings: json.RawMessage(`{"tool":"search","run_limit":3,"exit_behavior":"end"}`)},
 	}})
-	want := []string{
-		"tool_error_guard", "tool_call_repair", "dynamic_context", "title", "model_retry",
-		"limit_all", "limit_search",
-		"loop_detection", "tool_exclusion", "safety_finish_reason",
-	}
+	want := withUser("limit_all", "limit_search")
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("names = %v\nwant    %v", got, want)
 	}

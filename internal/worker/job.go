@@ -415,14 +415,20 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 		}
 		return agent.Outcome{Status: protocol.StatusError, Error: fmt.Sprintf("load thread state: %v", err)}
 	}
+	host.st = st
 	resumed := false
 	for _, d := range chain {
 		if d.RunID == req.RunID {
 			resumed = true
 		}
 	}
-	if req.Command != nil && !resumed && lease.threadStatus() != protocol.ThreadInterrupted {
-		return agent.Outcome{Status: protocol.StatusError, Error: "command.resume was sent but the thread is not waiting for input; send new messages as input instead"}
+	if req.Command != nil && !resumed {
+		// The thread's state, not its status, says what it waits for: a
+		// resume that failed (say, the wrong number of decisions) leaves
+		// the thread waiting for a corrected one.
+		if _, waiting := st.Values[middleware.InterruptValue]; !waiting {
+			return agent.Outcome{Status: protocol.StatusError, Error: "command.resume was sent but the thread is not waiting for input; send new messages as input instead"}
+		}
 	}
 	rt := &middleware.Runtime{
 		RunID:    req.RunID,
@@ -471,6 +477,9 @@ type runHost struct {
 	lease  *leaseHandle
 	stream *events.Stream
 	step   int
+	// st is the run's state; after the loop returned it holds what the
+	// end persists.
+	st *state.State
 }
 
 // Checkpoint writes the delta and moves the thread's head under the lease.
@@ -568,6 +577,12 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		threadStatus = protocol.ThreadError
 	case protocol.StatusInterrupted:
 		threadStatus = protocol.ThreadInterrupted
+	}
+	if host != nil && host.st != nil && status != protocol.StatusInterrupted {
+		if _, waiting := host.st.Values[middleware.InterruptValue]; waiting {
+			// A failed resume: the thread still waits for a person.
+			threadStatus = protocol.ThreadInterrupted
+		}
 	}
 
 	// The record's terminal write and the thread's release go out
