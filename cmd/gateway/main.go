@@ -73,6 +73,10 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	keys, err := apiKeys(cfg)
+	if err != nil {
+		return err
+	}
 
 	connect := func(name string) (*nats.Conn, error) { return app.Connect(cfg, name) }
 	if o.dev {
@@ -104,6 +108,29 @@ func run() error {
 		return err
 	}
 
+	var agentOpts []app.AgentsOption
+	if o.dev {
+		mcpServers, err := app.MCP(ctx, cfg, log)
+		if err != nil {
+			return err
+		}
+		// Deferred before the workers' stop, so it runs after it.
+		defer func() { _ = mcpServers.Close() }()
+		agentOpts = append(agentOpts, app.WithMCP(mcpServers))
+		mem, err := app.Memory(ctx, js, settings)
+		if err != nil {
+			return err
+		}
+		agentOpts = append(agentOpts, app.WithMemory(mem))
+		// One catalog for the in-process workers, on the gateway's
+		// connection; stopped after the workers.
+		remote, err := app.RemoteTools(ctx, cfg, nc, settings, log)
+		if err != nil {
+			return err
+		}
+		defer remote.Stop()
+		agentOpts = append(agentOpts, app.WithRemoteTools(remote))
+	}
 	var workers sync.WaitGroup
 	workerCtx, stopWorkers := context.WithCancel(context.Background())
 	defer func() {
@@ -111,12 +138,17 @@ func run() error {
 		workers.Wait()
 	}()
 	if o.dev {
-		if err := startWorkers(ctx, workerCtx, &workers, cfg, settings, o.workers, connect, log); err != nil {
+		if err := startWorkers(ctx, workerCtx, &workers, cfg, settings, o.workers, connect, log, agentOpts...); err != nil {
 			return err
 		}
 	}
 
-	gw, err := gateway.New(ctx, nc, gateway.Config{Settings: settings, MaxBodyBytes: cfg.Gateway.MaxBodyBytes, Logger: log})
+	workdirs, err := app.Files(ctx, cfg, nc, settings)
+	if err != nil {
+		return err
+	}
+	gw, err := gateway.New(ctx, nc, gateway.Config{Settings: settings, MaxBodyBytes: cfg.Gateway.MaxBodyBytes, Logger: log,
+		Files: workdirs, MaxFileBytes: cfg.Files.MaxFileBytes, APIKeys: keys})
 	if err != nil {
 		return err
 	}
@@ -136,7 +168,8 @@ func run() error {
 	hs.RegisterOnShutdown(endStreams)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
-	log.Info("natsagent gateway", zap.String("http", "http://"+ln.Addr().String()), zap.Bool("dev", o.dev))
+	log.Info("natsagent gateway", zap.String("http", "http://"+ln.Addr().String()), zap.Bool("dev", o.dev), zap.Int("api_keys", len(keys)))
+	warnIfOpen(log, ln.Addr(), keys)
 	if o.dev {
 		fmt.Fprintf(os.Stderr, "\nTry it:\n  curl -N http://%s/threads/demo/runs/stream -H 'Content-Type: application/json' \\\n    -d '{\"input\":{\"messages\":[{\"role\":\"user\",\"content\":\"What time is it?\"}]}}'\n\n", ln.Addr())
 	}
@@ -158,12 +191,12 @@ func run() error {
 }
 
 // startWorkers runs n in-process workers, each on its own connection.
-func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config.Config, settings bus.Settings, n int, connect func(string) (*nats.Conn, error), log *zap.Logger) error {
+func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config.Config, settings bus.Settings, n int, connect func(string) (*nats.Conn, error), log *zap.Logger, agentOpts ...app.AgentsOption) error {
 	m, label, err := app.Model(cfg)
 	if err != nil {
 		return err
 	}
-	agents, err := app.Agents(cfg, m)
+	agents, err := app.Agents(cfg, m, agentOpts...)
 	if err != nil {
 		return err
 	}
@@ -171,6 +204,26 @@ func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config
 	for i := range n {
 		nc, err := connect(fmt.Sprintf("natsagent-worker-%d", i+1))
 		if err != nil {
+			return err
+		}
+		wjs, err := jetstream.New(nc)
+		if err != nil {
+			nc.Close()
+			return err
+		}
+		mem, err := app.Memory(ctx, wjs, settings)
+		if err != nil {
+			nc.Close()
+			return err
+		}
+		jobRunner, err := app.Jobs(ctx, wjs, cfg, settings, mem, m, log)
+		if err != nil {
+			nc.Close()
+			return err
+		}
+		workdirs, err := app.Files(ctx, cfg, nc, settings)
+		if err != nil {
+			nc.Close()
 			return err
 		}
 		w, err := worker.New(ctx, nc, worker.Config{
@@ -181,6 +234,8 @@ func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config
 			ShutdownGrace: time.Duration(cfg.Worker.ShutdownGrace),
 			Agents:        agents,
 			Logger:        log,
+			Jobs:          jobRunner,
+			Files:         workdirs,
 		})
 		if err != nil {
 			nc.Close()

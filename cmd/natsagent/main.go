@@ -1,5 +1,7 @@
 // Command natsagent is the command-line companion of a natsagent
-// deployment. Today it measures one: `natsagent bench` runs the benchmark
+// deployment. Its client commands (run, tail, steer, cancel, approve,
+// reject, answer, runs, threads, usage) talk to the deployment over NATS
+// directly, so they need no gateway; `natsagent bench` runs the benchmark
 // scenarios against an embedded server (or an existing one) with the
 // project's real workers, the way the maintainers measure it.
 package main
@@ -33,10 +35,22 @@ type stdio struct {
 	out, err io.Writer
 	// errFile is stderr as a file, to tell whether it is a terminal.
 	errFile *os.File
+	// outFile is stdout as a file: colours only when it is a terminal.
+	outFile *os.File
 }
 
 func commands() []command {
 	return []command{
+		{name: "run", summary: "submit a run and stream its answer, tool calls as they happen", run: runRun},
+		{name: "tail", summary: "follow a run's or a thread's events", run: runTail},
+		{name: "steer", summary: "redirect a thread's active run with a new message", run: runSteer},
+		{name: "cancel", summary: "cancel a run (pending or running)", run: runCancel},
+		{name: "approve", summary: "approve the tool calls a thread waits on (all, or by number)", run: runApprove},
+		{name: "reject", summary: "reject the tool calls a thread waits on, with a reason", run: runReject},
+		{name: "answer", summary: "answer the question a thread waits on", run: runAnswer},
+		{name: "runs", summary: "list a thread's runs, newest first", run: runRuns},
+		{name: "threads", summary: "list threads, most recently active first", run: runThreads},
+		{name: "usage", summary: "token usage of a run or a thread", run: runUsage},
 		{name: "bench", summary: "measure throughput, latency, steer/cancel, long threads, scaling and memory", run: runBench},
 		{name: "bench-worker", summary: "a worker process started by bench", hidden: true, run: runBenchWorker},
 		{name: "help", summary: "show the commands, or a command's flags (help <command>)"},
@@ -45,7 +59,7 @@ func commands() []command {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], stdio{in: os.Stdin, out: os.Stdout, err: os.Stderr, errFile: os.Stderr})
+	code := run(ctx, os.Args[1:], stdio{in: os.Stdin, out: os.Stdout, err: os.Stderr, errFile: os.Stderr, outFile: os.Stdout})
 	stop()
 	os.Exit(code)
 }

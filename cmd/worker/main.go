@@ -30,6 +30,7 @@ func run() error {
 	fs := flag.NewFlagSet("worker", flag.ExitOnError)
 	flags := app.RegisterFlags(fs)
 	id := fs.String("id", "", "worker id in leases and logs (default: random)")
+	listen := fs.String("listen", "", "HTTP address of the health endpoints /healthz and /readyz, e.g. :8081 (default: none)")
 	_ = fs.Parse(os.Args[1:])
 	cfg, err := flags.Load()
 	if err != nil {
@@ -63,7 +64,31 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	agents, err := app.Agents(cfg, m)
+	mcpServers, err := app.MCP(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	// Closed once w.Run returned: runs finishing in the shutdown grace
+	// keep their tools.
+	defer func() { _ = mcpServers.Close() }()
+	mem, err := app.Memory(ctx, js, settings)
+	if err != nil {
+		return err
+	}
+	remote, err := app.RemoteTools(ctx, cfg, nc, settings, log)
+	if err != nil {
+		return err
+	}
+	defer remote.Stop()
+	agents, err := app.Agents(cfg, m, app.WithMCP(mcpServers), app.WithMemory(mem), app.WithRemoteTools(remote))
+	if err != nil {
+		return err
+	}
+	jobRunner, err := app.Jobs(ctx, js, cfg, settings, mem, m, log)
+	if err != nil {
+		return err
+	}
+	workdirs, err := app.Files(ctx, cfg, nc, settings)
 	if err != nil {
 		return err
 	}
@@ -75,10 +100,19 @@ func run() error {
 		ShutdownGrace: time.Duration(cfg.Worker.ShutdownGrace),
 		Agents:        agents,
 		Logger:        log,
+		Jobs:          jobRunner,
+		Files:         workdirs,
 	})
 	if err != nil {
 		return err
 	}
-	log.Info("natsagent worker", zap.String("nats", nc.ConnectedUrl()), zap.String("model", label), zap.String("prefix", settings.Names.Prefix))
+	if *listen != "" {
+		stopHealth, err := serveHealth(ctx, *listen, nc, log)
+		if err != nil {
+			return err
+		}
+		defer stopHealth()
+	}
+	log.Info("natsagent worker", zap.String("nats", nc.ConnectedUrlRedacted()), zap.String("model", label), zap.String("prefix", settings.Names.Prefix))
 	return w.Run(ctx)
 }

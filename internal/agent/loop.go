@@ -345,7 +345,7 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 		if resp.Response.FinishReason != "" {
 			msg.Meta["finish_reason"] = resp.Response.FinishReason
 		}
-		middleware.SetUsage(&msg, callUsage(req, resp.Response))
+		middleware.SetUsage(&msg, l.callUsage(req, resp))
 		msg = l.mark(msg)
 		l.stage(resp.Update)
 		l.stage(state.Update{Messages: []model.Message{msg}})
@@ -391,6 +391,7 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 func (l *loop) callModel(ctx context.Context, req *middleware.ModelRequest) (*middleware.ModelResponse, error) {
 	// The transcript goes to the provider as it is (providers send only
 	// the wire fields, never Meta or Status): no copy per call.
+	middleware.RecordSent(ctx, req)
 	mreq := &model.Request{Model: req.ModelName, System: req.System, Messages: req.Messages, Tools: req.Tools}
 	msgID := middleware.MessageID(ctx)
 	resp, err := req.Model.Generate(ctx, mreq, func(d model.Delta) {
@@ -512,6 +513,12 @@ func callTool(ctx context.Context, call *middleware.ToolCall) (res *middleware.T
 	if len(args) == 0 {
 		args = json.RawMessage("{}")
 	}
+	// Refused before any tool decodes them: nesting deeper than a request
+	// may have, and strings that are not UTF-8 (decoding would quietly
+	// replace their bytes), with the field named so the model can fix it.
+	if err := protocol.CheckJSON(args, protocol.MaxJSONDepth); err != nil {
+		return nil, fmt.Errorf("arguments of %s: %v", call.Call.Name, err)
+	}
 	if !json.Valid(args) {
 		return nil, fmt.Errorf("arguments of %s are not valid JSON: %s", call.Call.Name, clip(call.Call.Arguments, 200))
 	}
@@ -538,24 +545,13 @@ func callTool(ctx context.Context, call *middleware.ToolCall) (res *middleware.T
 	return &middleware.ToolResult{Message: model.Message{Content: out.Content, Status: status}, Update: out.Update}, nil
 }
 
-// callUsage is the provider's usage of a call, or an estimate (4
-// characters a token) when it reported none.
-func callUsage(req *middleware.ModelRequest, resp *model.Response) middleware.Usage {
-	if u := resp.Usage; u != nil && (u.PromptTokens > 0 || u.CompletionTokens > 0) {
-		return middleware.Usage{Input: u.PromptTokens, Output: u.CompletionTokens}
+// callUsage is the usage token_usage settled for a call, else the
+// provider's, else an estimate by the model's tokenizer.
+func (l *loop) callUsage(req *middleware.ModelRequest, resp *middleware.ModelResponse) middleware.Usage {
+	if resp.Usage != nil {
+		return *resp.Usage
 	}
-	chars := len(req.System)
-	for _, m := range req.Messages {
-		chars += len(m.Content)
-		for _, c := range m.ToolCalls {
-			chars += len(c.Name) + len(c.Arguments)
-		}
-	}
-	out := len(resp.Message.Content)
-	for _, c := range resp.Message.ToolCalls {
-		out += len(c.Name) + len(c.Arguments)
-	}
-	return middleware.Usage{Input: chars/4 + 1, Output: out/4 + 1, Approximate: true}
+	return middleware.CallUsage(l.rt, req, resp.Response)
 }
 
 // mark tags a message with the run that produced it.

@@ -25,6 +25,9 @@ type Profile struct {
 	MaxSteps int
 	// Kind is middleware.KindLead (default) or middleware.KindSubagent.
 	Kind string
+	// Subagents names the subagent profiles a lead may start (nil: every
+	// one; empty: none).
+	Subagents []string
 	// Middleware configures the profile's chain.
 	Middleware middleware.ChainConfig
 }
@@ -41,7 +44,7 @@ func Chatbot() Profile {
 		Name:         protocol.DefaultAgent,
 		Description:  "General assistant with the built-in tools.",
 		SystemPrompt: ChatbotPrompt,
-		Tools:        []string{"current_time"},
+		Tools:        append([]string{"current_time"}, tools.FileToolNames...),
 		MaxSteps:     DefaultMaxSteps,
 	}
 }
@@ -67,6 +70,11 @@ type Agents struct {
 	chains   map[string]*middleware.Chain
 	model    model.Model
 	tools    *tools.Registry
+	// source and selections resolve tools per run (remote tools).
+	source     ToolSource
+	selections map[string]toolSelection
+	// subagents lists, per lead profile, the subagents it may start.
+	subagents map[string][]middleware.SubagentInfo
 }
 
 // NewAgents checks every profile and assembles its chain, so a profile
@@ -74,10 +82,38 @@ type Agents struct {
 // configuration, fails at start rather than at run time. Chains hold no
 // per-run state and are shared by all runs of a profile.
 func NewAgents(m model.Model, reg *tools.Registry, profiles ...Profile) (*Agents, error) {
+	return NewAgentsWith(Resources{Model: m, Tools: reg}, profiles...)
+}
+
+// Resources are the deployment's shared parts every profile's chain may
+// use.
+type Resources struct {
+	Model model.Model
+	Tools *tools.Registry
+	// Memory is the per-user memory store (nil: no profile may enable
+	// the memory middleware).
+	Memory middleware.MemoryStore
+	// Source supplies the tools resolved per run, for the run's tenant
+	// (remote tools; nil: none).
+	Source ToolSource
+}
+
+// NewAgentsWith is NewAgents with every shared resource.
+func NewAgentsWith(res Resources, profiles ...Profile) (*Agents, error) {
+	m, reg := res.Model, res.Tools
 	if m == nil {
 		return nil, errors.New("agents need a model")
 	}
-	a := &Agents{profiles: make(map[string]Profile), chains: make(map[string]*middleware.Chain), model: m, tools: reg}
+	a := &Agents{profiles: make(map[string]Profile), chains: make(map[string]*middleware.Chain), model: m, tools: reg,
+		source: res.Source, selections: make(map[string]toolSelection)}
+	if err := checkNamespace(reg, res.Source); err != nil {
+		return nil, err
+	}
+	catalog, err := subagentCatalog(profiles)
+	if err != nil {
+		return nil, err
+	}
+	a.subagents = catalog
 	for _, p := range profiles {
 		if !protocol.ValidToken(p.Name) {
 			return nil, fmt.Errorf("agent profile name %q is not valid", p.Name)
@@ -92,21 +128,25 @@ func NewAgents(m model.Model, reg *tools.Registry, profiles ...Profile) (*Agents
 		default:
 			return nil, fmt.Errorf("agent profile %q: kind %q is not lead or subagent", p.Name, p.Kind)
 		}
-		set, err := reg.Select(p.Tools)
+		sel := selectTools(p.Tools, res.Source)
+		set, err := reg.Select(sel.static)
 		if err != nil {
 			return nil, fmt.Errorf("agent profile %q: %w", p.Name, err)
 		}
 		chain, err := middleware.Assemble(p.Middleware, middleware.Env{
 			Model:     m,
-			KnownTool: func(name string) bool { return set.Get(name) != nil },
+			KnownTool: func(name string) bool { return set.Get(name) != nil || sel.selects(name) },
 			Kind:      p.Kind,
 			Tools:     reg,
+			Memory:    res.Memory,
+			Subagents: catalog[p.Name],
 		})
 		if err != nil {
 			return nil, fmt.Errorf("agent profile %q: middleware %w", p.Name, err)
 		}
 		a.profiles[p.Name] = p
 		a.chains[p.Name] = chain
+		a.selections[p.Name] = sel
 	}
 	return a, nil
 }
@@ -136,7 +176,11 @@ func (a *Agents) Prepare(req *protocol.RunRequest) (*Prepared, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w %q (known agents: %s)", ErrUnknownAgent, req.Agent, strings.Join(a.Names(), ", "))
 	}
-	set, err := a.tools.Select(p.Tools)
+	if req.Parent != nil && p.Kind != middleware.KindSubagent {
+		// A lead run as a child would nest subagents.
+		return nil, fmt.Errorf("agent %q is not a subagent profile; a run with a parent must name one (kind: subagent)", req.Agent)
+	}
+	set, err := a.toolSet(p.Name, req.Tenant)
 	if err != nil {
 		return nil, err
 	}

@@ -61,13 +61,21 @@ func Model(cfg config.Config) (model.Model, string, error) {
 }
 
 // Agents builds the configured agent profiles around m, plus the built-in
-// chatbot unless the configuration defines its own.
-func Agents(cfg config.Config, m model.Model) (*agent.Agents, error) {
+// chatbot unless the configuration defines its own. Options add tools
+// (WithMCP).
+func Agents(cfg config.Config, m model.Model, opts ...AgentsOption) (*agent.Agents, error) {
 	profiles, err := Profiles(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return agent.NewAgents(m, tools.NewRegistry(), profiles...)
+	b := &agentsBuild{registry: tools.NewRegistry(), profiles: profiles}
+	registerExecute(cfg, b.registry)
+	for _, o := range opts {
+		if err := o(b); err != nil {
+			return nil, err
+		}
+	}
+	return agent.NewAgentsWith(agent.Resources{Model: m, Tools: b.registry, Memory: b.memory, Source: b.source}, b.profiles...)
 }
 
 // Profiles converts the configured agents into profiles.
@@ -87,6 +95,7 @@ func Profiles(cfg config.Config) ([]agent.Profile, error) {
 			Tools:        a.Tools,
 			MaxSteps:     a.MaxSteps,
 			Kind:         a.Kind,
+			Subagents:    a.Subagents,
 			Middleware:   chain,
 		}
 		if p.Model == "" {
@@ -98,6 +107,7 @@ func Profiles(cfg config.Config) ([]agent.Profile, error) {
 	if !hasChatbot {
 		p := agent.Chatbot()
 		p.Model = cfg.Model.Name
+		p.Tools = chatbotTools(cfg, p.Tools)
 		out = append(out, p)
 	}
 	return out, nil
@@ -129,13 +139,18 @@ func chainConfig(m config.Middleware) (middleware.ChainConfig, error) {
 	return c, nil
 }
 
-// Connect dials NATS as configured.
+// Connect dials NATS as configured, with the credentials and TLS of
+// NATSOptions; its errors carry no secret.
 func Connect(cfg config.Config, name string) (*nats.Conn, error) {
-	var opts []nats.Option
-	if cfg.NATS.CredsFile != "" {
-		opts = append(opts, nats.UserCredentials(cfg.NATS.CredsFile))
+	opts, err := NATSOptions(cfg.NATS)
+	if err != nil {
+		return nil, err
 	}
-	return bus.Connect(cfg.NATS.URL, name, opts...)
+	nc, err := bus.Connect(cfg.NATS.URL, name, opts...)
+	if err != nil {
+		return nil, connectError(cfg.NATS, err)
+	}
+	return nc, nil
 }
 
 // Logger builds a zap logger: JSON lines, or a console format for humans.

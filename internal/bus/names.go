@@ -44,6 +44,7 @@ func (n Names) bucket(s string) string { return n.Prefix + "_" + s }
 func (n Names) RunsStream() string   { return n.stream("RUNS") }
 func (n Names) EventsStream() string { return n.stream("EVENTS") }
 func (n Names) DLQStream() string    { return n.stream("DLQ") }
+func (n Names) JobsStream() string   { return n.stream("JOBS") }
 
 // Buckets.
 func (n Names) RunsBucket() string        { return n.bucket("runs") }
@@ -51,6 +52,7 @@ func (n Names) ThreadsBucket() string     { return n.bucket("threads") }
 func (n Names) CheckpointsBucket() string { return n.bucket("checkpoints") }
 func (n Names) UsageBucket() string       { return n.bucket("usage") }
 func (n Names) FilesBucket() string       { return n.bucket("files") }
+func (n Names) MemoryBucket() string      { return n.bucket("memory") }
 
 // RunSubject is where a run request for a thread is published.
 func (n Names) RunSubject(tenant, thread string) string {
@@ -98,6 +100,63 @@ func (n Names) WorkerControl(worker string) string { return n.Prefix + ".worker.
 // DLQSubject is where a dead-lettered run request of a thread goes.
 func (n Names) DLQSubject(tenant, thread string) string {
 	return n.Prefix + ".dlq.runs." + tenant + "." + thread
+}
+
+// JobsConsumer is the durable pull consumer of background jobs, shared by
+// every worker.
+const JobsConsumer = "jobs"
+
+// JobSubject is where a due job of a kind is published; tokens are the
+// job's routing tokens (memory: tenant, user).
+func (n Names) JobSubject(kind string, tokens ...string) string {
+	return strings.Join(append([]string{n.Prefix, "jobs", kind}, tokens...), ".")
+}
+
+// JobsSubjects is the jobs consumer's filter: every due job.
+func (n Names) JobsSubjects() string { return n.Prefix + ".jobs.>" }
+
+// JobScheduleSubject holds a job until it is due (a JetStream message
+// schedule); one pending schedule per subject.
+func (n Names) JobScheduleSubject(kind string, tokens ...string) string {
+	return strings.Join(append([]string{n.Prefix, "schedules", "jobs", kind}, tokens...), ".")
+}
+
+// JobSchedulesSubjects matches every job schedule.
+func (n Names) JobSchedulesSubjects() string { return n.Prefix + ".schedules.jobs.>" }
+
+// DLQJobSubject is where a dead-lettered job of a kind goes.
+func (n Names) DLQJobSubject(kind string) string { return n.Prefix + ".dlq.jobs." + kind }
+
+// ToolSubject is the request subject of a remote tool a tenant's runs
+// may call (a NATS micro endpoint served by any client).
+func (n Names) ToolSubject(tenant, name string) string {
+	return n.Prefix + ".tools." + tenant + "." + name
+}
+
+// ToolsRefreshSubject asks every worker to look for remote tools now.
+func (n Names) ToolsRefreshSubject() string { return n.Prefix + ".tools.refresh" }
+
+// SubagentSubject is the request subject of one operation (start, status,
+// cancel, await) of the subagent service for a tenant.
+func (n Names) SubagentSubject(tenant, op string) string {
+	return n.Prefix + ".subagent." + tenant + "." + op
+}
+
+// SubagentEndpoint matches one operation's requests of every tenant.
+func (n Names) SubagentEndpoint(op string) string { return n.Prefix + ".subagent.*." + op }
+
+// ParseSubagentSubject returns the tenant and operation tokens of a
+// subagent service subject. The tenant is not validated.
+func (n Names) ParseSubagentSubject(subject string) (tenant, op string, ok bool) {
+	rest, found := strings.CutPrefix(subject, n.Prefix+".subagent.")
+	if !found {
+		return "", "", false
+	}
+	tenant, op, found = strings.Cut(rest, ".")
+	if !found || strings.Contains(op, ".") {
+		return "", "", false
+	}
+	return tenant, op, true
 }
 
 // DLQSubjects is the subject filter of the dead-letter stream.

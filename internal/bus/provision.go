@@ -151,6 +151,18 @@ func Provision(ctx context.Context, js jetstream.JetStream, s Settings) error {
 			Replicas:    s.Replicas,
 			AllowDirect: true,
 		},
+		{
+			// Background jobs (memory extraction). A job waits for its due
+			// time as a message schedule, so it is delivered only when due.
+			Name:              n.JobsStream(),
+			Description:       "natsagent background jobs (work queue)",
+			Subjects:          []string{n.JobsSubjects(), n.JobSchedulesSubjects()},
+			Retention:         jetstream.WorkQueuePolicy,
+			Storage:           s.Storage,
+			Replicas:          s.Replicas,
+			Duplicates:        s.DuplicateWindow,
+			AllowMsgSchedules: true,
+		},
 	}
 	for _, cfg := range streams {
 		if err := ensureStream(ctx, js, cfg); err != nil {
@@ -168,7 +180,21 @@ func Provision(ctx context.Context, js jetstream.JetStream, s Settings) error {
 	}); err != nil {
 		return err
 	}
-	for _, b := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket()} {
+	if err := ensureConsumer(ctx, js, n.JobsStream(), jetstream.ConsumerConfig{
+		Durable:       JobsConsumer,
+		Description:   "natsagent background jobs",
+		FilterSubject: n.JobsSubjects(),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       s.AckWait,
+		// Unlimited: the job runner counts attempts and dead-letters a
+		// job itself, so a job is never dropped silently.
+		MaxDeliver:    -1,
+		MaxAckPending: s.MaxAckPending,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}); err != nil {
+		return err
+	}
+	for _, b := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket(), n.MemoryBucket()} {
 		if err := ensureBucket(ctx, js, jetstream.KeyValueConfig{
 			Bucket:   b,
 			History:  1,
@@ -186,8 +212,12 @@ func Provision(ctx context.Context, js jetstream.JetStream, s Settings) error {
 }
 
 func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig) error {
-	_, err := js.CreateStream(ctx, want)
+	created, err := js.CreateStream(ctx, want)
 	if err == nil {
+		if want.AllowMsgSchedules && !created.CachedInfo().Config.AllowMsgSchedules {
+			// An older server ignores the setting; jobs would never be due.
+			return fmt.Errorf("stream %s needs message schedules, which this NATS server does not support: use nats-server 2.12 or later", want.Name)
+		}
 		return nil
 	}
 	if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
@@ -208,6 +238,7 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 	diff = appendDiff(diff, "max age", have.MaxAge, want.MaxAge)
 	diff = appendDiff(diff, "duplicate window", have.Duplicates, orDefault(want.Duplicates, 2*time.Minute))
 	diff = appendDiff(diff, "allow direct", have.AllowDirect, want.AllowDirect)
+	diff = appendDiff(diff, "allow message schedules", have.AllowMsgSchedules, want.AllowMsgSchedules)
 	if len(diff) > 0 {
 		return &MismatchError{Kind: "stream", Name: want.Name, Fields: diff}
 	}

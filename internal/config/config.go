@@ -25,6 +25,12 @@ type Config struct {
 	// Agents are the agent profiles; the built-in "chatbot" is added
 	// unless a profile of that name is configured.
 	Agents []Agent `yaml:"agents"`
+	// MCP lists the MCP servers whose tools profiles may select.
+	MCP MCP `yaml:"mcp"`
+	// Files configures the threads' workdirs.
+	Files Files `yaml:"files"`
+	// RemoteTools configures the discovery and calls of remote tools.
+	RemoteTools RemoteTools `yaml:"remote_tools"`
 }
 
 // Agent is an agent profile.
@@ -39,6 +45,9 @@ type Agent struct {
 	// Kind is lead (default) or subagent.
 	Kind       string     `yaml:"kind"`
 	Middleware Middleware `yaml:"middleware"`
+	// Subagents names the subagent profiles a lead may start (absent:
+	// every one; []: none).
+	Subagents []string `yaml:"subagents"`
 }
 
 // Middleware configures a profile's middleware chain (docs/middleware.md).
@@ -74,8 +83,15 @@ type NATS struct {
 	EventsMaxAge    Duration `yaml:"events_max_age"`
 	DuplicateWindow Duration `yaml:"duplicate_window"`
 	MaxRequestBytes int      `yaml:"max_request_bytes"`
-	// CredsFile is a NATS credentials file.
+	// CredsFile is a NATS credentials file (user JWT and nkey seed).
 	CredsFile string `yaml:"creds_file"`
+	// User and Password, Token and NkeySeedFile are the other ways to
+	// authenticate; configure at most one (security.go).
+	User         string `yaml:"user"`
+	Password     Secret `yaml:"password"`
+	Token        Secret `yaml:"token"`
+	NkeySeedFile string `yaml:"nkey_seed_file"`
+	TLS          TLS    `yaml:"tls"`
 }
 
 // Model configures the default model provider. Without BaseURL, APIKey
@@ -91,12 +107,18 @@ type Worker struct {
 	Concurrency   int      `yaml:"concurrency"`
 	RunTimeout    Duration `yaml:"run_timeout"`
 	ShutdownGrace Duration `yaml:"shutdown_grace"`
+	// JobConcurrency is how many background jobs (memory extraction) a
+	// worker runs at once, beside its runs.
+	JobConcurrency int `yaml:"job_concurrency"`
 }
 
 // Gateway configures the HTTP API.
 type Gateway struct {
 	Listen       string `yaml:"listen"`
 	MaxBodyBytes int64  `yaml:"max_body_bytes"`
+	// APIKeys, when any is configured, are required on every endpoint
+	// but the health checks; each maps to one tenant.
+	APIKeys []APIKey `yaml:"api_keys"`
 }
 
 // Duration is a time.Duration written as "30s", "5m" in YAML.
@@ -148,11 +170,15 @@ func Default() Config {
 			Concurrency:   8,
 			RunTimeout:    Duration(time.Hour),
 			ShutdownGrace: Duration(10 * time.Second),
+			// Background jobs (memory extraction), beside the runs.
+			JobConcurrency: 2,
 		},
 		Gateway: Gateway{
 			Listen:       "127.0.0.1:8080",
 			MaxBodyBytes: 1 << 20,
 		},
+		Files:       defaultFiles(),
+		RemoteTools: defaultRemoteTools(),
 	}
 }
 
@@ -196,6 +222,7 @@ func (c *Config) applyEnv(get func(string) string) {
 	if v := get(EnvNATSURL); v != "" {
 		c.NATS.URL = v
 	}
+	c.NATS.applyAuthEnv(get)
 }
 
 // UsesDemoModel reports whether no model provider is configured.
@@ -227,6 +254,14 @@ func (c *Config) Validate() error {
 	if c.Worker.Concurrency < 1 {
 		bad("worker.concurrency", "must be at least 1")
 	}
+	if c.Worker.JobConcurrency < 1 {
+		bad("worker.job_concurrency", "must be at least 1")
+	}
+	c.MCP.validate(bad)
+	c.Files.validate(bad)
+	c.RemoteTools.validate(bad)
+	c.NATS.validateAuth(bad)
+	c.Gateway.validateAPIKeys(bad)
 	seen := make(map[string]bool)
 	for i, a := range c.Agents {
 		path := fmt.Sprintf("agents[%d]", i)

@@ -13,6 +13,7 @@ import (
 	"path"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -20,6 +21,7 @@ import (
 var (
 	ErrNotFound = errors.New("no such file")
 	ErrIsDir    = errors.New("is a directory")
+	ErrNotDir   = errors.New("not a directory")
 	ErrBadPath  = errors.New("invalid path")
 	ErrTooLarge = errors.New("file too large")
 )
@@ -69,7 +71,9 @@ func Clean(p string) (string, error) {
 		return "", fmt.Errorf("%w: not valid UTF-8", ErrBadPath)
 	}
 	for _, r := range p {
-		if r < 0x20 || r == 0x7f {
+		// C0, DEL and C1 controls, and the bidirectional formatting
+		// characters that make a name display as another.
+		if unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) {
 			return "", fmt.Errorf("%w: control character in %q", ErrBadPath, p)
 		}
 		if r == '\\' {

@@ -3,6 +3,7 @@ package files
 import (
 	"context"
 	"fmt"
+	"path"
 	"sort"
 	"strings"
 	"sync"
@@ -56,6 +57,11 @@ func (m *Memory) Write(ctx context.Context, p string, data []byte) error {
 	if m.isDir(p) {
 		return fmt.Errorf("%s: %w", p, ErrIsDir)
 	}
+	for d := path.Dir(p); d != "/"; d = path.Dir(d) {
+		if _, isFile := m.files[d]; isFile {
+			return fmt.Errorf("%s: %w", d, ErrNotDir)
+		}
+	}
 	m.files[p] = memFile{data: append([]byte(nil), data...), mod: time.Now().UTC()}
 	return nil
 }
@@ -100,7 +106,7 @@ func (m *Memory) List(ctx context.Context, dir string) ([]Info, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, isFile := m.files[dir]; isFile {
-		return nil, fmt.Errorf("%s: not a directory", dir)
+		return nil, fmt.Errorf("%s: %w", dir, ErrNotDir)
 	}
 	if !m.isDir(dir) {
 		return nil, fmt.Errorf("%s: %w", dir, ErrNotFound)
@@ -164,6 +170,9 @@ func (m *Memory) Remove(ctx context.Context, p string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.files[p]; !ok {
+		if m.isDir(p) {
+			return fmt.Errorf("%s: %w", p, ErrIsDir)
+		}
 		return fmt.Errorf("%s: %w", p, ErrNotFound)
 	}
 	delete(m.files, p)

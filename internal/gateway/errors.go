@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"reflect"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -122,6 +123,14 @@ func decodeBody(r *http.Request, v any) error {
 	}
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil
+	}
+	// encoding/json would turn invalid UTF-8 into U+FFFD and accept 10,000
+	// levels of nesting: refuse both, naming the field.
+	if err := protocol.CheckJSON(data, protocol.MaxJSONDepth); err != nil {
+		return err
+	}
+	if !utf8.Valid(data) {
+		return errInvalid("", "request body is not valid UTF-8")
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()

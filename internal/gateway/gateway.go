@@ -7,7 +7,8 @@
 // never executes a run, never takes a thread's lease and never changes a
 // run record once a worker may own it; the only records it writes are a
 // submitted run's pending record, a run it rejects itself, and a new
-// thread.
+// thread. It also reads and writes threads' workdirs (the files people
+// upload and download), through Config.Files.
 package gateway
 
 import (
@@ -24,6 +25,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/events"
+	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -43,6 +45,16 @@ type Config struct {
 	// DefaultAgent is the agent of a run that names none (default
 	// protocol.DefaultAgent).
 	DefaultAgent string
+	// Files opens a thread's workdir for the file endpoints; nil means
+	// the deployment keeps no files, and they answer 404.
+	Files func(tenant, thread string) files.Workdir
+	// MaxFileBytes bounds the body of an upload (default
+	// files.DefaultMaxFileBytes) instead of MaxBodyBytes; the workdir
+	// bounds each file.
+	MaxFileBytes int64
+	// APIKeys, when any is set, are required on every route but the
+	// health checks, and a request acts for its key's tenant (auth.go).
+	APIKeys []APIKey
 }
 
 // Server serves the HTTP API. It keeps no state of its own: any number of
@@ -58,6 +70,7 @@ type Server struct {
 	events jetstream.Stream
 	log    *zap.Logger
 	mux    *http.ServeMux
+	auth   *authenticator // nil: no API keys, the API is open
 
 	// keepAlive is how long an SSE stream may stay silent before a
 	// comment is sent, so proxies do not close it.
@@ -81,8 +94,15 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Server, error) {
 	if cfg.DefaultAgent == "" {
 		cfg.DefaultAgent = protocol.DefaultAgent
 	}
+	if cfg.MaxFileBytes <= 0 {
+		cfg.MaxFileBytes = files.DefaultMaxFileBytes
+	}
 	if !protocol.ValidToken(cfg.DefaultAgent) {
 		return nil, fmt.Errorf("gateway: default agent %q is not valid: use A-Z, a-z, 0-9, '_' and '-'", cfg.DefaultAgent)
+	}
+	auth, err := newAuthenticator(cfg.APIKeys)
+	if err != nil {
+		return nil, err
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -115,6 +135,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Server, error) {
 		runs:          runs,
 		events:        evs,
 		log:           cfg.Logger,
+		auth:          auth,
 		keepAlive:     15 * time.Second,
 		submitTimeout: 15 * time.Second,
 		cancelTimeout: 30 * time.Second,
@@ -143,23 +164,36 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /threads/{thread_id}/runs/{run_id}/stream", s.tenanted(s.joinStream))
 	m.HandleFunc("GET /threads/{thread_id}/runs/{run_id}/join", s.tenanted(s.joinRun))
 	m.HandleFunc("POST /threads/{thread_id}/runs/{run_id}/cancel", s.tenanted(s.cancelRun))
+	m.HandleFunc("GET /threads/{thread_id}/runs/{run_id}/usage", s.tenanted(s.runUsage))
+	m.HandleFunc("GET /threads/{thread_id}/usage", s.tenanted(s.threadUsage))
+
+	m.HandleFunc(routeListFiles, s.tenanted(s.listFiles))
+	m.HandleFunc(routeGetFile, s.tenanted(s.getFile))
+	m.HandleFunc(routePutFile, s.tenanted(s.putFile))
+	m.HandleFunc(routeUpload, s.tenanted(s.upload))
 
 	m.HandleFunc("POST /runs", s.tenanted(s.createRun(modeBackground, true)))
 	m.HandleFunc("POST /runs/stream", s.tenanted(s.createRun(modeStream, true)))
 	m.HandleFunc("POST /runs/wait", s.tenanted(s.createRun(modeWait, true)))
+
 	s.mux = m
 }
 
 // Handler returns the HTTP handler of the API. Every request body is
-// bounded by MaxBodyBytes, and unknown routes answer the JSON error body.
+// bounded by MaxBodyBytes (uploads by MaxFileBytes), and unknown routes
+// answer the JSON error body.
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
-		r.Body = http.MaxBytesReader(sw, r.Body, s.cfg.MaxBodyBytes)
-		if h, pattern := s.mux.Handler(r); pattern == "" {
+		h, pattern := s.mux.Handler(r)
+		r.Body = http.MaxBytesReader(sw, r.Body, s.bodyLimit(pattern))
+		r, authorized := s.authenticate(sw, r, pattern)
+		switch {
+		case !authorized:
+		case pattern == "":
 			s.noRoute(sw, r, h)
-		} else {
+		default:
 			s.mux.ServeHTTP(sw, r)
 		}
 		s.log.Debug("http request",
@@ -207,10 +241,12 @@ func (s *Server) tenanted(h tenantHandler) http.HandlerFunc {
 	}
 }
 
-// tenantOf returns the tenant a request acts for. Today it trusts the
-// X-Tenant header (default "default"); this is the one place to change
-// when requests carry credentials instead.
+// tenantOf returns the tenant a request acts for: its API key's when the
+// gateway has keys, else the X-Tenant header (default "default").
 func tenantOf(r *http.Request) (string, error) {
+	if t, ok, err := credentialTenant(r); ok {
+		return t, err
+	}
 	t := r.Header.Get("X-Tenant")
 	if t == "" {
 		return protocol.DefaultTenant, nil

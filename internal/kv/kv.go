@@ -29,6 +29,7 @@ type Stores struct {
 	Runs        *Runs
 	Threads     *Threads
 	Checkpoints *Checkpoints
+	Usage       *Usage
 }
 
 // Open binds the stores to their buckets, which must exist (bus.Provision).
@@ -49,6 +50,7 @@ func Open(ctx context.Context, js jetstream.JetStream, names bus.Names) (*Stores
 		Runs:        &Runs{kv: runs, js: js, bucket: names.RunsBucket()},
 		Threads:     &Threads{kv: threads, js: js, bucket: names.ThreadsBucket()},
 		Checkpoints: &Checkpoints{kv: cps},
+		Usage:       NewUsage(js, names),
 	}, nil
 }
 

@@ -11,6 +11,7 @@ package middleware
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	"github.com/natsagent/natsagent/internal/model"
@@ -118,13 +119,23 @@ func (b *TokenBudget) WrapModelCall(ctx context.Context, rt *Runtime, req *Model
 // the model call that produced it.
 const MetaUsage = "usage"
 
-// Usage of one model call as stored in message meta.
+// Usage of one model call as stored in message meta. Checkpoints written
+// before Cached, Model and Purpose existed read back with them empty.
 type Usage struct {
 	Input  int `json:"input_tokens"`
 	Output int `json:"output_tokens"`
-	// Approximate is true when the provider reported nothing and the
-	// numbers are estimates.
+	// Cached is the prompt tokens the provider served from its cache; nil
+	// when it did not say (not reported is not zero).
+	Cached *int `json:"cached_tokens,omitempty"`
+	// Approximate is true when the provider reported nothing (or is
+	// configured to be ignored) and the numbers are estimates.
 	Approximate bool `json:"approximate,omitempty"`
+	// Model is the model that answered, as the provider named it (the
+	// requested name when it named none).
+	Model string `json:"model,omitempty"`
+	// Purpose is protocol.PurposeMain ("" reads as main) or
+	// protocol.PurposeSummary.
+	Purpose string `json:"purpose,omitempty"`
 }
 
 // SetUsage records a call's usage on its message.
@@ -132,7 +143,23 @@ func SetUsage(m *model.Message, u Usage) {
 	if m.Meta == nil {
 		m.Meta = map[string]any{}
 	}
-	m.Meta[MetaUsage] = map[string]any{"input_tokens": u.Input, "output_tokens": u.Output, "approximate": u.Approximate}
+	m.Meta[MetaUsage] = u.meta()
+}
+
+// meta is the usage as a meta value, the form it has after a JSON round
+// trip too.
+func (u Usage) meta() map[string]any {
+	v := map[string]any{"input_tokens": u.Input, "output_tokens": u.Output, "approximate": u.Approximate}
+	if u.Cached != nil {
+		v["cached_tokens"] = *u.Cached
+	}
+	if u.Model != "" {
+		v["model"] = u.Model
+	}
+	if u.Purpose != "" {
+		v["purpose"] = u.Purpose
+	}
+	return v
 }
 
 // UsageOf reads the usage recorded on a message, in memory or after a
@@ -142,17 +169,32 @@ func UsageOf(m *model.Message) (Usage, bool) {
 	if !ok {
 		return Usage{}, false
 	}
-	num := func(k string) int {
+	return usageFromMeta(raw), true
+}
+
+func usageFromMeta(raw map[string]any) Usage {
+	num := func(k string) (int, bool) {
 		switch v := raw[k].(type) {
 		case int:
-			return v
+			return v, true
 		case float64:
-			return int(v)
+			return int(v), true
+		case json.Number:
+			n, err := v.Int64()
+			return int(n), err == nil
 		}
-		return 0
+		return 0, false
 	}
-	approx, _ := raw["approximate"].(bool)
-	return Usage{Input: num("input_tokens"), Output: num("output_tokens"), Approximate: approx}, true
+	in, _ := num("input_tokens")
+	out, _ := num("output_tokens")
+	u := Usage{Input: in, Output: out}
+	if c, ok := num("cached_tokens"); ok {
+		u.Cached = &c
+	}
+	u.Approximate, _ = raw["approximate"].(bool)
+	u.Model, _ = raw["model"].(string)
+	u.Purpose, _ = raw["purpose"].(string)
+	return u
 }
 
 // RunUsage sums the usage of one run's assistant messages. A run's

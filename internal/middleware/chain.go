@@ -109,6 +109,9 @@ func (r *ModelRequest) Clone() *ModelRequest {
 type ModelResponse struct {
 	Response *model.Response
 	Update   state.Update
+	// Usage, when a wrapper set it (token_usage), is the usage the loop
+	// records on the response's message instead of its own reading.
+	Usage *Usage
 }
 
 // ModelHandler performs (the rest of) a model call.
@@ -170,6 +173,14 @@ type Runtime struct {
 	// JSON. Types a middleware invents go to the custom kind unless the
 	// middleware documents another.
 	Emit func(eventType string, data any)
+	// Subagents starts and follows the subagent runs of a lead run (nil
+	// when the process serves none).
+	Subagents Delegator
+	// Preempt is done when the run must stop at its next safe boundary:
+	// a steer, or (cause ErrHandOff) the worker handing the run to
+	// another. A tool call waiting a long time (for a subagent) ends its
+	// wait on it. Nil when nothing preempts the run.
+	Preempt context.Context
 	// scratch holds per-run, non-persisted values of middlewares; parallel
 	// tool calls may reach it at once.
 	mu      sync.Mutex

@@ -49,6 +49,16 @@ type Env struct {
 	// profile's), for middlewares that reveal tools later (skills, tool
 	// search).
 	Tools *tools.Registry
+	// Context is the agent's context window and summarization trigger
+	// (token_usage's context_window and summarization_trigger_fraction),
+	// one figure for the usage snapshot and context compression.
+	Context ContextLimits
+	// Memory is the deployment's per-user memory store (nil when the
+	// process has none).
+	Memory MemoryStore
+	// Subagents are the subagents a lead profile may start (none for a
+	// subagent).
+	Subagents []SubagentInfo
 }
 
 // Builtin is a middleware the configuration can name.
@@ -81,9 +91,40 @@ func Builtins() []Builtin {
 			Build: noSettings(ToolErrorGuard{})},
 		{Name: "tool_call_repair", Segment: SegmentBase, Required: true,
 			Build: noSettings(ToolCallRepair{})},
+		{Name: "large_result_offload", Segment: SegmentBase,
+			Build: build(NewLargeResultOffload)},
+		{Name: "attachments", Segment: SegmentBase,
+			Build: build(NewAttachments)},
 		// [files]
+		{Name: "skills", Segment: SegmentBase,
+			Build: func(raw json.RawMessage, env Env) (Middleware, error) {
+				var s Skills
+				if err := decodeSettings(raw, &s); err != nil {
+					return nil, err
+				}
+				return NewSkills(s, env.Tools)
+			}},
 		// [skills]
+		{Name: "memory", Segment: SegmentBase, Off: true,
+			Build: func(raw json.RawMessage, env Env) (Middleware, error) {
+				var m Memory
+				if err := decodeSettings(raw, &m); err != nil {
+					return nil, err
+				}
+				return NewMemory(m, env)
+			}},
 		// [memory]
+		{Name: "subagents", Segment: SegmentBase,
+			Build: func(raw json.RawMessage, env Env) (Middleware, error) {
+				var sa Subagents
+				if err := decodeSettings(raw, &sa); err != nil {
+					return nil, err
+				}
+				return NewSubagents(sa, env)
+			}},
+		// [subagents]
+		{Name: "todos", Segment: SegmentBase,
+			Build: build(NewTodos)},
 		// [todos]
 		{Name: "dynamic_context", Segment: SegmentBase,
 			Build: build(NewDynamicContext)},
@@ -95,6 +136,7 @@ func Builtins() []Builtin {
 				}
 				return NewTitle(t, env.Model)
 			}},
+		// [context_compression]
 		{Name: "model_retry", Segment: SegmentBase,
 			Build: func(raw json.RawMessage, env Env) (Middleware, error) {
 				var r struct {
@@ -124,11 +166,18 @@ func Builtins() []Builtin {
 			}},
 		{Name: "tool_call_limit", Segment: SegmentUser, UserOnly: true,
 			Build: build(NewToolCallLimit)},
+		{Name: "subagent_limit", Segment: SegmentTail, LeadOnly: true,
+			Build: build(NewSubagentLimit)},
+		// [subagent_limit]
 		{Name: "loop_detection", Segment: SegmentTail,
 			Build: build(NewLoopDetection)},
 		{Name: "token_budget", Segment: SegmentTail, Off: true,
 			Build: build(NewTokenBudget)},
+		{Name: "tool_search", Segment: SegmentTail, Off: true,
+			Build: build(NewToolSearch)},
 		// [tool_search]
+		{Name: "view_image", Segment: SegmentTail, Off: true,
+			Build: build(NewViewImage)},
 		// [view_image]
 		{Name: "tool_exclusion", Segment: SegmentTail,
 			Build: func(raw json.RawMessage, env Env) (Middleware, error) {
@@ -142,6 +191,9 @@ func Builtins() []Builtin {
 				}
 				return NewToolExclusion(t, known)
 			}},
+		{Name: "token_usage", Segment: SegmentTail,
+			Build: build(NewTokenUsage)},
+		// [token_usage]
 		{Name: "tool_approval", Segment: SegmentTail,
 			Build: func(raw json.RawMessage, env Env) (Middleware, error) {
 				var a ToolApproval
@@ -213,6 +265,11 @@ func Assemble(cfg ChainConfig, env Env) (*Chain, error) {
 		}
 		settings[name] = rest
 	}
+	limits, err := contextLimitsOf(settings["token_usage"])
+	if err != nil {
+		return nil, fmt.Errorf("settings.token_usage: %w", err)
+	}
+	env.Context = limits
 
 	var names []string
 	for _, b := range all {

@@ -10,8 +10,8 @@ import (
 )
 
 var defaultLead = []string{
-	"tool_error_guard", "tool_call_repair", "dynamic_context", "title", "model_retry",
-	"loop_detection", "tool_exclusion", "tool_approval", "safety_finish_reason", "clarification",
+	"tool_error_guard", "tool_call_repair", "large_result_offload", "attachments", "skills", "subagents", "todos", "dynamic_context", "title", "model_retry",
+	"subagent_limit", "loop_detection", "tool_exclusion", "token_usage", "tool_approval", "safety_finish_reason", "clarification",
 }
 
 // reordered is defaultLead with the named middlewares put in the given
@@ -90,7 +90,7 @@ func TestAssemble_DefaultLeadChain(t *testing.T) {
 	// A subagent's chain has everything but what needs a person.
 	var wantSub []string
 	for _, n := range defaultLead {
-		if n != "clarification" {
+		if n != "clarification" && n != "subagent_limit" {
 			wantSub = append(wantSub, n)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/state"
@@ -322,17 +323,24 @@ func RepairTranscript(system string, msgs []model.Message) (string, []model.Mess
 
 // isJSONObject reports whether s is a JSON object (or empty, sent as {}).
 // It runs on every new tool call, so it validates without decoding.
+// Whitespace alone is not empty: providers refuse it as arguments. Only
+// JSON's own whitespace may surround the object (strings.TrimSpace would
+// also strip \v and U+0085, which no JSON parser accepts).
 func isJSONObject(s string) bool {
-	t := strings.TrimSpace(s)
-	if t == "" {
+	if s == "" {
 		return true
 	}
-	return t[0] == '{' && json.Valid([]byte(t))
+	t := strings.Trim(s, " \t\r\n")
+	return t != "" && t[0] == '{' && json.Valid([]byte(t))
 }
 
+// clipText cuts s to at most n bytes, on a character boundary.
 func clipText(s string, n int) string {
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n] + "..."
 }

@@ -45,9 +45,28 @@ type Message struct {
 	ToolCallID string     `json:"tool_call_id,omitempty"`
 	// Status is set on tool messages: success or error.
 	Status string `json:"status,omitempty"`
+	// Parts, when not empty, is a user message's content as parts (text
+	// and images) for providers that take content arrays; Content then
+	// holds the text alone, for text-only readers. Images are data URLs:
+	// such a message belongs in one request, never in stored state.
+	Parts []Part `json:"parts,omitempty"`
 	// Meta carries middleware annotations (hidden flags, usage markers,
 	// stop notes). It is stored with the message but never sent to a model.
 	Meta map[string]any `json:"meta,omitempty"`
+}
+
+// Content part types.
+const (
+	PartText     = "text"
+	PartImageURL = "image_url"
+)
+
+// Part is one piece of a multi-part message: text, or an image given by
+// URL (a data: URL for inline bytes).
+type Part struct {
+	Type     string `json:"type"`
+	Text     string `json:"text,omitempty"`
+	ImageURL string `json:"image_url,omitempty"`
 }
 
 // ToolCall is one call an assistant message asks for. Arguments is the raw
@@ -64,6 +83,9 @@ type ToolCall struct {
 func (m Message) Clone() Message {
 	if m.ToolCalls != nil {
 		m.ToolCalls = append([]ToolCall(nil), m.ToolCalls...)
+	}
+	if m.Parts != nil {
+		m.Parts = append([]Part(nil), m.Parts...)
 	}
 	if m.Meta != nil {
 		meta := make(map[string]any, len(m.Meta))

@@ -154,6 +154,18 @@ func (o *OpenAI) chatRequest(req *Request) (openai.ChatCompletionRequest, error)
 	callNames := map[string]string{}
 	for i, m := range req.Messages {
 		cm := openai.ChatCompletionMessage{Role: m.Role, Content: m.Content}
+		if len(m.Parts) > 0 {
+			if m.Role != RoleUser {
+				return creq, fmt.Errorf("model: message %d: only user messages may have content parts, not %s", i, m.Role)
+			}
+			parts, err := chatParts(m.Parts)
+			if err != nil {
+				return creq, fmt.Errorf("model: message %d: %w", i, err)
+			}
+			// go-openai refuses a message with both; the parts carry
+			// the text.
+			cm.Content, cm.MultiContent = "", parts
+		}
 		switch m.Role {
 		case RoleSystem, RoleUser:
 		case RoleAssistant:
@@ -201,6 +213,30 @@ func (o *OpenAI) chatRequest(req *Request) (openai.ChatCompletionRequest, error)
 		})
 	}
 	return creq, nil
+}
+
+// chatParts maps content parts to go-openai's, sent as a content array.
+func chatParts(parts []Part) ([]openai.ChatMessagePart, error) {
+	out := make([]openai.ChatMessagePart, len(parts))
+	for i, p := range parts {
+		switch p.Type {
+		case PartText:
+			if p.Text == "" {
+				// go-openai would drop the field, and providers refuse a
+				// text part without text.
+				return nil, fmt.Errorf("content part %d is empty text", i)
+			}
+			out[i] = openai.ChatMessagePart{Type: openai.ChatMessagePartTypeText, Text: p.Text}
+		case PartImageURL:
+			if p.ImageURL == "" {
+				return nil, fmt.Errorf("content part %d is an image without a URL", i)
+			}
+			out[i] = openai.ChatMessagePart{Type: openai.ChatMessagePartTypeImageURL, ImageURL: &openai.ChatMessageImageURL{URL: p.ImageURL}}
+		default:
+			return nil, fmt.Errorf("content part %d has unknown type %q", i, p.Type)
+		}
+	}
+	return out, nil
 }
 
 // usesMaxCompletionTokens reports models that reject max_tokens. go-openai

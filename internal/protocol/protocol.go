@@ -129,6 +129,9 @@ type Run struct {
 	// Interrupt says what a person must answer before an interrupted run's
 	// thread goes on.
 	Interrupt *Interrupt `json:"interrupt,omitempty"`
+	// Usage is the run's token usage, set when it ends (absent when it
+	// made no model call).
+	Usage *RunUsage `json:"usage,omitempty"`
 
 	// Worker and Epoch identify the lease under which the run is running;
 	// a write from an older epoch is refused (fencing).

@@ -105,6 +105,10 @@ func DecodeRunRequestFor(data []byte, maxBytes int, tenant, thread string) (*Run
 	if len(data) > maxBytes {
 		return nil, invalid("", "run request is %d bytes, over the limit of %d bytes; put large content in files and reference it", len(data), maxBytes)
 	}
+	// Names the field that holds invalid UTF-8 or nests too deeply.
+	if err := CheckJSON(data, MaxJSONDepth); err != nil {
+		return nil, err
+	}
 	if !utf8.Valid(data) {
 		return nil, invalid("", "run request is not valid UTF-8")
 	}
@@ -182,6 +186,11 @@ func (r *RunRequest) Validate() error {
 			}
 			if m.ID != "" && !ValidToken(m.ID) {
 				return invalid(field+".id", "%q is not a valid message id", clip(m.ID, 40))
+			}
+			// Parts carry inline images, which must never be stored in a
+			// thread's checkpoints.
+			if len(m.Parts) > 0 {
+				return invalid(field+".parts", "is not accepted in input: put images in the thread's workdir (file upload) and let the agent look at them with view_image")
 			}
 		}
 	case r.Command != nil:

@@ -48,7 +48,8 @@ func TestDecodeRunRequest(t *testing.T) {
 		{`{"run_id":"r1","thread_id":"t1","parent":{"run_id":"p 1","thread_id":"x"},"input":{"messages":[{"role":"user","content":"x"}]}}`, "parent.run_id", "not a valid id"},
 		{`{"run_id": "r1"`, "", "not valid JSON"},
 		{`{"run_id":"r1"} {"x":1}`, "", "data after"},
-		{"{\"run_id\":\"r1\xff\"}", "", "UTF-8"},
+		{"{\"run_id\":\"r1\xff\"}", "run_id", "UTF-8"},
+		{"{\"run_id\":\"r1\"\xff}", "", "UTF-8"},
 	}
 	for _, c := range cases {
 		_, err := DecodeRunRequest([]byte(c.body), 0)

@@ -149,6 +149,9 @@ type Registry struct {
 func NewRegistry() *Registry {
 	r := &Registry{tools: make(map[string]Tool)}
 	r.Register(CurrentTime())
+	for _, t := range FileTools() {
+		r.Register(t)
+	}
 	return r
 }
 

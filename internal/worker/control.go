@@ -240,6 +240,7 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string) (pro
 			return "", err
 		}
 		if done {
+			w.cancelOrphans(ctx, tenant, thread, run)
 			return protocol.StatusCancelled, nil
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -164,8 +165,10 @@ func (w *Worker) copyToDLQ(ctx context.Context, subject string, hdr nats.Header,
 	}
 	m := nats.NewMsg(dlSubject)
 	for k, v := range hdr {
-		if k == nats.MsgIdHdr {
-			continue // the runs stream's dedupe id means nothing here
+		// Nats-* headers are the server's (dedupe id, expectations, TTL,
+		// schedules): on the copy they mean nothing or get it refused.
+		if strings.HasPrefix(k, "Nats-") {
+			continue
 		}
 		m.Header[k] = v
 	}

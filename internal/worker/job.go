@@ -34,7 +34,8 @@ type job struct {
 	hold      sync.Mutex
 	lease     *leaseHandle // set while the run holds its thread
 	cancelRun context.CancelCauseFunc
-	preempt   context.CancelFunc
+	// preempt's cause is middleware.ErrHandOff for a drain.
+	preempt   context.CancelCauseFunc
 	wake      chan struct{} // signalled to re-check a waiting run
 	rec       *protocol.Run // the record as this worker last wrote it
 	recRev    uint64
@@ -162,6 +163,9 @@ func (j *job) settled(ctx context.Context, rec *protocol.Run) bool {
 		if err := w.pub.EnsureFinished(ctx, rec); err != nil {
 			j.retryLater(err)
 		} else {
+			// The usage write may be what the crash cut short; it
+			// replaces, so writing it again counts nothing twice.
+			j.saveUsage(ctx, rec)
 			w.wakeThread(j.req.Tenant, j.req.ThreadID)
 			_ = j.msg.Ack()
 		}
@@ -374,8 +378,8 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	defer cancelRun(nil)
 	runCtx, cancelTimeout := context.WithTimeoutCause(runCtx, timeout, ErrRunTimeout)
 	defer cancelTimeout()
-	preemptCtx, preempt := context.WithCancel(context.Background())
-	defer preempt()
+	preemptCtx, preempt := context.WithCancelCause(context.Background())
+	defer preempt(nil)
 
 	j.hold.Lock()
 	j.lease = lease
@@ -385,7 +389,7 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	j.hold.Unlock()
 	w.setRunning(j)
 	if drained {
-		preempt()
+		preempt(middleware.ErrHandOff)
 	}
 	lease.onPreempt = func(p protocol.Preemption) { j.preempted(p) }
 	lease.onLost = func() { cancelRun(agent.ErrLeaseLost) }
@@ -438,9 +442,13 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 		Config:   req.Config,
 		Tools:    prep.Tools,
 		User:     userOf(req),
-		Files:    w.workdir(req.Tenant, req.ThreadID),
+		Files:    w.workdir(req.Tenant, workdirThread(req)),
 		Logger:   j.log,
 		Emit:     func(t string, data any) { stream.Emit(t, data, "") },
+		// A lead's delegation tools start and await children through
+		// this worker's subagent service.
+		Subagents: w.subagents,
+		Preempt:   preempt,
 	}
 	if req.Command != nil {
 		rt.Resume = req.Command.Resume
@@ -562,10 +570,12 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 	if stream != nil {
 		finishedSeq = stream.Reserve()
 	}
+	kids := j.children(ctx, host)
+	usage := withChildUsage(runUsage(host, req), kids)
 	end := func(r *protocol.Run) {
 		now := time.Now().UTC()
 		r.Status, r.StopReason, r.Error, r.Output, r.SupersededBy, r.FinishedAt = status, out.StopReason, errText, out.Output, supersededBy, &now
-		r.Interrupt = out.Interrupt
+		r.Interrupt, r.Usage = out.Interrupt, usage
 		if finishedSeq == 0 {
 			finishedSeq = r.Seq + 1
 		}
@@ -620,11 +630,13 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		j.retryLater(err)
 		return
 	}
+	j.saveUsage(ctx, rec)
 	j.hold.Lock()
 	j.lease = nil
 	j.hold.Unlock()
 	w.wakeThread(req.Tenant, req.ThreadID)
 	_ = j.msg.Ack()
+	j.cancelChildren(kids)
 	j.log.Debug("run finished", zap.String("status", string(status)))
 }
 
@@ -692,7 +704,7 @@ func (j *job) drain() {
 	preempt := j.preempt
 	j.hold.Unlock()
 	if preempt != nil {
-		preempt()
+		preempt(middleware.ErrHandOff)
 	}
 	select {
 	case j.wake <- struct{}{}:
@@ -712,7 +724,7 @@ func (j *job) preempted(p protocol.Preemption) {
 		return
 	}
 	if preempt != nil {
-		preempt()
+		preempt(agent.ErrPreempted)
 	}
 }
 

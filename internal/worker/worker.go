@@ -24,6 +24,7 @@ import (
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/subagents"
 )
 
 // Config configures a worker. Zero values take defaults.
@@ -56,6 +57,11 @@ type Config struct {
 	// Files opens a thread's workdir; nil means runs have none (file
 	// tools then answer with an error).
 	Files func(tenant, thread string) files.Workdir
+	// Jobs runs background jobs (memory extraction) beside the runs, for
+	// as long as Run does; nil runs none.
+	Jobs interface {
+		Run(ctx context.Context) error
+	}
 }
 
 func (c Config) withDefaults() Config {
@@ -110,6 +116,9 @@ type Worker struct {
 	runsStream jetstream.Stream
 	consumer   jetstream.Consumer
 	log        *zap.Logger
+	// subagents serves the subagent micro service and the lead runs'
+	// delegation tools.
+	subagents *subagents.Service
 
 	slots chan struct{}
 
@@ -155,6 +164,10 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open consumer %s: %w", bus.RunsConsumer, err)
 	}
+	sa, err := subagents.New(ctx, nc, subagents.Config{Settings: cfg.Settings, Catalog: cfg.Agents, Logger: cfg.Logger.With(zap.String("worker", cfg.ID))})
+	if err != nil {
+		return nil, err
+	}
 	return &Worker{
 		cfg:        cfg,
 		names:      names,
@@ -164,6 +177,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
 		pub:        pub,
 		runsStream: st,
 		consumer:   cons,
+		subagents:  sa,
 		log:        cfg.Logger.With(zap.String("worker", cfg.ID)),
 		slots:      make(chan struct{}, cfg.Concurrency),
 		held:       make(map[uint64]*job),
@@ -184,6 +198,22 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	}
 	defer w.unsubscribe()
+	if err := w.subagents.Serve(); err != nil {
+		return fmt.Errorf("serve the subagent service: %w", err)
+	}
+	// Stopped after the runs: their waits on children end with them.
+	defer w.subagents.Stop()
+	if w.cfg.Jobs != nil {
+		jobsCtx, stopRunner := context.WithCancel(ctx)
+		runnerDone := make(chan struct{})
+		go func() {
+			defer close(runnerDone)
+			if err := w.cfg.Jobs.Run(jobsCtx); err != nil {
+				w.log.Error("job runner stopped", zap.Error(err))
+			}
+		}()
+		defer func() { stopRunner(); <-runnerDone }()
+	}
 
 	base, stopJobs := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer stopJobs(ErrShutdown)

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+// cancelTimeout bounds a cancel request: a running run is answered when
+// it has stopped (docs/protocol.md 2.12).
+const cancelTimeout = 30 * time.Second
+
+func runCancel(ctx context.Context, args []string, std stdio) error {
+	fs := newFlagSet("cancel", "--run <run> [flags]", `
+Cancels a run, pending or running, the way the gateway does: a NATS request to the run's cancel
+subject, served by the workers. A pending run is recorded cancelled at once; a running one is
+stopped (its model and tool calls too) and the answer comes when it has ended. A finished run
+cannot be cancelled.`, std)
+	f := addClientFlags(fs)
+	run := fs.String("run", "", "the run to cancel (also accepted as the only argument)")
+	thread := fs.String("thread", "", "the run's thread (default: read from its record; needed for a run published without one)")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return parseErr(err)
+	}
+	if *run == "" && len(pos) == 1 {
+		*run, pos = pos[0], nil
+	}
+	if len(pos) > 0 {
+		return usageErr(std, "cancel", "unexpected argument %q", pos[0])
+	}
+	if *run == "" {
+		return usageErr(std, "cancel", "name the run to cancel with --run")
+	}
+	c, err := f.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	if *thread == "" {
+		rec, err := c.run(ctx, *run)
+		if err != nil {
+			return err
+		}
+		*thread = rec.ThreadID
+	} else if err := protocol.CheckToken("--thread", *thread); err != nil {
+		return err
+	}
+	reply, err := c.cancel(ctx, *thread, *run)
+	if err != nil {
+		return err
+	}
+	if f.json {
+		return writeJSON(std.out, reply)
+	}
+	switch reply.Status {
+	case protocol.StatusCancelled:
+		fmt.Fprintf(std.out, "run %s cancelled\n", reply.RunID)
+	default:
+		// The worker could not stop it in time; the cancel still applies.
+		fmt.Fprintf(std.out, "run %s is %s: the cancel applies when it reaches a safe boundary; watch it with natsagent tail --run %s%s\n",
+			reply.RunID, reply.Status, reply.RunID, tenantFlag(c))
+	}
+	return nil
+}
+
+// cancel sends a cancel request and reads its answer.
+func (c *client) cancel(ctx context.Context, thread, run string) (*protocol.CancelReply, error) {
+	ctx, cancel := context.WithTimeout(ctx, cancelTimeout)
+	defer cancel()
+	subject := c.names.CancelSubject(c.tenant, thread, run)
+	msg, err := c.nc.RequestWithContext(ctx, subject, nil)
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		return nil, fmt.Errorf("no worker serves cancel requests on %s: start a worker of this deployment", subject)
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
+		return nil, fmt.Errorf("no worker answered the cancel request within %s; the run may still stop: check it with natsagent runs --thread %s", cancelTimeout, thread)
+	case err != nil:
+		return nil, err
+	}
+	if msg.Header.Get("Nats-Service-Error-Code") != "" {
+		var er protocol.ErrorReply
+		_ = json.Unmarshal(msg.Data, &er)
+		text := er.Error.Message
+		if text == "" {
+			text = msg.Header.Get("Nats-Service-Error")
+		}
+		if er.Error.Code == protocol.CodeNotFound {
+			text += ": check the run and thread ids with natsagent runs --thread " + thread
+		}
+		return nil, errors.New(text)
+	}
+	var reply protocol.CancelReply
+	if err := json.Unmarshal(msg.Data, &reply); err != nil {
+		return nil, fmt.Errorf("decode the cancel reply: %w", err)
+	}
+	return &reply, nil
+}

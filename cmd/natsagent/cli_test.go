@@ -1,0 +1,253 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/natsagent/natsagent/internal/agent"
+	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/files"
+	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
+	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/tools"
+	"github.com/natsagent/natsagent/internal/worker"
+)
+
+// cliEnv is a real embedded JetStream server with a deployment
+// provisioned under its own prefix (so a test also proves --prefix), and
+// an in-process worker running a scripted model, whose threads' workdirs
+// the test can read.
+type cliEnv struct {
+	t        *testing.T
+	srv      *natstest.Server
+	settings bus.Settings
+	stores   *kv.Stores
+
+	mu       sync.Mutex
+	workdirs map[string]*files.Memory
+}
+
+const testPrefix = "clitest"
+
+func newCLIEnv(t *testing.T, m model.Model) *cliEnv {
+	t.Helper()
+	srv := natstest.Start(t)
+	nc := srv.Connect()
+	settings := bus.Settings{Names: bus.Names{Prefix: testPrefix}, AckWait: 2 * time.Second, MaxDeliver: 5}.WithDefaults()
+	natstest.Provision(t, nc, settings)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stores, err := kv.Open(context.Background(), js, settings.Names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &cliEnv{t: t, srv: srv, settings: settings, stores: stores, workdirs: make(map[string]*files.Memory)}
+	e.startWorker(m)
+	return e
+}
+
+// startWorker runs a worker with the chatbot profile (file tools, the
+// default approval and clarification middlewares) on its own connection.
+func (e *cliEnv) startWorker(m model.Model) {
+	e.t.Helper()
+	nc, err := nats.Connect(e.srv.URL(), nats.MaxReconnects(-1))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	agents, err := agent.NewAgents(m, tools.NewRegistry(), agent.Chatbot())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	w, err := worker.New(context.Background(), nc, worker.Config{
+		Settings: e.settings, Concurrency: 4, Agents: agents, Logger: zaptest.NewLogger(e.t),
+		WaitPoll: 200 * time.Millisecond, ShutdownGrace: 5 * time.Second,
+		Files: func(tenant, thread string) files.Workdir { return e.workdir(tenant, thread) },
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	e.t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			e.t.Error("worker did not stop")
+		}
+		nc.Close()
+	})
+}
+
+func (e *cliEnv) workdir(tenant, thread string) *files.Memory {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	key := tenant + "/" + thread
+	if e.workdirs[key] == nil {
+		e.workdirs[key] = files.NewMemory()
+	}
+	return e.workdirs[key]
+}
+
+// result is what one invocation of the CLI did.
+type result struct {
+	code     int
+	out, err string
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit %d\n--- stdout\n%s--- stderr\n%s", r.code, r.out, r.err)
+}
+
+// cli runs a command against the environment's server and prefix.
+func (e *cliEnv) cli(args ...string) result {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return e.cliCtx(ctx, args...)
+}
+
+func (e *cliEnv) cliCtx(ctx context.Context, args ...string) result {
+	full := append([]string{args[0], "--server", e.srv.URL(), "--prefix", testPrefix}, args[1:]...)
+	return invoke(ctx, full...)
+}
+
+func invoke(ctx context.Context, args ...string) result {
+	var out, errOut syncBuffer
+	code := run(ctx, args, stdio{in: strings.NewReader(""), out: &out, err: &errOut})
+	return result{code: code, out: out.String(), err: errOut.String()}
+}
+
+// syncBuffer is a buffer a test may read while a command writes to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// must fails the test unless the command exited with code.
+func (r result) must(t *testing.T, code int) result {
+	t.Helper()
+	if r.code != code {
+		t.Fatalf("want exit %d, got %s", code, r)
+	}
+	return r
+}
+
+// has fails the test unless stdout holds every string.
+func (r result) has(t *testing.T, want ...string) result {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(r.out, w) {
+			t.Fatalf("stdout lacks %q:\n%s", w, r)
+		}
+	}
+	return r
+}
+
+// says fails the test unless stderr holds every string.
+func (r result) says(t *testing.T, want ...string) result {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(r.err, w) {
+			t.Fatalf("stderr lacks %q:\n%s", w, r)
+		}
+	}
+	return r
+}
+
+func (e *cliEnv) record(run string) *protocol.Run {
+	e.t.Helper()
+	rec, _, err := e.stores.Runs.Get(context.Background(), protocol.DefaultTenant, run)
+	if err != nil {
+		e.t.Fatalf("run %s: %v", run, err)
+	}
+	return rec
+}
+
+// waitStatus waits until a run's record has the status.
+func (e *cliEnv) waitStatus(run string, want protocol.Status) *protocol.Run {
+	e.t.Helper()
+	var rec *protocol.Run
+	waitFor(e.t, 10*time.Second, fmt.Sprintf("run %s %s", run, want), func() bool {
+		r, _, err := e.stores.Runs.Get(context.Background(), protocol.DefaultTenant, run)
+		rec = r
+		return err == nil && r.Status == want
+	})
+	return rec
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s", timeout, what)
+}
+
+// lastUser is the content of the request's last user message.
+func lastUser(req *model.Request) string {
+	for i := len(req.Messages) - 1; i >= 0; i-- {
+		if req.Messages[i].Role == model.RoleUser {
+			return req.Messages[i].Content
+		}
+	}
+	return ""
+}
+
+// events decodes the JSON lines of --json output.
+func decodeEvents(t *testing.T, out string) []protocol.Event {
+	t.Helper()
+	var evs []protocol.Event
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var ev protocol.Event
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("line %q is not an event: %v", line, err)
+		}
+		evs = append(evs, ev)
+	}
+	return evs
+}
+
+// closedPort is a loopback port nothing listens on.
+func closedPort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	return port
+}

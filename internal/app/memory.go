@@ -1,0 +1,49 @@
+package app
+
+import (
+	"context"
+	"errors"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/config"
+	"github.com/natsagent/natsagent/internal/jobs"
+	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/memory"
+	"github.com/natsagent/natsagent/internal/model"
+)
+
+// WithMemory lets profiles enable the memory middleware, over store.
+func WithMemory(store *memory.Store) AgentsOption {
+	return func(b *agentsBuild) error {
+		if store == nil {
+			return errors.New("memory: no store")
+		}
+		b.memory = store
+		return nil
+	}
+}
+
+// Memory opens the deployment's memory store (the bucket must exist:
+// bus.Provision).
+func Memory(ctx context.Context, js jetstream.JetStream, settings bus.Settings) (*memory.Store, error) {
+	return memory.Open(ctx, js, memory.Config{Names: settings.Names})
+}
+
+// Jobs builds a worker's background job runner: the memory job, which
+// reads threads and asks m for facts. Give it to worker.Config.Jobs.
+func Jobs(ctx context.Context, js jetstream.JetStream, cfg config.Config, settings bus.Settings, store *memory.Store, m model.Model, log *zap.Logger) (*jobs.Runner, error) {
+	stores, err := kv.Open(ctx, js, settings.Names)
+	if err != nil {
+		return nil, err
+	}
+	extractor := memory.NewExtractor(store, stores, m, log)
+	return jobs.NewRunner(ctx, js, jobs.Config{
+		Settings:    settings,
+		Handlers:    map[string]jobs.Handler{memory.JobKind: extractor.Handle},
+		Concurrency: cfg.Worker.JobConcurrency,
+		Logger:      log,
+	})
+}

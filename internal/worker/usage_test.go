@@ -1,0 +1,183 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/tools"
+)
+
+// usageOfEvents decodes the run's usage.model events.
+func usageOfEvents(t *testing.T, w *watcher) []protocol.UsageModelData {
+	t.Helper()
+	var out []protocol.UsageModelData
+	for _, ev := range w.all() {
+		if ev.Type != protocol.EventUsageModel {
+			continue
+		}
+		var d protocol.UsageModelData
+		if err := json.Unmarshal(ev.Data, &d); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+func (h *harness) usageOfThread(t *testing.T, tenant, thread string) *protocol.ThreadUsage {
+	t.Helper()
+	var th *protocol.ThreadUsage
+	waitFor(t, 10*time.Second, "thread usage", func() bool {
+		var err error
+		th, _, err = h.stores.Usage.Thread(context.Background(), tenant, thread)
+		return err == nil
+	})
+	return th
+}
+
+// A worker dies after a model call was checkpointed; the worker that
+// takes the run over continues from that checkpoint. The call made before
+// the crash counts once in the run's totals, on its record, in the usage
+// bucket and in the thread's totals; the call cut by the crash never
+// completed and counts nowhere.
+func TestUsage_RedeliveredRunCountsCheckpointedCallOnce(t *testing.T) {
+	h := newHarness(t)
+	h.tools.Register(tools.Func(model.ToolSpec{Name: "side_effect"}, func(ctx context.Context, _ json.RawMessage) (string, error) {
+		return "done", nil
+	}))
+	stuck := make(chan struct{})
+	cached := 64
+	dying := model.NewScripted(func(n int, req *model.Request) model.Reply {
+		if n == 0 {
+			return model.Reply{Text: "working", ToolCalls: []model.ToolCall{{ID: "c1", Name: "side_effect", Arguments: "{}"}},
+				Usage: &model.Usage{PromptTokens: 100, CompletionTokens: 10, CachedTokens: &cached}}
+		}
+		close(stuck)
+		return model.Reply{Delay: time.Hour, Usage: &model.Usage{PromptTokens: 5000, CompletionTokens: 500}}
+	})
+	a := h.startWorker(dying, nil)
+	w := h.watch("default", "t1", "r1")
+	h.submit(request("t1", "r1", "do the thing"))
+	<-stuck
+	a.nc.Close()
+
+	healthy := model.NewScripted(func(n int, req *model.Request) model.Reply {
+		return model.Reply{Text: "finished", Usage: &model.Usage{PromptTokens: 200, CompletionTokens: 20}}
+	})
+	h.startWorker(healthy, nil)
+	if fin := w.finished(t, 20*time.Second); fin.Status != protocol.StatusSuccess {
+		t.Fatalf("run ended %s: %s", fin.Status, fin.Error)
+	}
+
+	rec := h.run("default", "r1")
+	if rec.Usage == nil {
+		t.Fatal("no usage on the run record")
+	}
+	check := func(what string, u protocol.UsageTotals) {
+		t.Helper()
+		if u.Input != 300 || u.Output != 30 || u.Calls != 2 || u.Main.Calls != 2 || u.Cached == nil || *u.Cached != cached || u.CachedCalls != 1 || u.Models["scripted"].Main.Input != 300 {
+			t.Fatalf("%s: %+v", what, u)
+		}
+	}
+	check("record", rec.Usage.Total)
+	if !rec.Usage.Final || rec.Usage.RunID != "r1" || rec.Usage.ThreadID != "t1" {
+		t.Fatalf("record usage %+v", rec.Usage)
+	}
+	th := h.usageOfThread(t, "default", "t1")
+	check("thread", th.Total)
+	var ru *protocol.RunUsage
+	waitFor(t, 10*time.Second, "run usage", func() bool {
+		var err error
+		ru, _, err = h.stores.Usage.Run(context.Background(), "default", "r1")
+		return err == nil
+	})
+	check("run in the usage bucket", ru.Total)
+
+	// Each completed call published its usage event once, the one before
+	// the crash by the worker that made it.
+	evs := usageOfEvents(t, w)
+	if len(evs) != 2 || evs[0].InputTokens != 100 || evs[1].InputTokens != 200 || evs[0].CachedTokens == nil {
+		t.Fatalf("usage events %+v", evs)
+	}
+	for _, ev := range evs {
+		if ev.Context.Tokens <= 0 || ev.Context.Window != 128000 || ev.Purpose != protocol.PurposeMain {
+			t.Fatalf("usage event %+v", ev)
+		}
+	}
+
+	// The next run on the thread adds its own, once.
+	w2 := h.watch("default", "t1", "r2")
+	h.submit(request("t1", "r2", "again"))
+	if fin := w2.finished(t, 10*time.Second); fin.Status != protocol.StatusSuccess {
+		t.Fatalf("r2 ended %s", fin.Status)
+	}
+	waitFor(t, 10*time.Second, "r2 in the thread's usage", func() bool {
+		th = h.usageOfThread(t, "default", "t1")
+		return len(th.Runs) == 2
+	})
+	if th.Total.Input != 500 || th.Total.Calls != 3 {
+		t.Fatalf("thread after r2: %+v", th.Total.TokenCounts)
+	}
+}
+
+// A run that stops early (cancelled while the model answers) still
+// records what it spent.
+func TestUsage_CancelledRunRecordsItsCalls(t *testing.T) {
+	h := newHarness(t)
+	h.tools.Register(tools.Func(model.ToolSpec{Name: "side_effect"}, func(ctx context.Context, _ json.RawMessage) (string, error) {
+		return "done", nil
+	}))
+	stuck := make(chan struct{})
+	m := model.NewScripted(func(n int, req *model.Request) model.Reply {
+		if n == 0 {
+			return model.Reply{ToolCalls: []model.ToolCall{{ID: "c1", Name: "side_effect", Arguments: "{}"}}}
+		}
+		close(stuck)
+		return model.Reply{Delay: time.Hour}
+	})
+	h.startWorker(m, nil)
+	w := h.watch("default", "t1", "r1")
+	h.submit(request("t1", "r1", "do the thing"))
+	<-stuck
+	if _, errReply := h.cancel("default", "t1", "r1"); errReply != nil {
+		t.Fatalf("cancel: %+v", errReply.Error)
+	}
+	if fin := w.finished(t, 10*time.Second); fin.Status != protocol.StatusCancelled {
+		t.Fatalf("run ended %s", fin.Status)
+	}
+	rec := h.run("default", "r1")
+	// The provider reported nothing: one call, estimated.
+	if rec.Usage == nil || rec.Usage.Total.Calls != 1 || rec.Usage.Total.ApproximateCalls != 1 || rec.Usage.Total.Input <= 0 {
+		t.Fatalf("record usage %+v", rec.Usage)
+	}
+	if th := h.usageOfThread(t, "default", "t1"); th.Total.Calls != 1 {
+		t.Fatalf("thread usage %+v", th.Total.TokenCounts)
+	}
+}
+
+// A worker that wrote a run's final record but died before the usage
+// write and the ack: the redelivered request finds the run finished and
+// writes the usage it missed, so the thread's totals include the run.
+func TestUsage_WrittenWhenRedeliveryFindsRunFinished(t *testing.T) {
+	h := newHarness(t)
+	h.startWorker(textModel("unused", 1, 0), nil)
+	usage := &protocol.RunUsage{RunID: "r1", ThreadID: "t1", Tenant: "default", Final: true}
+	usage.Own.AddCall("scripted", protocol.PurposeMain, 120, 12, nil, false)
+	usage.Recompute()
+	now := time.Now().UTC()
+	rec := &protocol.Run{RunID: "r1", ThreadID: "t1", Tenant: "default", Agent: protocol.DefaultAgent,
+		Status: protocol.StatusSuccess, Attempt: 1, CreatedAt: now, StartedAt: &now, FinishedAt: &now, Usage: usage}
+	if _, err := h.stores.Runs.Create(context.Background(), rec); err != nil {
+		t.Fatal(err)
+	}
+	h.submit(request("t1", "r1", "already done"))
+	th := h.usageOfThread(t, "default", "t1")
+	if th.Total.Input != 120 || th.Total.Calls != 1 {
+		t.Fatalf("thread usage %+v", th.Total.TokenCounts)
+	}
+	h.waitRunsStreamEmpty(t)
+}
