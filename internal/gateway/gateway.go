@@ -176,6 +176,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /runs/stream", s.tenanted(s.createRun(modeStream, true)))
 	m.HandleFunc("POST /runs/wait", s.tenanted(s.createRun(modeWait, true)))
 
+	s.consoleRoutes(m) // console.go
 	s.mux = m
 }
 
