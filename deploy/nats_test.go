@@ -4,11 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
-	"net/url"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/natstest"
 )
 
 // natsNodes are the compose cluster's nodes: the compose service names,
@@ -91,51 +89,12 @@ func TestComposeClusterRunsNatsagent(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node cluster")
 	}
-	ports := make(map[string]int)
-	for _, node := range natsNodes {
-		ports[node] = freePort(t)
-	}
-	var servers []*server.Server
-	for _, node := range natsNodes {
-		o := loadNATSConf(t, node)
-		routes := make([]*url.URL, 0, len(o.Routes))
-		for _, r := range o.Routes {
-			p, ok := ports[r.Hostname()]
-			if !ok {
-				t.Fatalf("%s.conf routes to %s, which is not a node", node, r.Host)
-			}
-			routes = append(routes, &url.URL{Scheme: r.Scheme, Host: fmt.Sprintf("127.0.0.1:%d", p)})
-		}
-		o.Routes = routes
-		o.Host, o.Port = "127.0.0.1", -1
-		o.HTTPHost, o.HTTPPort = "127.0.0.1", -1
-		o.Cluster.Host, o.Cluster.Port = "127.0.0.1", ports[node]
-		o.StoreDir = t.TempDir()
-		o.NoLog, o.NoSigs = true, true
-		s, err := server.NewServer(o)
-		if err != nil {
-			t.Fatalf("%s: %v", node, err)
-		}
-		go s.Start()
-		t.Cleanup(s.Shutdown)
-		if !s.ReadyForConnections(15 * time.Second) {
-			t.Fatalf("%s is not ready", node)
-		}
-		servers = append(servers, s)
-	}
-	waitFor(t, 30*time.Second, "a JetStream meta leader with three peers", func() bool {
-		for _, s := range servers {
-			if s.JetStreamIsLeader() && len(s.JetStreamClusterPeers()) == len(servers) {
-				return true
-			}
-		}
-		return false
-	})
-
-	var urls []string
-	for _, s := range servers {
-		urls = append(urls, s.ClientURL())
-	}
+	// The nodes' own configs; natstest moves addresses to loopback, the
+	// stores to a temp dir, and gives each a monitoring port.
+	c := natstest.StartClusterWith(t, bus.ClusterConfig{Nodes: len(natsNodes), Monitor: true,
+		NodeOptions: func(i int) (*server.Options, error) { return loadNATSConf(t, natsNodes[i]), nil }})
+	servers := c.Servers()
+	urls := c.ClientURLs()
 	nc, err := nats.Connect(strings.Join(urls, ","))
 	if err != nil {
 		t.Fatal(err)
@@ -266,18 +225,6 @@ func fetchJsz(addr, account string) (*jsz, error) {
 		return nil, err
 	}
 	return &j, nil
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ln.Close() }()
-	_, p, _ := net.SplitHostPort(ln.Addr().String())
-	n, _ := strconv.Atoi(p)
-	return n
 }
 
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {

@@ -131,6 +131,13 @@ func run() error {
 		defer remote.Stop()
 		agentOpts = append(agentOpts, app.WithRemoteTools(remote))
 	}
+	// Stopped after the workers (deferred before them): their last spans
+	// are exported.
+	tel, stopTelemetry, err := app.StartTelemetry(ctx, cfg.Telemetry, app.ServiceGateway, log)
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry()
 	var workers sync.WaitGroup
 	workerCtx, stopWorkers := context.WithCancel(context.Background())
 	defer func() {
@@ -138,7 +145,7 @@ func run() error {
 		workers.Wait()
 	}()
 	if o.dev {
-		if err := startWorkers(ctx, workerCtx, &workers, cfg, settings, o.workers, connect, log, agentOpts...); err != nil {
+		if err := startWorkers(ctx, workerCtx, &workers, cfg, settings, o.workers, connect, log, tel, agentOpts...); err != nil {
 			return err
 		}
 	}
@@ -148,7 +155,8 @@ func run() error {
 		return err
 	}
 	gw, err := gateway.New(ctx, nc, gateway.Config{Settings: settings, MaxBodyBytes: cfg.Gateway.MaxBodyBytes, Logger: log,
-		Files: workdirs, MaxFileBytes: cfg.Files.MaxFileBytes, APIKeys: keys})
+		Files: workdirs, MaxFileBytes: cfg.Files.MaxFileBytes, APIKeys: keys,
+		Metrics: tel.Metrics, MetricsHandler: tel.InlineMetrics(), Traces: tel.TracerProvider})
 	if err != nil {
 		return err
 	}
@@ -168,10 +176,11 @@ func run() error {
 	hs.RegisterOnShutdown(endStreams)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
-	log.Info("natsagent gateway", zap.String("http", "http://"+ln.Addr().String()), zap.Bool("dev", o.dev), zap.Int("api_keys", len(keys)))
+	log.Info("natsagent gateway", zap.String("http", "http://"+ln.Addr().String()), zap.String("console", "http://"+ln.Addr().String()+"/console/"),
+		zap.Bool("dev", o.dev), zap.Int("api_keys", len(keys)))
 	warnIfOpen(log, ln.Addr(), keys)
 	if o.dev {
-		fmt.Fprintf(os.Stderr, "\nTry it:\n  curl -N http://%s/threads/demo/runs/stream -H 'Content-Type: application/json' \\\n    -d '{\"input\":{\"messages\":[{\"role\":\"user\",\"content\":\"What time is it?\"}]}}'\n\n", ln.Addr())
+		fmt.Fprintf(os.Stderr, "\nOpen the console at http://%s/console/ or try it from a shell:\n  curl -N http://%s/threads/demo/runs/stream -H 'Content-Type: application/json' \\\n    -d '{\"input\":{\"messages\":[{\"role\":\"user\",\"content\":\"What time is it?\"}]}}'\n\n", ln.Addr(), ln.Addr())
 	}
 
 	select {
@@ -191,7 +200,7 @@ func run() error {
 }
 
 // startWorkers runs n in-process workers, each on its own connection.
-func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config.Config, settings bus.Settings, n int, connect func(string) (*nats.Conn, error), log *zap.Logger, agentOpts ...app.AgentsOption) error {
+func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config.Config, settings bus.Settings, n int, connect func(string) (*nats.Conn, error), log *zap.Logger, tel *app.Telemetry, agentOpts ...app.AgentsOption) error {
 	m, label, err := app.Model(cfg)
 	if err != nil {
 		return err
@@ -216,12 +225,12 @@ func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config
 			nc.Close()
 			return err
 		}
-		jobRunner, err := app.Jobs(ctx, wjs, cfg, settings, mem, m, log)
+		workdirs, err := app.Files(ctx, cfg, nc, settings)
 		if err != nil {
 			nc.Close()
 			return err
 		}
-		workdirs, err := app.Files(ctx, cfg, nc, settings)
+		jobRunner, err := app.Jobs(ctx, wjs, cfg, settings, mem, m, log, app.WithCompaction(agents, workdirs))
 		if err != nil {
 			nc.Close()
 			return err
@@ -236,6 +245,8 @@ func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config
 			Logger:        log,
 			Jobs:          jobRunner,
 			Files:         workdirs,
+			Metrics:       tel.Metrics,
+			Traces:        tel.TracerProvider,
 		})
 		if err != nil {
 			nc.Close()

@@ -19,6 +19,7 @@ import (
 	"syscall"
 
 	"github.com/natsagent/natsagent/internal/bench"
+	"github.com/natsagent/natsagent/internal/metrics/prom"
 )
 
 // command is one subcommand. Hidden commands serve natsagent itself and
@@ -53,6 +54,7 @@ func commands() []command {
 		{name: "usage", summary: "token usage of a run or a thread", run: runUsage},
 		{name: "bench", summary: "measure throughput, latency, steer/cancel, long threads, scaling and memory", run: runBench},
 		{name: "bench-worker", summary: "a worker process started by bench", hidden: true, run: runBenchWorker},
+		{name: "soak", summary: "run runs under node, worker and model faults and audit every one", run: runSoak},
 		{name: "help", summary: "show the commands, or a command's flags (help <command>)"},
 	}
 }
@@ -157,6 +159,7 @@ func runBench(ctx context.Context, args []string, std stdio) error {
 	timeout := fs.Duration("timeout", def.Timeout, "bound on the whole invocation; each scenario gets a share")
 	quiet := fs.Bool("quiet", false, "no progress line")
 	progress := fs.Bool("progress", false, "progress line on stderr even when it is not a terminal")
+	withMetrics := fs.Bool("metrics", false, "record Prometheus metrics in the in-process workers, to measure what they cost")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -198,6 +201,13 @@ func runBench(ctx context.Context, args []string, std stdio) error {
 	if len(cfg.Scenarios) == 0 {
 		fmt.Fprintln(std.err, "natsagent bench: --scenarios names no scenario")
 		return errUsage
+	}
+	if *withMetrics {
+		rec, err := prom.New(prom.Options{})
+		if err != nil {
+			return err
+		}
+		cfg.Metrics = rec
 	}
 	if exe, err := os.Executable(); err == nil {
 		cfg.WorkerCommand = []string{exe, "bench-worker"}

@@ -48,14 +48,22 @@ func writeStatus(w http.ResponseWriter, code int, status string) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"status": status})
 }
 
-// serveHealth serves healthHandler on addr; /readyz turns unready when ctx
-// ends (shutdown began). The returned stop closes the listener.
-func serveHealth(ctx context.Context, addr string, nc *nats.Conn, log *zap.Logger) (stop func(), err error) {
+// serveHealth serves healthHandler on addr, and metrics at /metrics when
+// not nil; /readyz turns unready when ctx ends (shutdown began). The
+// returned stop closes the listener.
+func serveHealth(ctx context.Context, addr string, nc *nats.Conn, log *zap.Logger, metrics http.Handler) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w (change it with --listen)", addr, err)
 	}
-	hs := &http.Server{Handler: healthHandler(nc, ctx.Done()), ReadHeaderTimeout: 5 * time.Second}
+	h := healthHandler(nc, ctx.Done())
+	if metrics != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/", h)
+		mux.Handle("GET /metrics", metrics)
+		h = mux
+	}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := hs.Serve(ln); err != nil && err != http.ErrServerClosed {
 			log.Error("health endpoint stopped", zap.Error(err))

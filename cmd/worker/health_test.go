@@ -21,7 +21,7 @@ func TestHealthEndpoints(t *testing.T) {
 	ctx, shutdown := context.WithCancel(context.Background())
 	defer shutdown()
 	addr := freeAddr(t)
-	stop, err := serveHealth(ctx, addr, nc, zap.NewNop())
+	stop, err := serveHealth(ctx, addr, nc, zap.NewNop(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func TestHealthEndpoints(t *testing.T) {
 	// A fresh server whose NATS connection is gone is unready too.
 	stop()
 	nc.Close()
-	stop, err = serveHealth(context.Background(), addr, nc, zap.NewNop())
+	stop, err = serveHealth(context.Background(), addr, nc, zap.NewNop(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func freeAddr(t *testing.T) string {
 
 func TestHealthListenError(t *testing.T) {
 	srv := natstest.Start(t)
-	if _, err := serveHealth(context.Background(), "256.0.0.1:1", srv.Connect(), zap.NewNop()); err == nil {
+	if _, err := serveHealth(context.Background(), "256.0.0.1:1", srv.Connect(), zap.NewNop(), nil); err == nil {
 		t.Fatal("listening on an invalid address succeeded")
 	}
 }

@@ -30,7 +30,7 @@ func run() error {
 	fs := flag.NewFlagSet("worker", flag.ExitOnError)
 	flags := app.RegisterFlags(fs)
 	id := fs.String("id", "", "worker id in leases and logs (default: random)")
-	listen := fs.String("listen", "", "HTTP address of the health endpoints /healthz and /readyz, e.g. :8081 (default: none)")
+	listen := fs.String("listen", "", "HTTP address of the health endpoints /healthz and /readyz and of /metrics, e.g. :8081 (default: none)")
 	_ = fs.Parse(os.Args[1:])
 	cfg, err := flags.Load()
 	if err != nil {
@@ -84,13 +84,21 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	jobRunner, err := app.Jobs(ctx, js, cfg, settings, mem, m, log)
-	if err != nil {
-		return err
-	}
 	workdirs, err := app.Files(ctx, cfg, nc, settings)
 	if err != nil {
 		return err
+	}
+	jobRunner, err := app.Jobs(ctx, js, cfg, settings, mem, m, log, app.WithCompaction(agents, workdirs))
+	if err != nil {
+		return err
+	}
+	tel, stopTelemetry, err := app.StartTelemetry(ctx, cfg.Telemetry, app.ServiceWorker, log)
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry()
+	if *listen == "" && tel.InlineMetrics() != nil {
+		log.Info("metrics are not served: set --listen (health and /metrics) or telemetry.metrics.listen")
 	}
 	w, err := worker.New(ctx, nc, worker.Config{
 		Settings:      settings,
@@ -102,12 +110,14 @@ func run() error {
 		Logger:        log,
 		Jobs:          jobRunner,
 		Files:         workdirs,
+		Metrics:       tel.Metrics,
+		Traces:        tel.TracerProvider,
 	})
 	if err != nil {
 		return err
 	}
 	if *listen != "" {
-		stopHealth, err := serveHealth(ctx, *listen, nc, log)
+		stopHealth, err := serveHealth(ctx, *listen, nc, log, tel.InlineMetrics())
 		if err != nil {
 			return err
 		}

@@ -122,7 +122,10 @@ func (l *loop) flush(ctx context.Context) error {
 		return nil
 	}
 	if err := l.Host.Checkpoint(ctx, l.pending); err != nil {
-		return err
+		if errors.Is(err, ErrLeaseLost) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", ErrCheckpointFailed, err)
 	}
 	l.pending = state.Update{}
 	return nil
@@ -179,6 +182,13 @@ func (l *loop) paused(intr *protocol.Interrupt) Outcome {
 // another worker owns the run now, so this one writes nothing more.
 var ErrLeaseLost = errors.New("lease on the thread was lost")
 
+// ErrCheckpointFailed is the cause of a run whose progress could not be
+// saved (the checkpoint bucket did not take the write, as during a node
+// loss). Nothing is wrong with the run itself, so it does not end: the
+// host hands it back, and the next attempt continues from the last
+// checkpoint that was saved.
+var ErrCheckpointFailed = errors.New("the run's progress could not be saved")
+
 func (l *loop) failed(ctx context.Context, err error) Outcome {
 	if cause := stopCause(ctx, l.Preempt); cause != nil {
 		return l.stopped(ctx, cause)
@@ -186,10 +196,15 @@ func (l *loop) failed(ctx context.Context, err error) Outcome {
 	if errors.Is(err, ErrLeaseLost) {
 		return Outcome{Stopped: ErrLeaseLost}
 	}
+	if errors.Is(err, ErrCheckpointFailed) {
+		return Outcome{Stopped: err}
+	}
 	saveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if ferr := l.flush(saveCtx); ferr != nil && errors.Is(ferr, ErrLeaseLost) {
-		return Outcome{Stopped: ErrLeaseLost}
+	if ferr := l.flush(saveCtx); ferr != nil {
+		// The failure is not recorded over progress that was not saved:
+		// the next attempt redoes the step from the last checkpoint.
+		return Outcome{Stopped: ferr}
 	}
 	return Outcome{Status: protocol.StatusError, Error: err.Error()}
 }
@@ -328,7 +343,7 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 			State:     l.st,
 		}
 		l.rt.Step++
-		resp, err := l.callChain(ctx, modelCall, msgID, req)
+		resp, usage, err := l.modelStep(ctx, modelCall, msgID, req)
 		if err != nil {
 			return l.failed(ctx, err), false
 		}
@@ -345,7 +360,7 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 		if resp.Response.FinishReason != "" {
 			msg.Meta["finish_reason"] = resp.Response.FinishReason
 		}
-		middleware.SetUsage(&msg, l.callUsage(req, resp))
+		middleware.SetUsage(&msg, usage)
 		msg = l.mark(msg)
 		l.stage(resp.Update)
 		l.stage(state.Update{Messages: []model.Message{msg}})
@@ -394,11 +409,13 @@ func (l *loop) callModel(ctx context.Context, req *middleware.ModelRequest) (*mi
 	middleware.RecordSent(ctx, req)
 	mreq := &model.Request{Model: req.ModelName, System: req.System, Messages: req.Messages, Tools: req.Tools}
 	msgID := middleware.MessageID(ctx)
+	start := time.Now()
 	resp, err := req.Model.Generate(ctx, mreq, func(d model.Delta) {
 		if d.Content != "" {
 			l.Host.Emit(protocol.EventMessageDelta, protocol.DeltaData{MessageID: msgID, Delta: d.Content})
 		}
 	})
+	l.observeModelCall(ctx, req, start, err)
 	if err != nil {
 		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
 			return nil, fmt.Errorf("model call stopped: %w", cause)
@@ -441,7 +458,7 @@ func (l *loop) runTools(ctx context.Context, handler middleware.ToolHandler, cal
 					errs[i] = &middleware.PanicError{What: "tool call " + c.Name, Value: p, Stack: debug.Stack()}
 				}
 			}()
-			results[i], errs[i] = handler(ctx, &middleware.ToolCall{Call: c, Tool: l.rt.Tools.Get(c.Name), State: l.st, Env: &env})
+			results[i], errs[i] = toolStep(ctx, handler, &middleware.ToolCall{Call: c, Tool: l.rt.Tools.Get(c.Name), State: l.st, Env: &env})
 		}()
 	}
 	wg.Wait()

@@ -96,6 +96,9 @@ type Resources struct {
 	// Source supplies the tools resolved per run, for the run's tenant
 	// (remote tools; nil: none).
 	Source ToolSource
+	// ContextWindows are the configured context windows by model name
+	// (config models[]), consulted before the built-in table.
+	ContextWindows map[string]int
 }
 
 // NewAgentsWith is NewAgents with every shared resource.
@@ -134,12 +137,13 @@ func NewAgentsWith(res Resources, profiles ...Profile) (*Agents, error) {
 			return nil, fmt.Errorf("agent profile %q: %w", p.Name, err)
 		}
 		chain, err := middleware.Assemble(p.Middleware, middleware.Env{
-			Model:     m,
-			KnownTool: func(name string) bool { return set.Get(name) != nil || sel.selects(name) },
-			Kind:      p.Kind,
-			Tools:     reg,
-			Memory:    res.Memory,
-			Subagents: catalog[p.Name],
+			Model:          m,
+			KnownTool:      func(name string) bool { return set.Get(name) != nil || sel.selects(name) },
+			Kind:           p.Kind,
+			Tools:          reg,
+			Memory:         res.Memory,
+			Subagents:      catalog[p.Name],
+			ContextWindows: res.ContextWindows,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("agent profile %q: middleware %w", p.Name, err)

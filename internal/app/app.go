@@ -75,7 +75,8 @@ func Agents(cfg config.Config, m model.Model, opts ...AgentsOption) (*agent.Agen
 			return nil, err
 		}
 	}
-	return agent.NewAgentsWith(agent.Resources{Model: m, Tools: b.registry, Memory: b.memory, Source: b.source}, b.profiles...)
+	return agent.NewAgentsWith(agent.Resources{Model: m, Tools: b.registry, Memory: b.memory, Source: b.source,
+		ContextWindows: cfg.ContextWindows()}, b.profiles...)
 }
 
 // Profiles converts the configured agents into profiles.

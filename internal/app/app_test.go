@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/natsagent/natsagent/internal/config"
+	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
 )
 
@@ -49,5 +50,43 @@ func TestImpossibleMiddlewareConfigurationFailsAtStart(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: error %v, want it to mention %s", c.mw, err, c.want)
 		}
+	}
+}
+
+// A model listed in the configuration's models section gets its window in
+// every profile's context limits (the usage snapshot and the compression
+// trigger read them), unless a profile sets token_usage.context_window.
+func TestConfiguredModelWindowsReachTheChains(t *testing.T) {
+	cfg := config.Default()
+	cfg.Models = []config.ModelInfo{{Name: "qwen2.5:7b", ContextWindow: 32768}}
+	cfg.Agents = []config.Agent{
+		{Name: "local", Model: "qwen2.5:7b"},
+		{Name: "pinned", Model: "qwen2.5:7b", Middleware: config.Middleware{
+			Settings: map[string]map[string]any{"token_usage": {"context_window": 8192}}}},
+	}
+	agents, err := Agents(cfg, model.NewDemo(model.DemoOptions{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	window := func(profile, modelName string) int {
+		for _, m := range agents.Chain(profile).Middlewares() {
+			if u, ok := m.(*middleware.TokenUsage); ok {
+				return u.WindowFor(modelName)
+			}
+		}
+		t.Fatalf("%s has no token_usage", profile)
+		return 0
+	}
+	if w := window("local", "qwen2.5:7b"); w != 32768 {
+		t.Errorf("configured model: window %d, want 32768", w)
+	}
+	if w := window("local", "ollama/qwen2.5:7b"); w != 32768 {
+		t.Errorf("provider-prefixed name: window %d, want 32768", w)
+	}
+	if w := window("local", "gpt-4"); w != 8192 {
+		t.Errorf("unlisted model: window %d, want the table's 8192", w)
+	}
+	if w := window("pinned", "qwen2.5:7b"); w != 8192 {
+		t.Errorf("profile context_window: window %d, want 8192", w)
 	}
 }

@@ -33,16 +33,23 @@ func Memory(ctx context.Context, js jetstream.JetStream, settings bus.Settings) 
 }
 
 // Jobs builds a worker's background job runner: the memory job, which
-// reads threads and asks m for facts. Give it to worker.Config.Jobs.
-func Jobs(ctx context.Context, js jetstream.JetStream, cfg config.Config, settings bus.Settings, store *memory.Store, m model.Model, log *zap.Logger) (*jobs.Runner, error) {
+// reads threads and asks m for facts, and the kinds opts add
+// (WithCompaction). Give it to worker.Config.Jobs.
+func Jobs(ctx context.Context, js jetstream.JetStream, cfg config.Config, settings bus.Settings, store *memory.Store, m model.Model, log *zap.Logger, opts ...JobsOption) (*jobs.Runner, error) {
 	stores, err := kv.Open(ctx, js, settings.Names)
 	if err != nil {
 		return nil, err
 	}
 	extractor := memory.NewExtractor(store, stores, m, log)
+	handlers := map[string]jobs.Handler{memory.JobKind: extractor.Handle}
+	for _, o := range opts {
+		if err := o(ctx, js, settings, stores, log, handlers); err != nil {
+			return nil, err
+		}
+	}
 	return jobs.NewRunner(ctx, js, jobs.Config{
 		Settings:    settings,
-		Handlers:    map[string]jobs.Handler{memory.JobKind: extractor.Handle},
+		Handlers:    handlers,
 		Concurrency: cfg.Worker.JobConcurrency,
 		Logger:      log,
 	})

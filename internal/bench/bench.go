@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/metrics"
 )
 
 // Scenario names, in the order they run.
@@ -105,6 +106,11 @@ type Config struct {
 
 	// Progress receives the progress line (nil: none).
 	Progress io.Writer
+
+	// Metrics, when set, receives the in-process workers' measurements,
+	// so a burst shows what recording them costs (`natsagent bench
+	// --metrics`: a Prometheus recorder).
+	Metrics metrics.Recorder
 }
 
 // DefaultConfig is the configuration of `natsagent bench` without flags.

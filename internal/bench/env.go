@@ -349,6 +349,7 @@ func (d *deployment) startWorkers(ctx context.Context, m model.Model, concurrenc
 			Agents:        agents,
 			Logger:        zap.NewNop(),
 			ShutdownGrace: 2 * time.Second,
+			Metrics:       d.e.cfg.Metrics,
 		})
 		if err != nil {
 			nc.Close()

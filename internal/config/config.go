@@ -18,10 +18,12 @@ import (
 
 // Config is the whole configuration of a gateway or worker process.
 type Config struct {
-	NATS    NATS    `yaml:"nats"`
-	Model   Model   `yaml:"model"`
-	Worker  Worker  `yaml:"worker"`
-	Gateway Gateway `yaml:"gateway"`
+	NATS  NATS  `yaml:"nats"`
+	Model Model `yaml:"model"`
+	// Models describe the models profiles use (their context windows).
+	Models  []ModelInfo `yaml:"models"`
+	Worker  Worker      `yaml:"worker"`
+	Gateway Gateway     `yaml:"gateway"`
 	// Agents are the agent profiles; the built-in "chatbot" is added
 	// unless a profile of that name is configured.
 	Agents []Agent `yaml:"agents"`
@@ -31,6 +33,8 @@ type Config struct {
 	Files Files `yaml:"files"`
 	// RemoteTools configures the discovery and calls of remote tools.
 	RemoteTools RemoteTools `yaml:"remote_tools"`
+	// Telemetry configures metrics and traces.
+	Telemetry Telemetry `yaml:"telemetry"`
 }
 
 // Agent is an agent profile.
@@ -179,6 +183,7 @@ func Default() Config {
 		},
 		Files:       defaultFiles(),
 		RemoteTools: defaultRemoteTools(),
+		Telemetry:   defaultTelemetry(),
 	}
 }
 
@@ -223,6 +228,7 @@ func (c *Config) applyEnv(get func(string) string) {
 		c.NATS.URL = v
 	}
 	c.NATS.applyAuthEnv(get)
+	c.Telemetry.applyEnv(get)
 }
 
 // UsesDemoModel reports whether no model provider is configured.
@@ -257,11 +263,13 @@ func (c *Config) Validate() error {
 	if c.Worker.JobConcurrency < 1 {
 		bad("worker.job_concurrency", "must be at least 1")
 	}
+	validateModels(c.Models, bad)
 	c.MCP.validate(bad)
 	c.Files.validate(bad)
 	c.RemoteTools.validate(bad)
 	c.NATS.validateAuth(bad)
 	c.Gateway.validateAPIKeys(bad)
+	c.Telemetry.validate(len(c.Gateway.APIKeys) > 0, bad)
 	seen := make(map[string]bool)
 	for i, a := range c.Agents {
 		path := fmt.Sprintf("agents[%d]", i)

@@ -28,6 +28,9 @@ worker:
 model:
   base_url: http://localhost:11434/v1
   name: qwen2.5:7b
+models:
+  - name: qwen2.5:7b
+    context_window: 32768
 agents:
   - name: researcher
     tools: [current_time]
@@ -53,6 +56,9 @@ agents:
 	if cfg.Model.APIKey != "sk-secret" || cfg.Model.Name != "qwen2.5:7b" {
 		t.Fatalf("model %+v", cfg.Model)
 	}
+	if w := cfg.ContextWindows(); len(w) != 1 || w["qwen2.5:7b"] != 32768 {
+		t.Fatalf("models %+v: windows %v", cfg.Models, w)
+	}
 	if len(cfg.Agents) != 1 || cfg.Agents[0].Middleware.Settings["token_budget"]["max_tokens"] != 50000 {
 		t.Fatalf("agents %+v", cfg.Agents)
 	}
@@ -64,13 +70,17 @@ agents:
 
 func TestLoadRejectsBadFieldsWithTheirPath(t *testing.T) {
 	cases := map[string]string{
-		"nats:\n  replicaz: 3\n":                         "replicaz",
-		"nats:\n  replicas: 2\n":                         "nats.replicas",
-		"nats:\n  ack_wait: soon\n":                      "is not a duration",
-		"worker:\n  concurrency: 0\n":                    "worker.concurrency",
-		"agents:\n  - name: a\n  - name: a\n":            "agents[1].name",
-		"agents:\n  - max_steps: 3\n":                    "agents[0].name",
-		"model:\n  base_url: http://localhost:8000/v1\n": "model.name",
+		"nats:\n  replicaz: 3\n":                          "replicaz",
+		"nats:\n  replicas: 2\n":                          "nats.replicas",
+		"nats:\n  ack_wait: soon\n":                       "is not a duration",
+		"worker:\n  concurrency: 0\n":                     "worker.concurrency",
+		"agents:\n  - name: a\n  - name: a\n":             "agents[1].name",
+		"agents:\n  - max_steps: 3\n":                     "agents[0].name",
+		"model:\n  base_url: http://localhost:8000/v1\n":  "model.name",
+		"models:\n  - context_window: 8192\n":             "models[0].name",
+		"models:\n  - name: m\n    context_window: 512\n": "models[0].context_window",
+		"models:\n  - name: m\n    context_window: 8192\n  - name: m\n    context_window: 8192\n": "models[1].name",
+		"models:\n  - name: m\n    context_windw: 8192\n":                                         "context_windw",
 	}
 	t.Setenv(EnvModel, "")
 	t.Setenv(EnvBaseURL, "")

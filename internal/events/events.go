@@ -113,9 +113,12 @@ func encodeData(data any) (json.RawMessage, error) {
 	return json.Marshal(data)
 }
 
-// Publish publishes one event and waits for the stream to store it.
+// Publish publishes one event and waits for the stream to store it. An
+// event with a message id (the lifecycle events) is sent again through a
+// leader election or a node loss, and when a concurrent publish of the
+// same event is still being stored (bus.PublishMsg): the stream keeps one.
 func (p *Publisher) Publish(ctx context.Context, m *nats.Msg) error {
-	_, err := p.js.PublishMsg(ctx, m)
+	_, err := bus.PublishMsg(ctx, p.js, m)
 	return err
 }
 
@@ -182,8 +185,11 @@ func (p *Publisher) PublishFinished(ctx context.Context, r *protocol.Run) error 
 // finished run, a crash between finishing and acking) use it: beyond the
 // duplicate window the message id alone would not stop a second copy, and
 // live subscribers would see every re-publish.
+//
+// The stream is read through its leader: a replica may not have stored
+// the run.finished that another worker just published.
 func (p *Publisher) EnsureFinished(ctx context.Context, r *protocol.Run) error {
-	m, err := p.stream.GetLastMsgForSubject(ctx, p.names.EventSubject(r.Tenant, r.ThreadID, r.RunID, protocol.KindLifecycle))
+	m, err := bus.GetMsgFromLeader(ctx, p.js, p.names.EventsStream(), bus.MsgQuery{LastBySubject: p.names.EventSubject(r.Tenant, r.ThreadID, r.RunID, protocol.KindLifecycle)})
 	if err == nil {
 		var env protocol.Event
 		if json.Unmarshal(m.Data, &env) == nil && env.Type == protocol.EventRunFinished {
@@ -200,9 +206,11 @@ func FinishedData(r *protocol.Run) protocol.FinishedData {
 	return protocol.FinishedData{Status: r.Status, StopReason: r.StopReason, Error: r.Error, Output: r.Output, SupersededBy: r.SupersededBy, Interrupt: r.Interrupt}
 }
 
-// LastSeq returns the seq of the last stored event of a run (0 if none).
+// LastSeq returns the seq of the last stored event of a run (0 if none),
+// read through the stream's leader: a replica behind it would make a
+// takeover number its events again from an older seq.
 func (p *Publisher) LastSeq(ctx context.Context, tenant, thread, run string) (uint64, error) {
-	m, err := p.stream.GetLastMsgForSubject(ctx, p.names.RunEvents(tenant, thread, run))
+	m, err := bus.GetMsgFromLeader(ctx, p.js, p.names.EventsStream(), bus.MsgQuery{LastBySubject: p.names.RunEvents(tenant, thread, run)})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, nil
 	}
@@ -251,7 +259,8 @@ func (s *Stream) Emit(eventType string, data any, msgID string) {
 	}
 	if err != nil && s.firstErr == nil {
 		s.firstErr = err
-		s.p.log.Warn("publish run event failed", zap.String("run_id", s.run), zap.String("type", eventType), zap.Error(err))
+		s.p.log.Warn("publish run event failed", zap.String("tenant", s.tenant), zap.String("thread_id", s.thread), zap.String("run_id", s.run),
+			zap.String("type", eventType), zap.Error(err))
 	}
 }
 
@@ -307,6 +316,10 @@ func (s *Stream) Reserve() uint64 {
 	return s.seq
 }
 
+// ackWait is how long Flush waits for the acknowledgements of the events
+// emitted so far before it sends the unanswered ones again.
+const ackWait = 5 * time.Second
+
 // Flush waits until every event emitted so far is stored, and returns the
 // first publish error.
 func (s *Stream) Flush(ctx context.Context) error {
@@ -314,11 +327,25 @@ func (s *Stream) Flush(ctx context.Context) error {
 	futures, queued := s.futures, s.queued
 	s.futures, s.queued = nil, nil
 	s.mu.Unlock()
+	// An acknowledgement lost with a node that went down never arrives,
+	// and nats.go does not time a future out: after ackWait the event is
+	// sent again (resend) or reported not stored.
+	timeout := time.NewTimer(ackWait)
+	defer timeout.Stop()
 	if queued != nil {
 		select {
 		case <-queued.Ok():
+		case <-timeout.C:
+			timeout.Reset(ackWait)
+			if err := s.resend(ctx, queued.Msg(), nats.ErrTimeout); err != nil && !runHasEvents(err) {
+				s.mu.Lock()
+				if s.firstErr == nil {
+					s.firstErr = err
+				}
+				s.mu.Unlock()
+			}
 		case err := <-queued.Err():
-			if !runHasEvents(err) {
+			if err = s.resend(ctx, queued.Msg(), err); err != nil && !runHasEvents(err) {
 				s.mu.Lock()
 				if s.firstErr == nil {
 					s.firstErr = err
@@ -329,20 +356,54 @@ func (s *Stream) Flush(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+	expired := false
 	for _, f := range futures {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
+		var err error
+		if expired {
+			// Past the wait: what has not answered by now is sent again.
+			select {
+			case <-f.Ok():
+				continue
+			case err = <-f.Err():
+			default:
+				err = nats.ErrTimeout
+			}
+		} else {
+			select {
+			case <-f.Ok():
+				continue
+			case <-timeout.C:
+				expired, err = true, nats.ErrTimeout
+			case err = <-f.Err():
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if err = s.resend(ctx, f.Msg(), err); err != nil {
 			s.mu.Lock()
 			if s.firstErr == nil {
 				s.firstErr = err
 			}
 			s.mu.Unlock()
-		case <-ctx.Done():
-			return ctx.Err()
 		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.firstErr
+}
+
+// resend publishes again, and waits for, an event whose asynchronous
+// publish failed the way a leader election or a node loss fails it (no
+// responders, a timeout, or its message id still being stored by the
+// first attempt, which nats.go's own resend on no responders provokes),
+// when the event carries a message id: the stream keeps one copy. An
+// event without an id is not sent twice; err is returned as it was.
+func (s *Stream) resend(ctx context.Context, m *nats.Msg, err error) error {
+	if m == nil || m.Header.Get(jetstream.MsgIDHeader) == "" || !bus.Transient(err) {
+		return err
+	}
+	if _, rerr := bus.PublishMsg(ctx, s.p.js, m); rerr != nil {
+		return rerr
+	}
+	return nil
 }

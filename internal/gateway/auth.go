@@ -31,7 +31,7 @@ const (
 )
 
 // Routes open without a key: orchestrators probe them.
-var openRoutes = map[string]bool{"GET /healthz": true, "GET /readyz": true}
+var openRoutes = map[string]bool{"GET /healthz": true, "GET /readyz": true, "GET /metrics": true}
 
 // authenticator checks API keys. Keys are compared as SHA-256 sums in
 // constant time, and every configured key is compared, so neither the time

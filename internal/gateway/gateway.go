@@ -21,13 +21,17 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/metrics"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/submit"
+	"github.com/natsagent/natsagent/internal/telemetry"
 )
 
 // DefaultMaxBodyBytes bounds a request body when Config sets no limit.
@@ -55,6 +59,15 @@ type Config struct {
 	// APIKeys, when any is set, are required on every route but the
 	// health checks, and a request acts for its key's tenant (auth.go).
 	APIKeys []APIKey
+	// Metrics receives the gateway's measurements (nil: none).
+	Metrics metrics.Recorder
+	// MetricsHandler, when set, is served at GET /metrics, open like the
+	// health checks (operations.md, "Observability").
+	MetricsHandler http.Handler
+	// Traces records a span per request and per published run request,
+	// whose context the request carries to the worker; nil traces
+	// nothing.
+	Traces trace.TracerProvider
 }
 
 // Server serves the HTTP API. It keeps no state of its own: any number of
@@ -66,11 +79,13 @@ type Server struct {
 	js     jetstream.JetStream
 	stores *kv.Stores
 	pub    *events.Publisher
+	queue  *submit.Queue
 	runs   jetstream.Stream
 	events jetstream.Stream
 	log    *zap.Logger
 	mux    *http.ServeMux
 	auth   *authenticator // nil: no API keys, the API is open
+	tracer trace.Tracer   // nil: the gateway does not trace
 
 	// keepAlive is how long an SSE stream may stay silent before a
 	// comment is sent, so proxies do not close it.
@@ -97,6 +112,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Server, error) {
 	if cfg.MaxFileBytes <= 0 {
 		cfg.MaxFileBytes = files.DefaultMaxFileBytes
 	}
+	cfg.Metrics = metrics.Or(cfg.Metrics)
 	if !protocol.ValidToken(cfg.DefaultAgent) {
 		return nil, fmt.Errorf("gateway: default agent %q is not valid: use A-Z, a-z, 0-9, '_' and '-'", cfg.DefaultAgent)
 	}
@@ -140,6 +156,10 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Server, error) {
 		submitTimeout: 15 * time.Second,
 		cancelTimeout: 30 * time.Second,
 	}
+	s.queue = &submit.Queue{JS: js, Names: names, Stores: stores, Events: pub, Submitter: "gateway"}
+	if cfg.Traces != nil {
+		s.tracer = telemetry.Tracer(cfg.Traces)
+	}
 	s.routes()
 	return s, nil
 }
@@ -148,6 +168,9 @@ func (s *Server) routes() {
 	m := http.NewServeMux()
 	m.HandleFunc("GET /healthz", s.healthz)
 	m.HandleFunc("GET /readyz", s.readyz)
+	if s.cfg.MetricsHandler != nil {
+		m.Handle("GET /metrics", s.cfg.MetricsHandler)
+	}
 
 	m.HandleFunc("POST /threads", s.tenanted(s.createThread))
 	m.HandleFunc("GET /threads", s.tenanted(s.listThreads))
@@ -155,6 +178,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /threads/{thread_id}/state", s.tenanted(s.threadState))
 	m.HandleFunc("GET /threads/{thread_id}/history", s.tenanted(s.threadHistory))
 	m.HandleFunc("POST /threads/{thread_id}/history", s.tenanted(s.threadHistory))
+	m.HandleFunc("POST /threads/{thread_id}/compact", s.tenanted(s.compactThread))
 
 	m.HandleFunc("GET /threads/{thread_id}/runs", s.tenanted(s.listRuns))
 	m.HandleFunc("POST /threads/{thread_id}/runs", s.tenanted(s.createRun(modeBackground, false)))
@@ -188,6 +212,8 @@ func (s *Server) Handler() http.Handler {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
 		h, pattern := s.mux.Handler(r)
+		r, done := s.observe(r, pattern)
+		defer func() { done(sw.code()) }()
 		r.Body = http.MaxBytesReader(sw, r.Body, s.bodyLimit(pattern))
 		r, authorized := s.authenticate(sw, r, pattern)
 		switch {

@@ -8,13 +8,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/submit"
 )
 
 // submit takes a validated run request to the runs stream and returns its
@@ -28,12 +28,9 @@ import (
 //     reject);
 //  3. reject strategy on a busy thread: the run is recorded rejected and
 //     never published;
-//  4. the request is published with Nats-Msg-Id = run id, and the PubAck
-//     awaited;
-//  5. run.queued is published (idempotent by its message id) before the
-//     record exists, so no worker can publish run.started ahead of it;
-//  6. the pending record is created; if a worker was faster, its record
-//     stands.
+//  4. the request is enqueued as every submitter enqueues (internal/submit:
+//     request with Nats-Msg-Id = run id, run.queued, pending record, run
+//     index).
 func (s *Server) submit(ctx context.Context, req *protocol.RunRequest, ifNotExists string) (*protocol.Run, error) {
 	log := s.log.With(zap.String("tenant", req.Tenant), zap.String("thread_id", req.ThreadID), zap.String("run_id", req.RunID))
 	data, err := json.Marshal(req)
@@ -60,8 +57,9 @@ func (s *Server) submit(ctx context.Context, req *protocol.RunRequest, ifNotExis
 		th = newThread(req.Tenant, req.ThreadID, nil)
 		_, err = s.stores.Threads.Put(ctx, th, 0)
 		if errors.Is(err, kv.ErrExists) {
-			// Created meanwhile (by a worker or another request): use it.
-			th, _, err = s.stores.Threads.Get(ctx, req.Tenant, req.ThreadID)
+			// Created meanwhile (by a worker or another request): use it,
+			// read from the leader (a replica may not have it yet).
+			th, _, err = s.stores.Threads.GetLatest(ctx, req.Tenant, req.ThreadID)
 		}
 	}
 	if err != nil {
@@ -84,42 +82,22 @@ func (s *Server) submit(ctx context.Context, req *protocol.RunRequest, ifNotExis
 		}
 	}
 
-	m := nats.NewMsg(s.names.RunSubject(req.Tenant, req.ThreadID))
-	m.Data = data
-	m.Header.Set(jetstream.MsgIDHeader, req.RunID)
-	m.Header.Set(protocol.HeaderSubmitter, "gateway")
-	ack, err := s.js.PublishMsg(ctx, m)
+	// The publish span covers the enqueue; its context travels in the
+	// request, so the worker's run span hangs under it.
+	pubCtx, published := s.tracePublish(ctx, req)
+	out, err := s.queue.Enqueue(pubCtx, req, data)
 	if err != nil {
-		if errors.Is(err, nats.ErrMaxPayload) {
-			return nil, errTooLarge("run request is over the NATS server's max payload")
+		published(nil, err)
+		if errors.Is(err, submit.ErrMaxPayload) {
+			return nil, errTooLarge(err.Error())
 		}
-		return nil, fmt.Errorf("publish run request: %w", err)
+		return nil, err
 	}
-	if err := s.pub.PublishQueued(ctx, req); err != nil {
-		return nil, fmt.Errorf("publish run.queued: %w", err)
-	}
-	rec = newRecord(req, ack.Sequence)
-	if _, err := s.stores.Runs.Create(ctx, rec); err != nil {
-		if !errors.Is(err, kv.ErrExists) {
-			return nil, fmt.Errorf("create run record: %w", err)
-		}
-		if rec, _, err = s.stores.Runs.Get(ctx, req.Tenant, req.RunID); err != nil {
-			return nil, err
-		}
-	}
-	// Indexing again what a worker indexed writes the same key: harmless.
-	_ = s.stores.Threads.IndexRun(ctx, req.Tenant, req.ThreadID, req.RunID, rec.CreatedAt)
+	published(out.Ack, nil)
+	rec, ack := out.Record, out.Ack
 	log.Info("run submitted", zap.String("agent", req.Agent), zap.String("multitask_strategy", req.MultitaskStrategy),
 		zap.Uint64("msg_seq", ack.Sequence), zap.Bool("duplicate", ack.Duplicate))
 	return rec, nil
-}
-
-// newRecord is the pending record of a published request; run.queued
-// holds seq 1.
-func newRecord(req *protocol.RunRequest, msgSeq uint64) *protocol.Run {
-	rec := kv.NewRun(req, msgSeq, time.Now().UTC())
-	rec.Seq = 1
-	return rec
 }
 
 // retried answers a submission whose run id already has a record.
@@ -224,7 +202,7 @@ func (s *Server) reject(ctx context.Context, req *protocol.RunRequest, holder st
 			return nil, fmt.Errorf("create run record: %w", err)
 		}
 		// The same run id was submitted concurrently.
-		existing, _, err := s.stores.Runs.Get(ctx, req.Tenant, req.RunID)
+		existing, _, err := s.stores.Runs.GetLatest(ctx, req.Tenant, req.RunID)
 		if err != nil {
 			return nil, err
 		}

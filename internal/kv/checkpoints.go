@@ -3,6 +3,7 @@ package kv
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -21,6 +22,10 @@ import (
 // referenced by a head and are ignored on load.
 type Checkpoints struct {
 	kv jetstream.KeyValue
+	// js and bucket read a checkpoint through the bucket's leader (nil
+	// js: never).
+	js     jetstream.JetStream
+	bucket string
 }
 
 // Delta is one checkpoint.
@@ -40,10 +45,21 @@ func (s *Checkpoints) Put(ctx context.Context, tenant, thread string, d *Delta) 
 	if err != nil {
 		return 0, err
 	}
-	if _, err := s.kv.Put(ctx, bus.Key(tenant, thread, d.ID), data); err != nil {
-		return 0, fmt.Errorf("write checkpoint %s of thread %s: %w", d.ID, thread, err)
+	// A delta's key is unique to its lease epoch and step and its content
+	// fixed, so a write lost with a node that went down (or unanswered
+	// through a leader election) is simply written again: a second copy
+	// is a second revision of the same delta.
+	for attempt := 1; ; attempt++ {
+		putCtx, cancel := bound(ctx)
+		_, err = s.kv.Put(putCtx, bus.Key(tenant, thread, d.ID), data)
+		cancel()
+		if err == nil {
+			return len(data), nil
+		}
+		if attempt == 3 || !bus.Transient(err) || ctx.Err() != nil {
+			return 0, fmt.Errorf("write checkpoint %s of thread %s: %w", d.ID, thread, err)
+		}
 	}
-	return len(data), nil
 }
 
 // Load rebuilds the state at checkpoint head by reading the thread's deltas
@@ -54,25 +70,32 @@ func (s *Checkpoints) Load(ctx context.Context, tenant, thread, head string) (*s
 	if head == "" {
 		return st, nil, nil
 	}
-	w, err := s.kv.Watch(ctx, bus.Key(tenant, thread, "*"), jetstream.IgnoreDeletes())
+	byID, err := s.readDeltas(ctx, tenant, thread)
+	if errors.Is(err, errWatchStalled) && s.js != nil {
+		// Walk the chain key by key through the bucket's leader instead.
+		byID, err = map[string]*Delta{}, nil
+	}
 	if err != nil {
 		return nil, nil, err
-	}
-	defer w.Stop()
-	byID := make(map[string]*Delta)
-	for e := range w.Updates() {
-		if e == nil {
-			break
-		}
-		var d Delta
-		if err := json.Unmarshal(e.Value(), &d); err != nil {
-			return nil, nil, fmt.Errorf("decode checkpoint %s: %w", e.Key(), err)
-		}
-		byID[d.ID] = &d
 	}
 	var chain []*Delta
 	for id := head; id != ""; {
 		d, ok := byID[id]
+		if !ok && s.js != nil {
+			// The watch may have been served by a replica that has not
+			// applied the write yet, or restarted across a leader
+			// election: ask the leader for the one key.
+			for attempt := 0; attempt < 5 && ctx.Err() == nil; attempt++ {
+				d, _, err = getLatest[Delta](ctx, s.js, s.bucket, bus.Key(tenant, thread, id))
+				if err == nil && d.ID == id {
+					byID[id], ok = d, true
+				}
+				if !bus.Transient(err) {
+					break
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+		}
 		if !ok {
 			return nil, nil, fmt.Errorf("thread %s: checkpoint %s is missing (chain from head %s)", thread, id, head)
 		}
@@ -89,6 +112,55 @@ func (s *Checkpoints) Load(ctx context.Context, tenant, thread, head string) (*s
 		st.Apply(d.Update)
 	}
 	return st, chain, nil
+}
+
+// errWatchStalled is a watch of a thread's deltas that stopped delivering
+// before it caught up.
+var errWatchStalled = errors.New("checkpoint watch stalled")
+
+// watchStall is how long readDeltas waits for the next delta (or the
+// end of the initial ones) before it gives up on the watch. A watch whose
+// consumer was created as a node went down may never deliver: without
+// this bound, the run would wait for its own timeout.
+var watchStall = 5 * time.Second
+
+// readDeltas reads every delta of a thread.
+func (s *Checkpoints) readDeltas(ctx context.Context, tenant, thread string) (map[string]*Delta, error) {
+	if watchStall <= 0 {
+		// No patience at all (a test of the fallback): stalled at once.
+		return nil, errWatchStalled
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := s.kv.Watch(ctx, bus.Key(tenant, thread, "*"), jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, err
+	}
+	defer w.Stop()
+	stall := time.NewTimer(watchStall)
+	defer stall.Stop()
+	byID := make(map[string]*Delta)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-stall.C:
+			return nil, fmt.Errorf("thread %s: %w after %d deltas", thread, errWatchStalled, len(byID))
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, fmt.Errorf("thread %s: %w (closed)", thread, errWatchStalled)
+			}
+			if e == nil {
+				return byID, nil
+			}
+			var d Delta
+			if err := json.Unmarshal(e.Value(), &d); err != nil {
+				return nil, fmt.Errorf("decode checkpoint %s: %w", e.Key(), err)
+			}
+			byID[d.ID] = &d
+			stall.Reset(watchStall)
+		}
+	}
 }
 
 // CheckpointID builds a checkpoint id unique to one lease epoch.

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -49,13 +50,28 @@ func Open(ctx context.Context, js jetstream.JetStream, names bus.Names) (*Stores
 	return &Stores{
 		Runs:        &Runs{kv: runs, js: js, bucket: names.RunsBucket()},
 		Threads:     &Threads{kv: threads, js: js, bucket: names.ThreadsBucket()},
-		Checkpoints: &Checkpoints{kv: cps},
+		Checkpoints: &Checkpoints{kv: cps, js: js, bucket: names.CheckpointsBucket()},
 		Usage:       NewUsage(js, names),
 	}, nil
 }
 
+// opTimeout bounds one request to a bucket. nats.go applies its own
+// timeout only to a context without a deadline; under a run's context
+// (deadline: the run timeout, an hour by default) a request lost with a
+// node that went down, or sent during a leader election, would wait for
+// an answer that never comes. Bounded, it fails, and the caller's retry
+// or the redelivery of the run takes over.
+const opTimeout = 5 * time.Second
+
+// bound returns ctx limited to opTimeout.
+func bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, opTimeout)
+}
+
 // get reads and decodes one key.
 func get[T any](ctx context.Context, kv jetstream.KeyValue, key string) (*T, uint64, error) {
+	ctx, cancel := bound(ctx)
+	defer cancel()
 	e, err := kv.Get(ctx, key)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -70,12 +86,69 @@ func get[T any](ctx context.Context, kv jetstream.KeyValue, key string) (*T, uin
 	return v, e.Revision(), nil
 }
 
+// getLatest reads and decodes one key through its bucket's stream leader.
+// A direct get (what kv.Get does) may be answered by a follower that has
+// not applied the latest write yet (bus.GetMsgFromLeader).
+func getLatest[T any](ctx context.Context, js jetstream.JetStream, bucket, key string) (*T, uint64, error) {
+	ctx, cancel := bound(ctx)
+	defer cancel()
+	m, err := bus.GetMsgFromLeader(ctx, js, "KV_"+bucket, bus.MsgQuery{LastBySubject: "$KV." + bucket + "." + key})
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, 0, ErrNotFound
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	switch m.Header.Get("KV-Operation") {
+	case "DEL", "PURGE":
+		return nil, 0, ErrNotFound
+	}
+	v := new(T)
+	if err := decodeExact(m.Data, v); err != nil {
+		return nil, 0, fmt.Errorf("decode %s: %w", key, err)
+	}
+	return v, m.Sequence, nil
+}
+
+// settleWait bounds how long getAfter waits for the write that refused a
+// create or compare-and-set to be stored.
+const settleWait = 2 * time.Second
+
+// getAfter reads a key through its bucket's stream leader once the leader
+// holds a revision above after: the read that follows a Create refused
+// with ErrExists (after = 0) or an Update at revision after refused with
+// ErrConflict. A replicated bucket refuses a write while another write of
+// the same key is still being replicated, before the leader has stored it
+// (error 10164), so reading at once could miss the very write that
+// refused ours. If the leader holds nothing newer after settleWait (the
+// other write failed), what it holds is returned.
+func getAfter[T any](ctx context.Context, js jetstream.JetStream, bucket, key string, after uint64) (*T, uint64, error) {
+	deadline := time.Now().Add(settleWait)
+	pause := 2 * time.Millisecond
+	for {
+		v, rev, err := getLatest[T](ctx, js, bucket, key)
+		if (err != nil && !errors.Is(err, ErrNotFound)) || rev > after || time.Now().After(deadline) {
+			return v, rev, err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, 0, ctx.Err()
+		case <-t.C:
+		}
+		pause = min(2*pause, 100*time.Millisecond)
+	}
+}
+
 // put creates (rev 0) or compare-and-sets (rev > 0) one key.
 func put(ctx context.Context, kv jetstream.KeyValue, key string, v any, rev uint64) (uint64, error) {
 	data, err := json.Marshal(v)
 	if err != nil {
 		return 0, err
 	}
+	ctx, cancel := bound(ctx)
+	defer cancel()
 	if rev == 0 {
 		n, err := kv.Create(ctx, key, data)
 		if errors.Is(err, jetstream.ErrKeyExists) {

@@ -25,6 +25,15 @@ func (s *Runs) Get(ctx context.Context, tenant, run string) (*protocol.Run, uint
 	return get[protocol.Run](ctx, s.kv, bus.Key(tenant, run))
 }
 
+// GetLatest reads a run record through the bucket's leader, for the read
+// after a Create refused with ErrExists: it waits for the write that
+// refused the create to be stored (a replicated bucket refuses a create
+// while another write of the key is still being replicated), which Get,
+// answered by any replica, may not show yet.
+func (s *Runs) GetLatest(ctx context.Context, tenant, run string) (*protocol.Run, uint64, error) {
+	return getAfter[protocol.Run](ctx, s.js, s.bucket, bus.Key(tenant, run), 0)
+}
+
 // Create writes a new run record; ErrExists if the run id is taken.
 func (s *Runs) Create(ctx context.Context, r *protocol.Run) (uint64, error) {
 	return put(ctx, s.kv, bus.Key(r.Tenant, r.RunID), r, 0)
@@ -40,21 +49,31 @@ func (s *Runs) Update(ctx context.Context, r *protocol.Run, rev uint64) (uint64,
 // re-reading and re-applying on conflict. fn may return an error to give
 // up; it is returned unchanged.
 func (s *Runs) Mutate(ctx context.Context, tenant, run string, fn func(*protocol.Run) error) (*protocol.Run, uint64, error) {
+	var refused uint64 // the revision the last refused update was based on
 	for attempt := 0; ; attempt++ {
-		r, rev, err := s.Get(ctx, tenant, run)
+		var r *protocol.Run
+		var rev uint64
+		var err error
+		if attempt == 0 {
+			r, rev, err = s.Get(ctx, tenant, run)
+		} else {
+			// What refused the update may not be on any replica yet.
+			r, rev, err = getAfter[protocol.Run](ctx, s.js, s.bucket, bus.Key(tenant, run), refused)
+		}
 		if err != nil {
 			return nil, 0, err
 		}
 		if err := fn(r); err != nil {
 			return r, rev, err
 		}
-		rev, err = s.Update(ctx, r, rev)
+		newRev, err := s.Update(ctx, r, rev)
 		if err == nil {
-			return r, rev, nil
+			return r, newRev, nil
 		}
 		if !errors.Is(err, ErrConflict) || attempt >= maxCASAttempts {
 			return nil, 0, fmt.Errorf("update run %s: %w", run, err)
 		}
+		refused = rev
 	}
 }
 

@@ -27,6 +27,12 @@ func (s *Threads) Get(ctx context.Context, tenant, thread string) (*protocol.Thr
 	return get[protocol.Thread](ctx, s.kv, bus.Key(tenant, thread))
 }
 
+// GetLatest reads a thread record through the bucket's leader, for the
+// read after a create refused with ErrExists (see Runs.GetLatest).
+func (s *Threads) GetLatest(ctx context.Context, tenant, thread string) (*protocol.Thread, uint64, error) {
+	return getAfter[protocol.Thread](ctx, s.js, s.bucket, bus.Key(tenant, thread), 0)
+}
+
 // Put creates (rev 0) or compare-and-sets (rev > 0) a thread record.
 func (s *Threads) Put(ctx context.Context, t *protocol.Thread, rev uint64) (uint64, error) {
 	return put(ctx, s.kv, bus.Key(t.Tenant, t.ThreadID), t, rev)
@@ -66,7 +72,9 @@ func (s *Threads) MutateFrom(ctx context.Context, tenant, thread string, t *prot
 		if (!errors.Is(err, ErrConflict) && !errors.Is(err, ErrExists)) || attempt >= maxCASAttempts {
 			return nil, 0, fmt.Errorf("update thread %s: %w", thread, err)
 		}
-		t, rev, err = s.Get(ctx, tenant, thread)
+		// Refused because the record changed: read what changed it from
+		// the leader, once stored (a replica may not have it yet).
+		t, rev, err = getAfter[protocol.Thread](ctx, s.js, s.bucket, bus.Key(tenant, thread), rev)
 		if err != nil && !errors.Is(err, ErrNotFound) {
 			return nil, 0, err
 		}
@@ -128,4 +136,30 @@ func (s *Threads) List(ctx context.Context, tenant string) ([]*protocol.Thread, 
 		}
 	}
 	return out, nil
+}
+
+// StaleLeases returns the thread records, of every tenant, holding a lease
+// last renewed before cutoff. It reads every thread record (not the run
+// index), so it serves a periodic sweep, not a hot path.
+func (s *Threads) StaleLeases(ctx context.Context, cutoff time.Time) ([]*protocol.Thread, error) {
+	w, err := s.kv.Watch(ctx, "*.*", jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, err
+	}
+	defer w.Stop()
+	var out []*protocol.Thread
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e := <-w.Updates():
+			if e == nil {
+				return out, nil
+			}
+			var t protocol.Thread
+			if decodeExact(e.Value(), &t) == nil && t.Lease != nil && t.Lease.RenewedAt.Before(cutoff) {
+				out = append(out, &t)
+			}
+		}
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/files"
+	"github.com/natsagent/natsagent/internal/metrics"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
@@ -169,6 +170,9 @@ type Runtime struct {
 	// Tools are the tools this run may call.
 	Tools  *tools.Set
 	Logger *zap.Logger
+	// Metrics receives the run's measurements (model calls, tokens,
+	// retries); nil records nothing.
+	Metrics metrics.Recorder
 	// Emit publishes a run event of the given type; data is encoded as
 	// JSON. Types a middleware invents go to the custom kind unless the
 	// middleware documents another.

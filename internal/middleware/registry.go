@@ -53,6 +53,9 @@ type Env struct {
 	// (token_usage's context_window and summarization_trigger_fraction),
 	// one figure for the usage snapshot and context compression.
 	Context ContextLimits
+	// ContextWindows are the deployment's configured context windows by
+	// model name (config models[]); Assemble puts them in Context.
+	ContextWindows map[string]int
 	// Memory is the deployment's per-user memory store (nil when the
 	// process has none).
 	Memory MemoryStore
@@ -136,6 +139,14 @@ func Builtins() []Builtin {
 				}
 				return NewTitle(t, env.Model)
 			}},
+		{Name: "context_compression", Segment: SegmentBase,
+			Build: func(raw json.RawMessage, env Env) (Middleware, error) {
+				var c ContextCompression
+				if err := decodeSettings(raw, &c); err != nil {
+					return nil, err
+				}
+				return NewContextCompression(c, env.Context)
+			}},
 		// [context_compression]
 		{Name: "model_retry", Segment: SegmentBase,
 			Build: func(raw json.RawMessage, env Env) (Middleware, error) {
@@ -192,7 +203,14 @@ func Builtins() []Builtin {
 				return NewToolExclusion(t, known)
 			}},
 		{Name: "token_usage", Segment: SegmentTail,
-			Build: build(NewTokenUsage)},
+			Build: func(raw json.RawMessage, env Env) (Middleware, error) {
+				var t TokenUsage
+				if err := decodeSettings(raw, &t); err != nil {
+					return nil, err
+				}
+				t.Models = env.ContextWindows
+				return NewTokenUsage(t)
+			}},
 		// [token_usage]
 		{Name: "tool_approval", Segment: SegmentTail,
 			Build: func(raw json.RawMessage, env Env) (Middleware, error) {
@@ -269,6 +287,7 @@ func Assemble(cfg ChainConfig, env Env) (*Chain, error) {
 	if err != nil {
 		return nil, fmt.Errorf("settings.token_usage: %w", err)
 	}
+	limits.Models = env.ContextWindows
 	env.Context = limits
 
 	var names []string

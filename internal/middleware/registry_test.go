@@ -10,7 +10,7 @@ import (
 )
 
 var defaultLead = []string{
-	"tool_error_guard", "tool_call_repair", "large_result_offload", "attachments", "skills", "subagents", "todos", "dynamic_context", "title", "model_retry",
+	"tool_error_guard", "tool_call_repair", "large_result_offload", "attachments", "skills", "subagents", "todos", "dynamic_context", "title", "context_compression", "model_retry",
 	"subagent_limit", "loop_detection", "tool_exclusion", "token_usage", "tool_approval", "safety_finish_reason", "clarification",
 }
 

@@ -5,8 +5,9 @@ package middleware
 // loops, after Yuxi's NetworkRetryMiddleware: network faults (connection
 // refused or reset, timeouts, truncated streams, HTTP 5xx) are retried
 // inside a time budget fixed per model call (2 s doubling to 30 s, 600 s by
-// default), other errors (4xx including 429, invalid parameters, context
-// too long) by count with jittered backoff. When both give up, optional
+// default), other errors (4xx including 429, invalid parameters) by count
+// with jittered backoff; "context too long" is not retried as it is (see
+// IsContextTooLong) and goes to the fallbacks. When both give up, optional
 // fallback models are tried in order; then the error ends the run. A
 // retry never produces a made-up answer, never calls the model again after
 // a successful response, and a cancel or steer interrupts its sleep.
@@ -144,7 +145,10 @@ func (r *Retry) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelReques
 				attempt-- // network retries do not use up the count
 				continue
 			}
-			if attempt >= r.MaxRetries {
+			if attempt >= r.MaxRetries || IsContextTooLong(err) {
+				// The same request is as long next time: the fallbacks
+				// may have a larger window, context_compression (outside)
+				// shortens it.
 				break
 			}
 			d := r.backoff(attempt)
@@ -189,6 +193,10 @@ func (r *Retry) note(ctx context.Context, rt *Runtime, kind string, attempt int,
 	if rt.Emit != nil {
 		rt.Emit(EventModelRetry, RetryData{Kind: kind, Attempt: attempt, DelayS: d.Seconds(), Error: clipText(fmt.Sprint(err), 500), Model: modelName, MessageID: MessageID(ctx)})
 	}
+	if rt.Metrics != nil {
+		rt.Metrics.ModelRetry(kind)
+	}
+	traceRetry(ctx, kind, attempt, modelName)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

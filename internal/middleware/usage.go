@@ -17,6 +17,7 @@ package middleware
 // (RecordSummaryUsage).
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -95,12 +96,26 @@ type ContextLimits struct {
 	// TriggerFraction is the share of the window at which compression
 	// summarizes; 0 means DefaultSummarizationTriggerFraction.
 	TriggerFraction float64 `json:"summarization_trigger_fraction"`
+	// Models are the deployment's configured windows by model name (the
+	// configuration's models section, Env.ContextWindows); they go
+	// before the built-in table.
+	Models map[string]int `json:"-"`
 }
 
-// WindowFor is the context window of a run's model.
+// WindowFor is the context window of a run's model: the profile's
+// context_window, else the configured window of that model name (as
+// written, then without a provider/ prefix), else the built-in table.
 func (c ContextLimits) WindowFor(modelName string) int {
 	if c.Window > 0 {
 		return c.Window
+	}
+	if w, ok := c.Models[modelName]; ok {
+		return w
+	}
+	if i := strings.LastIndexByte(modelName, '/'); i >= 0 {
+		if w, ok := c.Models[modelName[i+1:]]; ok {
+			return w
+		}
 	}
 	return ContextWindowOf(modelName)
 }
@@ -421,6 +436,14 @@ type summaryUsage struct {
 // compression): the provider's figures, or estimates counted with the
 // run's counter for that model.
 func SummaryCallUsage(rt *Runtime, req *model.Request, resp *model.Response) Usage {
+	u := summaryCallUsage(rt, req, resp)
+	if rt.Metrics != nil {
+		rt.Metrics.Tokens(rt.Tenant, cmp.Or(u.Model, req.Model), u.Purpose, u.Input, u.Output)
+	}
+	return u
+}
+
+func summaryCallUsage(rt *Runtime, req *model.Request, resp *model.Response) Usage {
 	u, ok := reportedUsage(resp, req.Model)
 	u.Purpose = protocol.PurposeSummary
 	if ok {

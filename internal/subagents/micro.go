@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/telemetry"
 )
 
 // QueueGroup is the queue group every worker serves the service in.
@@ -93,7 +94,9 @@ func (s *Service) serve(ctx context.Context, op, tenant string, req micro.Reques
 			s.respondError(req, errInvalid("the body must be a JSON object like {\"parent\":{...},\"subagent\":\"...\",\"task\":\"...\"}: %v", err))
 			return
 		}
-		out, err := s.StartSubagent(ctx, tenant, &in)
+		// A start over NATS carries its caller's trace, which the child's
+		// request then continues.
+		out, err := s.StartSubagent(telemetry.Extract(ctx, nats.Header(req.Headers())), tenant, &in)
 		s.respond(req, out, err)
 		return
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/submit"
 )
 
 // Catalog says which subagents a lead profile may start (agent.Agents).
@@ -59,7 +60,7 @@ type Service struct {
 	js     jetstream.JetStream
 	names  bus.Names
 	stores *kv.Stores
-	pub    *events.Publisher
+	queue  *submit.Queue
 	runs   jetstream.Stream
 	evs    jetstream.Stream
 	log    *zap.Logger
@@ -107,8 +108,9 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open stream %s: %w", names.EventsStream(), err)
 	}
-	s := &Service{cfg: cfg, nc: nc, js: js, names: names, stores: stores, pub: pub, runs: runs, evs: evs,
-		log: cfg.Logger, inflight: make(map[string]chan struct{})}
+	s := &Service{cfg: cfg, nc: nc, js: js, names: names, stores: stores, runs: runs, evs: evs, log: cfg.Logger,
+		inflight: make(map[string]chan struct{})}
+	s.queue = &submit.Queue{JS: js, Names: names, Stores: stores, Events: pub, Submitter: "subagents"}
 	for _, op := range []string{protocol.SubagentStartOp, protocol.SubagentStatusOp, protocol.SubagentCancelOp, protocol.SubagentAwaitOp} {
 		s.inflight[op] = make(chan struct{}, cfg.MaxInFlight)
 	}
@@ -220,32 +222,16 @@ func (s *Service) StartSubagent(ctx context.Context, tenant string, req *protoco
 	if limit := s.cfg.Settings.MaxRequestBytes; len(data) > limit {
 		return nil, errInvalid("the child run request is %d bytes, over the limit of %d; put large content in files", len(data), limit)
 	}
-	// Published as the gateway publishes a run: Nats-Msg-Id dedupes a
+	// Enqueued as the gateway enqueues a run: Nats-Msg-Id dedupes a
 	// retried start, run.queued goes before the record, and a record a
-	// worker created first stands.
-	m := nats.NewMsg(s.names.RunSubject(tenant, thread))
-	m.Data = data
-	m.Header.Set(jetstream.MsgIDHeader, run)
-	m.Header.Set(protocol.HeaderSubmitter, "subagents")
-	ack, err := s.js.PublishMsg(ctx, m)
+	// worker created first stands. The child's run span hangs under the
+	// span of the call that started it (the lead's tool call, in ctx), so
+	// one trace holds both runs.
+	out, err := s.queue.Enqueue(ctx, child, data)
 	if err != nil {
-		return nil, fmt.Errorf("publish the child run request: %w", err)
+		return nil, fmt.Errorf("enqueue the child run: %w", err)
 	}
-	if err := s.pub.PublishQueued(ctx, child); err != nil {
-		return nil, fmt.Errorf("publish run.queued: %w", err)
-	}
-	rec := kv.NewRun(child, ack.Sequence, time.Now().UTC())
-	rec.Seq = 1
-	existing := ack.Duplicate
-	if _, err := s.stores.Runs.Create(ctx, rec); err != nil {
-		if !errors.Is(err, kv.ErrExists) {
-			return nil, fmt.Errorf("create the child run record: %w", err)
-		}
-		if rec, _, err = s.stores.Runs.Get(ctx, tenant, run); err != nil {
-			return nil, err
-		}
-	}
-	_ = s.stores.Threads.IndexRun(ctx, tenant, thread, run, rec.CreatedAt)
+	rec, existing := out.Record, out.Ack.Duplicate
 	s.log.Debug("subagent started", zap.String("tenant", tenant), zap.String("parent_run_id", req.Parent.RunID),
 		zap.String("run_id", run), zap.String("thread_id", thread), zap.String("subagent", req.Subagent), zap.Bool("duplicate", existing))
 	return started(rec, existing), nil

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -126,6 +127,14 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 			}
 			return j.reserve(ctx, th, rev)
 		}
+		// A holder no redelivery will continue is settled (its record
+		// ended, the thread released) rather than left running forever
+		// behind a broken lease.
+		if settled, err := w.reapLease(ctx, th); err != nil {
+			return decision{}, err
+		} else if settled {
+			return decision{verdict: verdictRetry}, nil
+		}
 		j.log.Warn("breaking a stale lease", zap.String("holder", th.Lease.RunID), zap.Time("renewed_at", th.Lease.RenewedAt))
 		breakEpoch = th.Lease.Epoch
 	}
@@ -195,6 +204,13 @@ func (j *job) head(ctx context.Context) (headState, error) {
 	subject := w.names.RunSubject(j.req.Tenant, j.req.ThreadID)
 	for range 100 {
 		m, err := w.runsStream.GetMsg(ctx, 0, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) || (err == nil && m.Sequence > j.seq) {
+			// Our own request looks gone from the stream. A direct get
+			// may be answered by a replica that has not stored it yet
+			// (it was delivered by the leader): only the leader may say
+			// so, or a run would be acked without running.
+			m, err = bus.GetMsgFromLeader(ctx, w.js, w.names.RunsStream(), bus.MsgQuery{NextBySubject: subject})
+		}
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return headGone, nil
 		}
@@ -262,7 +278,11 @@ func (w *Worker) staleLease(ctx context.Context, th *protocol.Thread) (bool, err
 	}
 	hrec, _, err := w.stores.Runs.Get(ctx, th.Tenant, th.Lease.RunID)
 	if errors.Is(err, kv.ErrNotFound) {
-		return true, nil
+		// Not a sign of a dead lease: a worker takes the lease before it
+		// creates the record of a run no submitter announced, and a
+		// replica may not have the record yet. A lease that nobody
+		// renews goes stale by time, above.
+		return false, nil
 	}
 	if err != nil {
 		return false, err

@@ -72,6 +72,17 @@ func (w *Worker) subscribe() error {
 		return fmt.Errorf("subscribe to delivery advisories: %w", err)
 	}
 	w.subs = append(w.subs, sub)
+	sub, err = w.nc.QueueSubscribe(terminatedSubject(w.names), advisoryQueue, func(m *nats.Msg) {
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			w.handleTerminated(m)
+		}()
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe to termination advisories: %w", err)
+	}
+	w.subs = append(w.subs, sub)
 	return w.nc.Flush()
 }
 
@@ -156,6 +167,7 @@ func (w *Worker) handleCancel(m *nats.Msg) {
 		}
 	}
 	status, err := w.cancelRun(ctx, tenant, thread, run)
+	w.cfg.Metrics.CancelRequest(cancelOutcome(err))
 	if err != nil {
 		var ce *codedError
 		if errors.As(err, &ce) {
@@ -194,6 +206,7 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string) (pro
 				}
 				return "", err
 			}
+			w.ended(rec)
 			_ = w.stores.Threads.IndexRun(ctx, tenant, thread, run, rec.CreatedAt)
 			if err := w.pub.PublishFinished(ctx, rec); err != nil {
 				return "", err
@@ -274,6 +287,7 @@ func (w *Worker) finishUnowned(ctx context.Context, rec *protocol.Run, status pr
 	if err != nil {
 		return false, err
 	}
+	w.ended(rec)
 	_, _, err = w.stores.Threads.Mutate(ctx, rec.Tenant, rec.ThreadID, func(t *protocol.Thread) error {
 		held := t.Lease != nil && t.Lease.RunID == rec.RunID && t.Lease.Epoch == holderEpoch
 		reserved := len(withoutRun(t.Preempt, rec.RunID)) != len(t.Preempt)

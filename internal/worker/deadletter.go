@@ -15,6 +15,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/metrics"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -75,6 +76,7 @@ func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, seq uint64, 
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
+	w.cfg.Metrics.DeadLettered(metrics.DLQInvalid)
 	_ = msg.TermWithReason(clipReason(reason.Error()))
 }
 
@@ -82,7 +84,7 @@ func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, seq uint64, 
 // another thread.
 func (w *Worker) conflictingRunID(ctx context.Context, msg jetstream.Msg, seq uint64, req *protocol.RunRequest, owner *protocol.Run) {
 	reason := fmt.Sprintf("run_id: %q is already used by a run on thread %q; choose another run id", req.RunID, owner.ThreadID)
-	w.log.Warn("run request with a taken run id dead-lettered", zap.String("run_id", req.RunID), zap.String("thread_id", req.ThreadID), zap.String("owner_thread", owner.ThreadID))
+	w.log.Warn("run request with a taken run id dead-lettered", zap.String("tenant", req.Tenant), zap.String("run_id", req.RunID), zap.String("thread_id", req.ThreadID), zap.String("owner_thread", owner.ThreadID))
 	lastSeq, err := w.pub.LastSeq(ctx, req.Tenant, req.ThreadID, req.RunID)
 	if err == nil {
 		var m *nats.Msg
@@ -99,6 +101,7 @@ func (w *Worker) conflictingRunID(ctx context.Context, msg jetstream.Msg, seq ui
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
+	w.cfg.Metrics.DeadLettered(metrics.DLQConflict)
 	_ = msg.TermWithReason(clipReason(reason))
 }
 
@@ -152,6 +155,7 @@ func (w *Worker) recordInvalid(ctx context.Context, req *protocol.RunRequest, te
 			}
 			return err
 		}
+		w.ended(rec)
 		_ = w.stores.Threads.IndexRun(ctx, tenant, thread, runID, now)
 		return w.pub.PublishFinished(ctx, rec)
 	}
@@ -176,7 +180,11 @@ func (w *Worker) copyToDLQ(ctx context.Context, subject string, hdr nats.Header,
 	m.Header.Set(HeaderDLQSubject, subject)
 	m.Header.Set(HeaderDLQStreamSeq, strconv.FormatUint(seq, 10))
 	m.Data = data
-	_, err := w.js.PublishMsg(ctx, m, jetstream.WithMsgID(w.names.RunsStream()+"-"+strconv.FormatUint(seq, 10)))
+	var opts []jetstream.PublishOpt
+	if seq != 0 {
+		opts = append(opts, jetstream.WithMsgID(dlqMsgID(w.names, seq)))
+	}
+	_, err := w.js.PublishMsg(ctx, m, opts...)
 	return err
 }
 
@@ -213,7 +221,7 @@ func (w *Worker) handleMaxDeliveries(m *nats.Msg) {
 	if req, err := protocol.DecodeRunRequest(raw.Data, w.cfg.Settings.MaxRequestBytes); err == nil && req.Tenant == tenant && req.ThreadID == thread {
 		if rec, _, err := w.stores.Runs.Get(ctx, tenant, req.RunID); err == nil && !rec.Status.Terminal() && (rec.MsgSeq == adv.StreamSeq || rec.MsgSeq == 0) {
 			if _, err := w.finishUnowned(ctx, rec, protocol.StatusError, reason, func(r *protocol.Run) bool { return !r.Status.Terminal() }); err != nil {
-				w.log.Warn("could not record the dead-lettered run", zap.String("run_id", req.RunID), zap.Error(err))
+				w.log.Warn("could not record the dead-lettered run", zap.String("tenant", tenant), zap.String("thread_id", thread), zap.String("run_id", req.RunID), zap.Error(err))
 				return
 			}
 		}
@@ -222,6 +230,71 @@ func (w *Worker) handleMaxDeliveries(m *nats.Msg) {
 		w.log.Error("could not dead-letter the request", zap.Uint64("stream_seq", adv.StreamSeq), zap.Error(err))
 		return
 	}
+	w.cfg.Metrics.DeadLettered(metrics.DLQMaxDeliveries)
 	w.deleteRequest(ctx, adv.StreamSeq)
 	w.log.Warn("run request dead-lettered after max deliveries", zap.Uint64("stream_seq", adv.StreamSeq), zap.Uint64("deliveries", adv.Deliveries))
+}
+
+func terminatedSubject(n bus.Names) string {
+	return "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED." + n.RunsStream() + "." + bus.RunsConsumer
+}
+
+// Reasons the server itself gives when it terminates a delivery because
+// the message left the stream (natsagent deletes requests of settled runs;
+// stream limits). Those removals are not dead letters.
+const (
+	serverTermDeleted = "Unacknowledged message was deleted"
+	serverTermLimits  = "Message deleted by stream limits"
+)
+
+// handleTerminated makes sure every request a client terminated is in the
+// dead-letter stream. natsagent's own paths copy a request before they
+// terminate it, under the message id the copy here would use, so for them
+// this publish is a duplicate the stream drops. A request terminated by
+// anything else (another client, an operator's tool) is copied if the
+// stream still holds it, and otherwise recorded by a marker holding the
+// reason and the stream sequence: a work-queue stream removes a message as
+// soon as it is terminated, so its body may be gone.
+func (w *Worker) handleTerminated(m *nats.Msg) {
+	var adv struct {
+		StreamSeq  uint64 `json:"stream_seq"`
+		Deliveries uint64 `json:"deliveries"`
+		Reason     string `json:"reason"`
+	}
+	if err := json.Unmarshal(m.Data, &adv); err != nil || adv.StreamSeq == 0 {
+		return
+	}
+	if adv.Reason == serverTermDeleted || adv.Reason == serverTermLimits {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reason := "terminated by a client: " + adv.Reason
+	if adv.Reason == "" {
+		reason = "terminated by a client that gave no reason"
+	}
+	if raw, err := w.runsStream.GetMsg(ctx, adv.StreamSeq); err == nil {
+		tenant, thread, _ := w.names.ParseRunSubject(raw.Subject)
+		if err := w.copyToDLQ(ctx, raw.Subject, raw.Header, raw.Data, adv.StreamSeq, reason, tenant, thread); err != nil {
+			w.log.Error("could not dead-letter a terminated request", zap.Uint64("stream_seq", adv.StreamSeq), zap.Error(err))
+		}
+		return
+	}
+	marker := nats.NewMsg(w.names.Prefix + ".dlq.runs.terminated")
+	marker.Header.Set(HeaderDLQReason, clipReason(reason+" (the request was no longer in the runs stream to be copied)"))
+	marker.Header.Set(HeaderDLQStreamSeq, strconv.FormatUint(adv.StreamSeq, 10))
+	ack, err := w.js.PublishMsg(ctx, marker, jetstream.WithMsgID(dlqMsgID(w.names, adv.StreamSeq)))
+	if err != nil {
+		w.log.Error("could not record a terminated request in the dead-letter stream", zap.Uint64("stream_seq", adv.StreamSeq), zap.Error(err))
+		return
+	}
+	if !ack.Duplicate {
+		w.log.Warn("a run request was terminated by another client before it was dead-lettered", zap.Uint64("stream_seq", adv.StreamSeq), zap.String("reason", adv.Reason))
+	}
+}
+
+// dlqMsgID is the message id of the dead letter of the request stored at
+// seq: every path that dead-letters it uses it, so it is stored once.
+func dlqMsgID(n bus.Names, seq uint64) string {
+	return n.RunsStream() + "-" + strconv.FormatUint(seq, 10)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/agent"
@@ -42,6 +43,7 @@ type job struct {
 	drained   bool
 	abandoned bool // lease lost: never touch the message again
 	finished  chan struct{}
+	span      trace.Span // the run's span; nil when the process does not trace
 }
 
 // handle takes one delivered request to its end. It owns one slot on entry
@@ -49,8 +51,16 @@ type job struct {
 func (w *Worker) handle(base context.Context, msg jetstream.Msg) {
 	meta, err := msg.Metadata()
 	if err != nil {
+		// Like every request natsagent terminates, it is copied to the
+		// dead-letter stream first (without a sequence to name it by).
 		w.log.Error("request without metadata", zap.Error(err))
-		_ = msg.Term()
+		tenant, thread, _ := w.names.ParseRunSubject(msg.Subject())
+		if err := w.copyToDLQ(base, msg.Subject(), msg.Headers(), msg.Data(), 0, "delivered without JetStream metadata: "+err.Error(), tenant, thread); err != nil {
+			w.log.Error("could not dead-letter the request; handing it back", zap.Error(err))
+			_ = msg.NakWithDelay(time.Second)
+		} else {
+			_ = msg.Term()
+		}
 		<-w.slots
 		return
 	}
@@ -60,6 +70,7 @@ func (w *Worker) handle(base context.Context, msg jetstream.Msg) {
 	defer func() {
 		w.untrack(j)
 		close(j.finished)
+		w.cfg.Metrics.JobProcessed(meta.NumDelivered > 1)
 		if hasSlot {
 			<-w.slots
 		}
@@ -232,7 +243,9 @@ func (w *Worker) ensureRecord(ctx context.Context, req *protocol.RunRequest, seq
 	rec.Seq = 1
 	rev, err = w.stores.Runs.Create(ctx, rec)
 	if errors.Is(err, kv.ErrExists) {
-		rec, rev, err = w.stores.Runs.Get(ctx, req.Tenant, req.RunID)
+		// From the leader: a replica may not have the record that
+		// refused the create yet.
+		rec, rev, err = w.stores.Runs.GetLatest(ctx, req.Tenant, req.RunID)
 		return rec, rev, false, err
 	}
 	if err != nil {
@@ -264,6 +277,9 @@ func (j *job) finishPending(ctx context.Context, status protocol.Status, stopRea
 	if err != nil && !errors.Is(err, errAlreadyFinished) {
 		j.retryLater(err)
 		return
+	}
+	if err == nil {
+		w.ended(rec)
 	}
 	if err := w.pub.PublishFinished(ctx, rec); err != nil {
 		j.retryLater(err)
@@ -309,7 +325,7 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 			// Created meanwhile (by the gateway, or a cancel), or the run
 			// id is taken: continue from that record, unless it says this
 			// request must not run; run.queued is stored once either way.
-			rec, rev, err = w.stores.Runs.Get(ctx, req.Tenant, req.RunID)
+			rec, rev, err = w.stores.Runs.GetLatest(ctx, req.Tenant, req.RunID)
 			if err == nil && (rec.ThreadID != req.ThreadID || (rec.MsgSeq != 0 && rec.MsgSeq != j.seq) || rec.Status.Terminal() ||
 				(rec.Status == protocol.StatusPending && rec.CancelRequested)) {
 				_ = lease.release(ctx, nil)
@@ -340,7 +356,7 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 		newRev, err := w.stores.Runs.Update(ctx, &next, rev)
 		if errors.Is(err, kv.ErrConflict) {
 			// Changed since read (a cancel?): decide again on what it is now.
-			cur, _, gerr := w.stores.Runs.Get(ctx, req.Tenant, req.RunID)
+			cur, _, gerr := w.stores.Runs.GetLatest(ctx, req.Tenant, req.RunID)
 			if gerr == nil && cur.Status.Terminal() {
 				giveUp(cur, errAlreadyFinished)
 			} else {
@@ -357,23 +373,37 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	attempt, lastSeq := rec.Attempt, rec.Seq
 	if takeover {
 		// The previous attempt died after publishing events this worker
-		// cannot know: continue numbering after the last stored one.
-		if n, err := w.pub.LastSeq(ctx, req.Tenant, req.ThreadID, req.RunID); err == nil && n > lastSeq {
+		// cannot know, or before its run.started (whose seq the record
+		// reserved) was stored: continue numbering after the last stored
+		// event, so seq has neither gaps nor repeats. Only if the run's
+		// events all expired does the record's figure stand.
+		if n, err := w.pub.LastSeq(ctx, req.Tenant, req.ThreadID, req.RunID); err == nil && n > 0 {
 			lastSeq = n
 		}
 	}
 	if stream == nil || attempt != 1 {
 		stream = w.pub.NewStream(req.Tenant, req.ThreadID, req.RunID, attempt, lastSeq)
 	}
+	// A worker told to stop starts nothing more: the drain is checked and
+	// run.started emitted under the job's lock, so a drain either comes
+	// first (the run is handed back unstarted; the lease stays, for the
+	// next delivery to take over) or after the event.
+	j.hold.Lock()
+	if j.drained || w.isDraining() {
+		j.hold.Unlock()
+		j.log.Info("worker stopping: run handed back before it started")
+		j.handOff(ctx, stream)
+		return
+	}
 	stream.Emit(protocol.EventRunStarted, protocol.StartedData{Attempt: attempt, Worker: w.cfg.ID, Agent: req.Agent}, events.StartedID(req.RunID, attempt))
+	j.hold.Unlock()
 	j.rec, j.recRev = rec, rev
 	j.log = j.log.With(zap.Int("attempt", attempt))
+	ctx = j.started(ctx, meta, rec)
+	defer j.endSpan()
 	j.log.Debug("run started", zap.Uint64("epoch", th.Epoch), zap.Uint64("deliveries", meta.NumDelivered))
 
-	timeout := w.cfg.RunTimeout
-	if s := req.Config.TimeoutSeconds; s > 0 {
-		timeout = time.Duration(s) * time.Second
-	}
+	timeout := w.runTimeout(req)
 	runCtx, cancelRun := context.WithCancelCause(ctx)
 	defer cancelRun(nil)
 	runCtx, cancelTimeout := context.WithTimeoutCause(runCtx, timeout, ErrRunTimeout)
@@ -444,6 +474,7 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 		User:     userOf(req),
 		Files:    w.workdir(req.Tenant, workdirThread(req)),
 		Logger:   j.log,
+		Metrics:  w.cfg.Metrics,
 		Emit:     func(t string, data any) { stream.Emit(t, data, "") },
 		// A lead's delegation tools start and await children through
 		// this worker's subagent service.
@@ -530,10 +561,21 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		j.log.Info("run handed back at a safe boundary for shutdown")
 		j.handOff(ctx, stream)
 		return
+	case errors.Is(out.Stopped, agent.ErrCheckpointFailed):
+		// The next delivery takes the run over from its last saved
+		// checkpoint (the lease names this request); max_deliver bounds
+		// the attempts.
+		j.log.Warn("could not save the run's progress; handing it back", zap.Error(out.Stopped))
+		j.handOffAfter(ctx, stream, time.Second)
+		return
 	case errors.Is(out.Stopped, ErrCancelled):
 		status = protocol.StatusCancelled
 	case errors.Is(out.Stopped, ErrRunTimeout):
-		status, errText = protocol.StatusTimeout, ErrRunTimeout.Error()
+		// Whatever the run was waiting for (a provider that stopped
+		// answering, a stuck tool), the person learns the limit it hit
+		// and where it is set.
+		status = protocol.StatusTimeout
+		errText = fmt.Sprintf("%v: it ran for %s (config.timeout_seconds of the run, or the worker's run_timeout); the work done so far is kept in the thread", ErrRunTimeout, w.runTimeout(req))
 	case errors.Is(out.Stopped, ErrRolledBack):
 		status = protocol.StatusCancelled
 		supersededBy = lease.preemptor().RunID
@@ -616,6 +658,9 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		j.log.Warn("could not record the run's end; handing it back", zap.Error(err))
 		j.retryLater(err)
 		return
+	default:
+		w.ended(rec)
+		j.traced(rec)
 	}
 	if relErr != nil && !errors.Is(relErr, agent.ErrLeaseLost) {
 		j.log.Warn("could not release the thread", zap.Error(relErr))
@@ -673,11 +718,21 @@ func (j *job) endRecord(ctx context.Context, epoch uint64, end func(*protocol.Ru
 // events are flushed and its request is returned to the stream; the lease
 // stays, so the next delivery takes the run over where it stopped.
 func (j *job) handOff(ctx context.Context, stream *events.Stream) {
+	j.handOffAfter(ctx, stream, 0)
+}
+
+// handOffAfter is handOff with the redelivery delayed, for a failure the
+// store may need a moment to get over.
+func (j *job) handOffAfter(ctx context.Context, stream *events.Stream, delay time.Duration) {
 	j.hold.Lock()
 	j.lease = nil
 	j.hold.Unlock()
 	if stream != nil {
 		_ = stream.Flush(ctx)
+	}
+	if delay > 0 {
+		_ = j.msg.NakWithDelay(delay)
+		return
 	}
 	j.handBack()
 }
@@ -728,17 +783,25 @@ func (j *job) preempted(p protocol.Preemption) {
 	}
 }
 
-// heartbeat tells the server the request is still being worked on and
-// renews the thread lease of a running run.
-func (j *job) heartbeat(ctx context.Context) {
+// heartbeat tells the server the request is still being worked on, and
+// returns the thread lease of a running run to renew: renewals wait for
+// the server, so the caller makes them after every request's heartbeat
+// went out.
+func (j *job) heartbeat() *leaseHandle {
 	j.hold.Lock()
 	lease, abandoned := j.lease, j.abandoned
 	j.hold.Unlock()
 	if abandoned {
-		return
+		return nil
 	}
 	_ = j.msg.InProgress()
-	if lease != nil {
-		lease.renew(ctx)
+	return lease
+}
+
+// runTimeout is the wall time req's run may take.
+func (w *Worker) runTimeout(req *protocol.RunRequest) time.Duration {
+	if s := req.Config.TimeoutSeconds; s > 0 {
+		return time.Duration(s) * time.Second
 	}
+	return w.cfg.RunTimeout
 }

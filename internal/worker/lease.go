@@ -118,7 +118,7 @@ func (l *leaseHandle) renew(ctx context.Context) {
 		return nil
 	})
 	if err != nil && !errors.Is(err, agent.ErrLeaseLost) && !l.w.nc.IsClosed() {
-		l.w.log.Warn("lease renewal failed", zap.String("run_id", l.run), zap.Error(err))
+		l.w.log.Warn("lease renewal failed", zap.String("tenant", l.tenant), zap.String("thread_id", l.thread), zap.String("run_id", l.run), zap.Error(err))
 	}
 }
 

@@ -109,6 +109,6 @@ func (w *Worker) cancelOrphans(ctx context.Context, tenant, thread, run string) 
 	}
 	refs := middleware.DelegatedRuns(st, thread, run)
 	if len(refs) > 0 {
-		subagents.CancelChildren(w.nc, w.names, tenant, refs, w.log)
+		subagents.CancelChildren(w.nc, w.names, tenant, refs, w.log.With(zap.String("tenant", tenant), zap.String("thread_id", thread), zap.String("run_id", run)))
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/agent"
@@ -23,6 +24,7 @@ import (
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/metrics"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/subagents"
 )
@@ -49,11 +51,16 @@ type Config struct {
 	// boundary on shutdown before their contexts are cancelled (default 10s).
 	ShutdownGrace time.Duration
 	// StaleLease is how long a thread lease may go unrenewed before a
-	// waiting run may break it (default 5 × AckWait, beyond the
-	// redelivery of the holder's own request).
+	// waiting run may break it, or the lease sweep may settle its run
+	// (default 5 × AckWait, beyond the redelivery of the holder's own
+	// request).
 	StaleLease time.Duration
-	Agents     *agent.Agents
-	Logger     *zap.Logger
+	// ReapEvery is how often the worker sweeps the threads for stale
+	// leases whose runs no worker will continue (reaper.go), jittered
+	// (default StaleLease; negative: never).
+	ReapEvery time.Duration
+	Agents    *agent.Agents
+	Logger    *zap.Logger
 	// Files opens a thread's workdir; nil means runs have none (file
 	// tools then answer with an error).
 	Files func(tenant, thread string) files.Workdir
@@ -62,6 +69,11 @@ type Config struct {
 	Jobs interface {
 		Run(ctx context.Context) error
 	}
+	// Metrics receives the worker's measurements (nil: none).
+	Metrics metrics.Recorder
+	// Traces records the runs' spans, each under the span its request
+	// carries; nil traces nothing.
+	Traces trace.TracerProvider
 }
 
 func (c Config) withDefaults() Config {
@@ -87,9 +99,13 @@ func (c Config) withDefaults() Config {
 	if c.StaleLease <= 0 {
 		c.StaleLease = 5 * c.Settings.AckWait
 	}
+	if c.ReapEvery == 0 {
+		c.ReapEvery = c.StaleLease
+	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
+	c.Metrics = metrics.Or(c.Metrics)
 	return c
 }
 
@@ -116,6 +132,7 @@ type Worker struct {
 	runsStream jetstream.Stream
 	consumer   jetstream.Consumer
 	log        *zap.Logger
+	tracer     trace.Tracer // nil when the process does not trace
 	// subagents serves the subagent micro service and the lead runs'
 	// delegation tools.
 	subagents *subagents.Service
@@ -152,7 +169,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	pub, err := events.NewPublisher(ctx, js, names, cfg.Logger)
+	pub, err := events.NewPublisher(ctx, js, names, cfg.Logger.With(zap.String("worker", cfg.ID)))
 	if err != nil {
 		return nil, err
 	}
@@ -183,6 +200,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
 		held:       make(map[uint64]*job),
 		running:    make(map[string]*job),
 		waiters:    make(map[string]*waiter),
+		tracer:     tracerOf(cfg.Traces),
 	}, nil
 }
 
@@ -198,6 +216,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	}
 	defer w.unsubscribe()
+	defer w.observe()()
 	if err := w.subagents.Serve(); err != nil {
 		return fmt.Errorf("serve the subagent service: %w", err)
 	}
@@ -220,6 +239,15 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	hbDone := make(chan struct{})
 	go w.heartbeats(base, hbDone)
+	if w.cfg.ReapEvery > 0 {
+		reapCtx, stopReaper := context.WithCancel(ctx)
+		reaperDone := make(chan struct{})
+		go func() {
+			defer close(reaperDone)
+			w.reapLoop(reapCtx)
+		}()
+		defer func() { stopReaper(); <-reaperDone }()
+	}
 
 	w.log.Info("worker started", zap.Int("concurrency", w.cfg.Concurrency))
 	err := w.pull(ctx, base)
@@ -349,10 +377,34 @@ func (w *Worker) heartbeats(ctx context.Context, done <-chan struct{}) {
 			jobs = append(jobs, j)
 		}
 		w.mu.Unlock()
+		// Every request's InProgress goes first: one publish each, no
+		// waiting. Lease renewals are KV round trips; done between them,
+		// one after another, they delayed the heartbeats of the requests
+		// behind past the ack wait when a worker held many runs, and
+		// those requests were delivered again while they ran.
+		var leases []*leaseHandle
 		for _, j := range jobs {
-			j.heartbeat(ctx)
+			if l := j.heartbeat(); l != nil {
+				leases = append(leases, l)
+			}
 		}
+		renewLeases(ctx, leases)
 	}
+}
+
+// renewLeases renews leases a few at a time.
+func renewLeases(ctx context.Context, leases []*leaseHandle) {
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	for _, l := range leases {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			l.renew(ctx)
+		}()
+	}
+	wg.Wait()
 }
 
 func (w *Worker) track(j *job) {

@@ -65,9 +65,20 @@ type Reply struct {
 	Truncate      bool
 	TruncateAfter int
 
+	// Drop is Truncate with the connection cut instead of the response
+	// ended: after the same chunks the server closes the TCP connection
+	// without finishing the chunked body, the way a crashed provider or a
+	// proxy that gave up looks to the client. A non-streaming answer is cut
+	// in the middle of its JSON body.
+	Drop bool
+
 	// Hang sends the response headers (for streams) and then nothing, until
 	// the client disconnects or the test ends.
 	Hang bool
+
+	// Header is added to the response headers, whatever the status (for
+	// example Retry-After on a 429 or a 503).
+	Header http.Header
 
 	// Raw, when non-nil, replaces every generated chunk of a stream: each
 	// element is sent as one "data: <element>" event, ChunkDelay apart, and

@@ -576,3 +576,48 @@ func TestScriptFailsTestWhenExhausted(t *testing.T) {
 		t.Fatalf("script errors %q", rec.errs)
 	}
 }
+
+// Drop cuts the connection where Truncate ends the response cleanly: the
+// client reads the same chunks, then an unexpected EOF instead of the end
+// of the body.
+func TestDroppedConnection(t *testing.T) {
+	for name, stream := range map[string]bool{"stream": true, "body": false} {
+		t.Run(name, func(t *testing.T) {
+			srv := openaitest.NewServer(t, func(*openaitest.Request) openaitest.Reply {
+				return openaitest.Reply{Text: "a b c d", Drop: true, TruncateAfter: 2}
+			})
+			data, _ := json.Marshal(map[string]any{"model": "m", "stream": stream, "messages": []any{msg("user", "hi")}})
+			resp, err := http.Post(srv.URL()+"/chat/completions", "application/json", bytes.NewReader(data))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			if !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.Fatalf("read err %v after %q, want io.ErrUnexpectedEOF", err, body)
+			}
+			if stream && strings.Count(string(body), "data: ") != 3 {
+				t.Fatalf("got %q, want the role chunk and 2 more before the cut", body)
+			}
+		})
+	}
+}
+
+// Header adds response headers, on errors too: a 429 tells the client
+// when to come back.
+func TestReplyHeaders(t *testing.T) {
+	srv := openaitest.NewServer(t, func(*openaitest.Request) openaitest.Reply {
+		r := openaitest.Error(http.StatusTooManyRequests, "slow down")
+		r.Header = http.Header{"Retry-After": {"7"}}
+		return r
+	})
+	data, _ := json.Marshal(map[string]any{"model": "m", "messages": []any{msg("user", "hi")}})
+	resp, err := http.Post(srv.URL()+"/chat/completions", "application/json", bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "7" {
+		t.Fatalf("status %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+}

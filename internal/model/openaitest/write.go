@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -99,6 +100,9 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, req *Request, rep
 	if !s.wait(r, reply.Delay) {
 		return
 	}
+	for k, v := range reply.Header {
+		w.Header()[http.CanonicalHeaderKey(k)] = append([]string(nil), v...)
+	}
 	if reply.Status >= 400 {
 		if reply.ErrorBody != "" {
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -176,11 +180,28 @@ func (s *Server) writeBody(w http.ResponseWriter, r *http.Request, reply Reply, 
 		Usage:   reply.Usage.wire(),
 	}
 	data, _ := json.Marshal(body)
-	if reply.Truncate {
+	if reply.Truncate || reply.Drop {
 		data = data[:len(data)/2]
 	}
 	w.Header().Set("Content-Type", "application/json")
+	if reply.Drop {
+		// Announce the whole length, send half, and cut the connection.
+		w.Header().Set("Content-Length", strconv.Itoa(2*len(data)+1))
+	}
 	_, _ = w.Write(data)
+	if reply.Drop {
+		dropConnection(w)
+	}
+}
+
+// dropConnection closes the client's connection without ending the
+// response: net/http aborts a handler that panics with ErrAbortHandler,
+// quietly, leaving the client with an unexpected EOF.
+func dropConnection(w http.ResponseWriter) {
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
+	panic(http.ErrAbortHandler)
 }
 
 func (s *Server) writeStream(w http.ResponseWriter, r *http.Request, req *Request, reply Reply, id, model string, calls []Call, finish string) {
@@ -231,7 +252,7 @@ func (s *Server) writeStream(w http.ResponseWriter, r *http.Request, req *Reques
 				}}}}, nil))
 			}
 		}
-		if reply.Truncate {
+		if reply.Truncate || reply.Drop {
 			// The role chunk always goes out, so the client sees an open,
 			// healthy stream before it stops.
 			n := min(1+max(reply.TruncateAfter, 0), len(events))
@@ -255,6 +276,9 @@ func (s *Server) writeStream(w http.ResponseWriter, r *http.Request, req *Reques
 		if flusher != nil {
 			flusher.Flush()
 		}
+	}
+	if reply.Drop {
+		dropConnection(w)
 	}
 }
 

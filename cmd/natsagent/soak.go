@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/natsagent/natsagent/internal/soak"
+)
+
+// errSoakFailed is a soak that ran and found lost, duplicated or
+// overlapping runs; the summary says which.
+var errSoakFailed = errors.New("runs were lost, duplicated or overlapped")
+
+// runSoak runs natsagent under faults on embedded servers on loopback and
+// audits every submitted run (internal/soak).
+func runSoak(ctx context.Context, args []string, std stdio) error {
+	fs := flag.NewFlagSet("soak", flag.ContinueOnError)
+	fs.SetOutput(std.err)
+	runs := fs.Int("runs", 300, "runs to submit, two per thread")
+	duration := fs.Duration("duration", 60*time.Second, "bound on the whole soak; runs are submitted over its first half")
+	window := fs.Duration("submit-window", 0, "how long submissions are spread over, faults injected meanwhile (default: half of --duration)")
+	workers := fs.Int("workers", 3, "in-process workers, each on its own NATS connection")
+	cluster := fs.Bool("cluster", false, "run a 3-node JetStream cluster (R3) instead of one server")
+	faults := fs.String("faults", "", "comma-separated faults to inject: "+strings.Join(soak.Faults, ", ")+" (node needs --cluster)")
+	faultEvery := fs.Duration("fault-every", 4*time.Second, "pause between node and worker faults")
+	modelRate := fs.Float64("model-fault-rate", 0.05, "share of model calls failing with 503, 429 or a truncated stream (with the model fault)")
+	quiet := fs.Bool("quiet", false, "no progress lines")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(std.err, "natsagent soak: unexpected argument %q\n", fs.Arg(0))
+		return errUsage
+	}
+	var kinds []string
+	for _, f := range strings.Split(*faults, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			kinds = append(kinds, f)
+		}
+	}
+	if err := soak.ValidateFaults(kinds, *cluster); err != nil {
+		fmt.Fprintf(std.err, "natsagent soak: %v\n", err)
+		return errUsage
+	}
+	if *runs <= 0 || *workers <= 0 || *duration <= 0 {
+		fmt.Fprintln(std.err, "natsagent soak: --runs, --workers and --duration must be positive")
+		return errUsage
+	}
+	cfg := soak.Config{Runs: *runs, Duration: *duration, SubmitWindow: *window, Workers: *workers, Cluster: *cluster,
+		Faults: kinds, FaultEvery: *faultEvery, ModelFaultRate: *modelRate}
+	if !*quiet {
+		cfg.Progress = std.err
+	}
+	mode := "one server"
+	if *cluster {
+		mode = "3-node cluster, R3"
+	}
+	fmt.Fprintf(std.err, "soak: %d runs, %d workers, %s, faults: %s, at most %s\n", *runs, *workers, mode, orNone(kinds), *duration)
+	res, err := soak.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(std.out, res.Summary())
+	if !res.OK() {
+		return errSoakFailed
+	}
+	return nil
+}
+
+func orNone(list []string) string {
+	if len(list) == 0 {
+		return "none"
+	}
+	return strings.Join(list, ", ")
+}

@@ -1,0 +1,127 @@
+package agent
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/natsagent/natsagent/internal/metrics"
+	"github.com/natsagent/natsagent/internal/middleware"
+	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/telemetry"
+)
+
+// modelStep is one model call of the loop through the chain, in a "chat"
+// span under the run's span, with its usage settled: the usage goes on the
+// span and into the token counters. Without a recording run span no span
+// is made.
+func (l *loop) modelStep(ctx context.Context, chain middleware.ModelHandler, msgID string, req *middleware.ModelRequest) (*middleware.ModelResponse, middleware.Usage, error) {
+	span := trace.SpanFromContext(ctx)
+	if span.IsRecording() {
+		ctx, span = telemetry.StartChild(ctx, "chat "+req.ModelName, trace.WithSpanKind(trace.SpanKindClient),
+			trace.WithAttributes(
+				telemetry.AttrGenAIOperation.String("chat"),
+				telemetry.AttrGenAIRequestModel.String(req.ModelName),
+				telemetry.AttrAgent.String(l.rt.Agent),
+				telemetry.AttrStep.Int(l.rt.Step),
+			))
+		defer span.End()
+	}
+	resp, err := l.callChain(ctx, chain, msgID, req)
+	var u middleware.Usage
+	if err == nil && resp != nil && resp.Response != nil {
+		u = l.callUsage(req, resp)
+		if m := l.rt.Metrics; m != nil {
+			m.Tokens(l.rt.Tenant, usageModel(u, req), u.Purpose, u.Input, u.Output)
+		}
+	}
+	if span.IsRecording() {
+		switch {
+		case err != nil:
+			span.SetStatus(codes.Error, clip(err.Error(), 500))
+		case resp == nil || resp.Response == nil:
+			span.SetStatus(codes.Error, "no response")
+		default:
+			attrs := []attribute.KeyValue{
+				telemetry.AttrGenAIInputTokens.Int(u.Input),
+				telemetry.AttrGenAIOutputTokens.Int(u.Output),
+				telemetry.AttrApprox.Bool(u.Approximate),
+			}
+			if r := resp.Response; r.Model != "" {
+				attrs = append(attrs, telemetry.AttrGenAIResponseMod.String(r.Model))
+			}
+			if r := resp.Response; r.FinishReason != "" {
+				attrs = append(attrs, telemetry.AttrGenAIFinish.StringSlice([]string{r.FinishReason}))
+			}
+			span.SetAttributes(attrs...)
+		}
+	}
+	return resp, u, err
+}
+
+// usageModel is the model a call's tokens are counted under: the one its
+// usage is booked under (the provider's name for it), else the requested.
+func usageModel(u middleware.Usage, req *middleware.ModelRequest) string {
+	if u.Model != "" {
+		return u.Model
+	}
+	return req.ModelName
+}
+
+// observeModelCall records one provider call's latency.
+func (l *loop) observeModelCall(ctx context.Context, req *middleware.ModelRequest, start time.Time, err error) {
+	m := l.rt.Metrics
+	if m == nil {
+		return
+	}
+	outcome := metrics.OutcomeOK
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		outcome = metrics.OutcomeCancelled
+	default:
+		outcome = metrics.OutcomeError
+	}
+	m.ModelCall(req.ModelName, outcome, time.Since(start))
+}
+
+// toolStep runs one tool call through the chain in an "execute_tool" span
+// under the run's span (none when the run's span records nothing). The
+// span carries the tool's name, call id and result status, never the
+// arguments or the result.
+func toolStep(ctx context.Context, handler middleware.ToolHandler, call *middleware.ToolCall) (*middleware.ToolResult, error) {
+	if !trace.SpanFromContext(ctx).IsRecording() {
+		return handler(ctx, call)
+	}
+	name := "execute_tool"
+	if protocol.ValidToken(call.Call.Name) && len(call.Call.Name) <= 64 {
+		// Anything else a model made up stays out of the span name.
+		name += " " + call.Call.Name
+	}
+	ctx, span := telemetry.StartChild(ctx, name, trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(
+			telemetry.AttrGenAIOperation.String("execute_tool"),
+			telemetry.AttrGenAIToolName.String(call.Call.Name),
+			telemetry.AttrGenAIToolCallID.String(call.Call.ID),
+		))
+	defer span.End()
+	res, err := handler(ctx, call)
+	switch {
+	case err != nil:
+		span.SetStatus(codes.Error, clip(err.Error(), 500))
+	case res != nil:
+		status := res.Message.Status
+		if status == "" {
+			status = model.ToolStatusSuccess
+		}
+		span.SetAttributes(telemetry.AttrToolStatus.String(status))
+		if status == model.ToolStatusError {
+			span.SetStatus(codes.Error, "tool returned an error result")
+		}
+	}
+	return res, err
+}

@@ -1,0 +1,63 @@
+package app
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/natsagent/natsagent/internal/config"
+	"github.com/natsagent/natsagent/internal/model"
+)
+
+// docs/configuration.md shows a whole configuration file; it must load,
+// validate and assemble, so the reference never drifts from the code.
+func TestConfigurationReferenceLoads(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "configuration.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(doc), "## A whole file")
+	if !ok {
+		t.Fatal(`docs/configuration.md has no "## A whole file" section`)
+	}
+	_, rest, ok = strings.Cut(rest, "```yaml\n")
+	if !ok {
+		t.Fatal("the section has no yaml block")
+	}
+	text, _, ok := strings.Cut(rest, "```")
+	if !ok {
+		t.Fatal("the yaml block is not closed")
+	}
+	path := filepath.Join(t.TempDir(), "natsagent.yaml")
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{config.EnvBaseURL, config.EnvAPIKey, config.EnvModel, config.EnvNATSURL, config.EnvOTLPEndpoint} {
+		t.Setenv(v, "")
+	}
+	t.Setenv("GLOBEX_API_KEY", "globex-secret")
+
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatalf("the documented file does not load: %v", err)
+	}
+	if cfg.NATS.Replicas != 3 || cfg.Model.Name != "qwen2.5:7b" || len(cfg.Gateway.APIKeys) != 2 || len(cfg.MCP.Servers) != 1 {
+		t.Fatalf("sections lost: %+v", cfg)
+	}
+	if w := cfg.ContextWindows(); w["qwen2.5:7b"] != 32768 || w["deepseek-chat"] != 65536 {
+		t.Fatalf("models: %v", w)
+	}
+	agents, err := Agents(cfg, model.NewDemo(model.DemoOptions{}))
+	if err != nil {
+		t.Fatalf("the documented profiles do not assemble: %v", err)
+	}
+	for _, name := range []string{"researcher", "fact-checker", "chatbot"} {
+		if !agents.Has(name) {
+			t.Errorf("profile %s missing: %v", name, agents.Names())
+		}
+	}
+	if names := strings.Join(agents.Chain("researcher").Names(), ","); !strings.Contains(names, "token_budget") || !strings.Contains(names, "tool_call_limit") {
+		t.Errorf("researcher chain %s", names)
+	}
+}

@@ -1,0 +1,69 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/natstest"
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+// Issue 7 (node loss): an event whose asynchronous publish failed during
+// a leader election ("duplicate message id is in process", or no
+// responders) is sent again and stored once when it carries a message id;
+// one without an id is not sent twice.
+func TestFlushResendsEventsWithAnIDAfterATransientError(t *testing.T) {
+	srv := natstest.Start(t)
+	nc := srv.Connect()
+	settings := bus.Settings{}.WithDefaults()
+	natstest.Provision(t, nc, settings)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	p, err := NewPublisher(ctx, js, settings.Names, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := p.NewStream("default", "t1", "r1", 1, 0)
+	inProcess := &jetstream.APIError{Code: 409, ErrorCode: 10158, Description: "duplicate message id is in process"}
+
+	withID, err := p.Msg("default", "t1", "r1", 1, 1, protocol.EventRunStarted, nil, "r1-started-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cause := range []error{inProcess, nats.ErrNoResponders} {
+		if err := s.resend(ctx, withID, cause); err != nil {
+			t.Fatalf("resend after %v: %v", cause, err)
+		}
+	}
+	noID, err := p.Msg("default", "t1", "r1", 1, 2, protocol.EventMessageDelta, map[string]string{"delta": "x"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.resend(ctx, noID, nats.ErrNoResponders); !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("event without an id: %v, want the error unchanged", err)
+	}
+	badRequest := &jetstream.APIError{Code: 400, ErrorCode: 10058, Description: "bad request"}
+	if err := s.resend(ctx, withID, badRequest); !errors.Is(err, badRequest) {
+		t.Fatalf("permanent error: %v, want it unchanged", err)
+	}
+	st, err := js.Stream(ctx, settings.Names.EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 {
+		t.Fatalf("events stored: %d, want 1 (the event with an id, once)", info.State.Msgs)
+	}
+}

@@ -1,0 +1,109 @@
+// Package metrics owns what natsagent measures for operators: the Recorder
+// the worker, the agent loop, the middlewares and the gateway report
+// events to, and its no-op default. It names no metric backend: the
+// Prometheus implementation lives in metrics/prom, so the packages that
+// report never import a client library and tests inject their own
+// registry. Labels are low-cardinality by contract: agent, model, status,
+// kind, purpose, route; never a run, thread or tenant id (a tenant label
+// exists only where the implementation is configured to add it).
+package metrics
+
+import (
+	"context"
+	"time"
+)
+
+// Recorder receives measurements. Implementations are safe for concurrent
+// use and cheap: methods are called on the run path, a few times per model
+// call at most.
+type Recorder interface {
+	// RunStarted is called when a run's first attempt starts, with its
+	// strategy and how long its request waited in the queue.
+	RunStarted(agent, strategy string, queueWait time.Duration)
+	// RunFinished is called once per run when a worker records its
+	// terminal status; ran is how long its last attempt ran (negative when
+	// it never started: rejected, cancelled while pending, invalid).
+	RunFinished(tenant, agent, status string, ran time.Duration)
+	// ModelCall is one provider call of a run (each retry is one), with
+	// its outcome (ok, error, cancelled).
+	ModelCall(model, outcome string, d time.Duration)
+	// Tokens adds one model call's tokens, by purpose (main, summary).
+	Tokens(tenant, model, purpose string, input, output int)
+	// ModelRetry counts a retried model call by kind (network, error,
+	// fallback).
+	ModelRetry(kind string)
+	// CancelRequest counts a cancel request a worker answered, by outcome
+	// (ok or the error code).
+	CancelRequest(outcome string)
+	// DeadLettered counts a run request copied to the dead-letter stream,
+	// by reason (invalid, conflict, max_deliveries).
+	DeadLettered(reason string)
+	// JobProcessed counts a run request a worker took to its end, and
+	// whether it was a redelivery.
+	JobProcessed(redelivered bool)
+	// TrackWorker adds a worker's gauges, read when metrics are collected,
+	// until untrack is called.
+	TrackWorker(stats func() WorkerStats) (untrack func())
+	// TrackConsumer adds the lag of the runs consumer named key (stream and
+	// consumer), read at most once per refresh interval however many
+	// workers of the process track it, until untrack is called.
+	TrackConsumer(key string, lag func(ctx context.Context) (uint64, error)) (untrack func())
+
+	// HTTPRequest is one gateway request, by route pattern and status code.
+	HTTPRequest(route string, code int, d time.Duration)
+	// RunSubmitted counts a run the gateway published, by strategy.
+	RunSubmitted(strategy string)
+}
+
+// WorkerStats is a worker's state when metrics are collected.
+type WorkerStats struct {
+	// Slots is the worker's concurrency; BusySlots are held by runs
+	// (running or deciding), not by runs waiting for their thread.
+	Slots, BusySlots int
+	// ActiveLeases are the runs in progress, each holding its thread.
+	ActiveLeases int
+	// WaitingRuns wait for their thread to be free.
+	WaitingRuns int
+}
+
+// Model call outcomes.
+const (
+	OutcomeOK        = "ok"
+	OutcomeError     = "error"
+	OutcomeCancelled = "cancelled"
+)
+
+// Dead-letter reasons.
+const (
+	DLQInvalid       = "invalid"
+	DLQConflict      = "conflict"
+	DLQMaxDeliveries = "max_deliveries"
+)
+
+// Nop records nothing: the default of every Config.
+type Nop struct{}
+
+var _ Recorder = Nop{}
+
+func (Nop) RunStarted(string, string, time.Duration)          {}
+func (Nop) RunFinished(string, string, string, time.Duration) {}
+func (Nop) ModelCall(string, string, time.Duration)           {}
+func (Nop) Tokens(string, string, string, int, int)           {}
+func (Nop) ModelRetry(string)                                 {}
+func (Nop) CancelRequest(string)                              {}
+func (Nop) DeadLettered(string)                               {}
+func (Nop) JobProcessed(bool)                                 {}
+func (Nop) TrackWorker(func() WorkerStats) func()             { return func() {} }
+func (Nop) TrackConsumer(string, func(context.Context) (uint64, error)) func() {
+	return func() {}
+}
+func (Nop) HTTPRequest(string, int, time.Duration) {}
+func (Nop) RunSubmitted(string)                    {}
+
+// Or returns r, or Nop when r is nil.
+func Or(r Recorder) Recorder {
+	if r == nil {
+		return Nop{}
+	}
+	return r
+}

@@ -1,0 +1,138 @@
+package prom
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/natsagent/natsagent/internal/metrics"
+)
+
+// workerCollector reports the gauges of the process's workers, summed
+// (gateway --dev runs several in one process), read at collection time so
+// the run path never updates a gauge.
+type workerCollector struct {
+	mu       sync.Mutex
+	trackers map[*func() metrics.WorkerStats]struct{}
+}
+
+var (
+	descSlots   = prometheus.NewDesc(Namespace+"_worker_slots", "Runs the process's workers may execute at once (their concurrency).", nil, nil)
+	descBusy    = prometheus.NewDesc(Namespace+"_worker_slots_busy", "Slots held by runs being decided or executed (runs waiting for their thread hold none).", nil, nil)
+	descLeases  = prometheus.NewDesc(Namespace+"_worker_active_leases", "Runs in progress on the process's workers, each holding its thread's lease.", nil, nil)
+	descWaiting = prometheus.NewDesc(Namespace+"_worker_waiting_runs", "Runs held by the process's workers while another run of their thread goes first.", nil, nil)
+	descLag     = prometheus.NewDesc(Namespace+"_consumer_lag", "Run requests not yet finished by any worker: num_pending + num_ack_pending of the runs consumer, read at most every refresh interval (15s).", []string{"consumer"}, nil)
+	descLagAge  = prometheus.NewDesc(Namespace+"_consumer_lag_age_seconds", "Age of the consumer lag reported.", []string{"consumer"}, nil)
+)
+
+func (c *workerCollector) track(stats func() metrics.WorkerStats) func() {
+	key := &stats
+	c.mu.Lock()
+	c.trackers[key] = struct{}{}
+	c.mu.Unlock()
+	return func() {
+		c.mu.Lock()
+		delete(c.trackers, key)
+		c.mu.Unlock()
+	}
+}
+
+func (c *workerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descSlots
+	ch <- descBusy
+	ch <- descLeases
+	ch <- descWaiting
+}
+
+func (c *workerCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	fns := make([]func() metrics.WorkerStats, 0, len(c.trackers))
+	for f := range c.trackers {
+		fns = append(fns, *f)
+	}
+	c.mu.Unlock()
+	var sum metrics.WorkerStats
+	for _, f := range fns {
+		s := f()
+		sum.Slots += s.Slots
+		sum.BusySlots += s.BusySlots
+		sum.ActiveLeases += s.ActiveLeases
+		sum.WaitingRuns += s.WaitingRuns
+	}
+	ch <- prometheus.MustNewConstMetric(descSlots, prometheus.GaugeValue, float64(sum.Slots))
+	ch <- prometheus.MustNewConstMetric(descBusy, prometheus.GaugeValue, float64(sum.BusySlots))
+	ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, float64(sum.ActiveLeases))
+	ch <- prometheus.MustNewConstMetric(descWaiting, prometheus.GaugeValue, float64(sum.WaitingRuns))
+}
+
+// lagCollector reports the runs consumer's lag. It is read from the
+// server lazily, when a scrape finds the last reading older than refresh,
+// by one of the workers tracking the consumer: a process never asks the
+// server more than once per interval, and not at all when nobody scrapes.
+type lagCollector struct {
+	refresh time.Duration
+	mu      sync.Mutex
+	sources map[string]*lagSource
+}
+
+type lagSource struct {
+	readers map[*func(context.Context) (uint64, error)]struct{}
+	value   uint64
+	read    time.Time // zero: never read
+}
+
+// lagReadTimeout bounds one consumer info request during a scrape.
+const lagReadTimeout = 2 * time.Second
+
+func (c *lagCollector) track(key string, lag func(context.Context) (uint64, error)) func() {
+	f := &lag
+	c.mu.Lock()
+	s := c.sources[key]
+	if s == nil {
+		s = &lagSource{readers: map[*func(context.Context) (uint64, error)]struct{}{}}
+		c.sources[key] = s
+	}
+	s.readers[f] = struct{}{}
+	c.mu.Unlock()
+	return func() {
+		c.mu.Lock()
+		delete(s.readers, f)
+		if len(s.readers) == 0 && c.sources[key] == s {
+			delete(c.sources, key)
+		}
+		c.mu.Unlock()
+	}
+}
+
+func (c *lagCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descLag
+	ch <- descLagAge
+}
+
+// Collect holds the mutex across the reads: concurrent scrapes wait for one
+// reading instead of each asking the server.
+func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	for key, s := range c.sources {
+		if s.read.IsZero() || now.Sub(s.read) >= c.refresh {
+			for f := range s.readers {
+				ctx, cancel := context.WithTimeout(context.Background(), lagReadTimeout)
+				v, err := (*f)(ctx)
+				cancel()
+				if err == nil {
+					s.value, s.read = v, time.Now()
+					break
+				}
+			}
+		}
+		if s.read.IsZero() {
+			continue // never read: no figure is better than a made-up zero
+		}
+		ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, float64(s.value), key)
+		ch <- prometheus.MustNewConstMetric(descLagAge, prometheus.GaugeValue, time.Since(s.read).Seconds(), key)
+	}
+}

@@ -1,0 +1,81 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/natsagent/natsagent/internal/agent"
+	"github.com/natsagent/natsagent/internal/middleware"
+	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/tools"
+)
+
+// Every line logged during a run carries tenant, thread_id, run_id and
+// worker: the worker's own lines and the middlewares' (a model retry, a
+// failing tool), which log through Runtime.Logger.
+func TestEveryRunLogLineCarriesRunFields(t *testing.T) {
+	h := newHarness(t)
+	h.tools.Register(tools.Func(model.ToolSpec{Name: "explode", Description: "Always fails.", Parameters: json.RawMessage(`{"type":"object"}`)},
+		func(context.Context, json.RawMessage) (string, error) { return "", errors.New("the fuse blew") }))
+	m := model.Func(func(ctx context.Context, req *model.Request, onDelta func(model.Delta)) (*model.Response, error) {
+		last := req.Messages[len(req.Messages)-1]
+		switch {
+		case last.Role == model.RoleTool:
+			return &model.Response{Message: model.Message{Role: model.RoleAssistant, Content: "done"}, FinishReason: model.FinishStop}, nil
+		case req.Model == "main":
+			return nil, errors.New("invalid_request_error: refused")
+		}
+		return &model.Response{Message: model.Message{Role: model.RoleAssistant, ToolCalls: []model.ToolCall{{ID: "c1", Name: "explode", Arguments: "{}"}}}, FinishReason: model.FinishToolCalls}, nil
+	})
+	core, logs := observer.New(zapcore.DebugLevel)
+	chatbot := agent.Chatbot()
+	chatbot.Model = "main"
+	chatbot.Tools = []string{"explode"}
+	chatbot.Middleware = middleware.ChainConfig{Settings: map[string]json.RawMessage{
+		"model_retry": json.RawMessage(`{"max_retries":0,"network_budget_seconds":0,"fallback_models":["backup"]}`)}}
+	agents, err := agent.NewAgents(m, h.tools, chatbot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.startWorker(m, func(c *Config) {
+		c.ID = "w-logs"
+		c.Agents = agents
+		c.Logger = zap.New(core)
+	})
+	w := h.watch("tenant-a", "t1", "r1")
+	req := request("t1", "r1", "go")
+	req.Tenant = "tenant-a"
+	h.submit(req)
+	if fin := w.finished(t, 10*time.Second); fin.Status != protocol.StatusSuccess {
+		t.Fatalf("run ended %s: %s", fin.Status, fin.Error)
+	}
+	waitFor(t, 5*time.Second, "the run's last log line", func() bool { return logs.FilterMessage("run finished").Len() == 1 })
+
+	process := map[string]bool{"worker started": true, "worker stopped": true}
+	seen := map[string]bool{}
+	for _, e := range logs.All() {
+		if process[e.Message] {
+			continue
+		}
+		seen[e.Message] = true
+		fields := e.ContextMap()
+		for k, want := range map[string]string{"tenant": "tenant-a", "thread_id": "t1", "run_id": "r1", "worker": "w-logs"} {
+			if got, _ := fields[k].(string); got != want {
+				t.Errorf("log line %q has %s=%q, want %q (fields %v)", e.Message, k, got, want, fields)
+			}
+		}
+	}
+	for _, msg := range []string{"run started", "model call failed; retrying", "tool call failed", "run finished"} {
+		if !seen[msg] {
+			t.Errorf("no log line %q (lines: %v)", msg, seen)
+		}
+	}
+}

@@ -1,0 +1,388 @@
+package workerproc
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+// deployment is an embedded JetStream server with natsagent provisioned,
+// the shared execution log, and every run event, collected as stored.
+type deployment struct {
+	t        *testing.T
+	srv      *natstest.Server
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	settings bus.Settings
+	stores   *kv.Stores
+	dir      string
+	logPath  string
+
+	mu     sync.Mutex
+	events map[string][]protocol.Event // by run id
+	procs  []*proc
+}
+
+func newDeployment(t *testing.T, ackWait time.Duration, maxDeliver int) *deployment {
+	t.Helper()
+	srv := natstest.Start(t)
+	nc := srv.Connect()
+	settings := bus.Settings{AckWait: ackWait, MaxDeliver: maxDeliver}.WithDefaults()
+	natstest.Provision(t, nc, settings)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stores, err := kv.Open(context.Background(), js, settings.Names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	d := &deployment{t: t, srv: srv, nc: nc, js: js, settings: settings, stores: stores, dir: dir,
+		logPath: filepath.Join(dir, "executions.jsonl"), events: map[string][]protocol.Event{}}
+	oc, err := js.OrderedConsumer(context.Background(), settings.Names.EventsStream(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{settings.Names.EventsSubjects()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := oc.Consume(func(m jetstream.Msg) {
+		var ev protocol.Event
+		if err := json.Unmarshal(m.Data(), &ev); err != nil {
+			t.Errorf("undecodable event: %v", err)
+			return
+		}
+		d.mu.Lock()
+		d.events[ev.RunID] = append(d.events[ev.RunID], ev)
+		d.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cc.Stop)
+	t.Cleanup(func() {
+		if t.Failed() {
+			d.dumpWorkerLogs()
+		}
+	})
+	return d
+}
+
+// submit publishes a run request the way a plain NATS client does.
+func (d *deployment) submit(thread, run, text string) {
+	d.t.Helper()
+	body, _ := json.Marshal(map[string]any{
+		"run_id": run, "thread_id": thread, "tenant": protocol.DefaultTenant,
+		"input": map[string]any{"messages": []any{map[string]any{"role": "user", "content": text}}},
+	})
+	m := nats.NewMsg(d.settings.Names.RunSubject(protocol.DefaultTenant, thread))
+	m.Data = body
+	m.Header.Set(nats.MsgIdHdr, run)
+	if _, err := d.js.PublishMsg(context.Background(), m); err != nil {
+		d.t.Fatal(err)
+	}
+}
+
+func (d *deployment) runEvents(run string) []protocol.Event {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]protocol.Event(nil), d.events[run]...)
+}
+
+// finished reports whether every run has its run.finished event.
+func (d *deployment) finished(runs []string) bool {
+	for _, r := range runs {
+		done := false
+		for _, ev := range d.runEvents(r) {
+			if ev.Type == protocol.EventRunFinished {
+				done = true
+			}
+		}
+		if !done {
+			return false
+		}
+	}
+	return true
+}
+
+func (d *deployment) waitFinished(runs []string, timeout time.Duration) {
+	d.t.Helper()
+	waitFor(d.t, timeout, "every run to finish", func() bool { return d.finished(runs) })
+}
+
+// started returns the data and time of each run.started of run.
+func (d *deployment) started(run string) []startedAt {
+	var out []startedAt
+	for _, ev := range d.runEvents(run) {
+		if ev.Type == protocol.EventRunStarted {
+			var s protocol.StartedData
+			_ = json.Unmarshal(ev.Data, &s)
+			out = append(out, startedAt{StartedData: s, at: ev.Time})
+		}
+	}
+	return out
+}
+
+type startedAt struct {
+	protocol.StartedData
+	at time.Time
+}
+
+// checkEvents checks what the protocol promises about a finished run's
+// events: seq from 1 without gaps or repeats, exactly one run.finished,
+// last, with status success.
+func (d *deployment) checkEvents(run string) protocol.FinishedData {
+	d.t.Helper()
+	evs := d.runEvents(run)
+	var fin *protocol.FinishedData
+	for i, ev := range evs {
+		if ev.Seq != uint64(i+1) {
+			d.t.Fatalf("run %s: event %d (%s) has seq %d: a gap or a repeat", run, i, ev.Type, ev.Seq)
+		}
+		if ev.Type == protocol.EventRunFinished {
+			if fin != nil {
+				d.t.Fatalf("run %s: a second run.finished", run)
+			}
+			fin = new(protocol.FinishedData)
+			if err := json.Unmarshal(ev.Data, fin); err != nil {
+				d.t.Fatal(err)
+			}
+		}
+	}
+	if fin == nil || evs[len(evs)-1].Type != protocol.EventRunFinished {
+		d.t.Fatalf("run %s: run.finished missing or not last", run)
+	}
+	if fin.Status != protocol.StatusSuccess {
+		d.t.Fatalf("run %s ended %s: %s", run, fin.Status, fin.Error)
+	}
+	return *fin
+}
+
+// chain loads a thread's checkpoint chain.
+func (d *deployment) chain(thread string) []*kv.Delta {
+	d.t.Helper()
+	th, _, err := d.stores.Threads.Get(context.Background(), protocol.DefaultTenant, thread)
+	if err != nil {
+		d.t.Fatalf("thread %s: %v", thread, err)
+	}
+	_, chain, err := d.stores.Checkpoints.Load(context.Background(), protocol.DefaultTenant, thread, th.Head)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return chain
+}
+
+// checkQueuesEmpty checks that no request is left in the runs stream and
+// nothing was dead-lettered.
+func (d *deployment) checkQueuesEmpty() {
+	d.t.Helper()
+	ctx := context.Background()
+	waitFor(d.t, 10*time.Second, "the runs stream to empty", func() bool {
+		st, err := d.js.Stream(ctx, d.settings.Names.RunsStream())
+		if err != nil {
+			return false
+		}
+		info, err := st.Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	})
+	st, err := d.js.Stream(ctx, d.settings.Names.DLQStream())
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	if info.State.Msgs != 0 {
+		d.t.Fatalf("%d requests dead-lettered", info.State.Msgs)
+	}
+}
+
+// proc is one worker process.
+type proc struct {
+	id     string
+	cmd    *exec.Cmd
+	ready  time.Time
+	exited chan struct{}
+	// exitAt is when the process was seen gone (after Wait), exitErr how.
+	exitAt  time.Time
+	exitErr error
+	killed  bool
+	errLog  string
+}
+
+// start launches a worker process and waits until its worker runs.
+func (d *deployment) start(id string, concurrency int, grace time.Duration) *proc {
+	d.t.Helper()
+	p := &proc{id: id, exited: make(chan struct{}), errLog: filepath.Join(d.dir, id+".log")}
+	errFile, err := os.Create(p.errLog)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	defer errFile.Close()
+	p.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	p.cmd.Env = append(os.Environ(),
+		childEnv+"=1",
+		envURL+"="+d.srv.URL(),
+		envID+"="+id,
+		envAckWait+"="+d.settings.AckWait.String(),
+		envMaxDeliver+"="+fmt.Sprint(d.settings.MaxDeliver),
+		envConcurrency+"="+fmt.Sprint(concurrency),
+		envGrace+"="+grace.String(),
+		envLog+"="+d.logPath,
+	)
+	p.cmd.Stderr = errFile
+	out, err := p.cmd.StdoutPipe()
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		d.t.Fatal(err)
+	}
+	readyc := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		ok := false
+		for sc.Scan() {
+			if sc.Text() == "ready" && !ok {
+				ok = true
+				readyc <- true
+			}
+		}
+		if !ok {
+			readyc <- false
+		}
+	}()
+	go func() {
+		err := p.cmd.Wait()
+		p.exitAt, p.exitErr = time.Now(), err
+		close(p.exited)
+	}()
+	select {
+	case ok := <-readyc:
+		if !ok {
+			<-p.exited
+			d.t.Fatalf("worker %s did not start: %v\n%s", id, p.exitErr, tail(p.errLog, 20))
+		}
+	case <-time.After(30 * time.Second):
+		d.t.Fatalf("worker %s not ready in 30s", id)
+	}
+	p.ready = time.Now()
+	d.mu.Lock()
+	d.procs = append(d.procs, p)
+	d.mu.Unlock()
+	d.t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			_ = p.cmd.Process.Signal(syscall.SIGKILL)
+			<-p.exited
+		}
+	})
+	return p
+}
+
+// kill ends the process with SIGKILL and returns once it is gone: it
+// executes nothing after the returned time.
+func (p *proc) kill() time.Time {
+	p.killed = true
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.exited
+	return p.exitAt
+}
+
+// term sends SIGTERM and returns the time it was sent.
+func (p *proc) term() time.Time {
+	at := time.Now()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	return at
+}
+
+// wait waits for the process to exit.
+func (p *proc) wait(t *testing.T, timeout time.Duration) error {
+	t.Helper()
+	select {
+	case <-p.exited:
+		return p.exitErr
+	case <-time.After(timeout):
+		t.Fatalf("worker %s still running %s after it was told to stop", p.id, timeout)
+		return nil
+	}
+}
+
+func (d *deployment) dumpWorkerLogs() {
+	d.mu.Lock()
+	procs := append([]*proc(nil), d.procs...)
+	d.mu.Unlock()
+	for _, p := range procs {
+		d.t.Logf("--- worker %s (killed %v, exit %v), last lines:\n%s", p.id, p.killed, p.exitErr, tail(p.errLog, 15))
+	}
+}
+
+func tail(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// waitFor polls cond until it holds.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s", timeout, what)
+}
+
+// toolResults maps each tool call id answered in a chain to its result
+// and the delta that stored it.
+type storedResult struct {
+	msg   model.Message
+	delta *kv.Delta
+}
+
+func toolResults(chain []*kv.Delta) (map[string][]storedResult, map[string]bool) {
+	results := map[string][]storedResult{}
+	calls := map[string]bool{}
+	for _, d := range chain {
+		for _, m := range d.Update.Messages {
+			switch m.Role {
+			case model.RoleTool:
+				results[m.ToolCallID] = append(results[m.ToolCallID], storedResult{msg: m, delta: d})
+			case model.RoleAssistant:
+				for _, c := range m.ToolCalls {
+					calls[c.ID] = true
+				}
+			}
+		}
+	}
+	return results, calls
+}
