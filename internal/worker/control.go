@@ -44,11 +44,7 @@ type controlReply struct {
 
 func (w *Worker) subscribe() error {
 	sub, err := w.nc.QueueSubscribe(w.names.CancelSubjects(), cancelQueue, func(m *nats.Msg) {
-		w.wg.Add(1)
-		go func() {
-			defer w.wg.Done()
-			w.handleCancel(m)
-		}()
+		w.spawn(func() { w.handleCancel(m) })
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe to cancel requests: %w", err)
@@ -62,22 +58,14 @@ func (w *Worker) subscribe() error {
 	}
 	w.subs = append(w.subs, sub)
 	sub, err = w.nc.QueueSubscribe(maxDeliveriesSubject(w.names), advisoryQueue, func(m *nats.Msg) {
-		w.wg.Add(1)
-		go func() {
-			defer w.wg.Done()
-			w.handleMaxDeliveries(m)
-		}()
+		w.spawn(func() { w.handleMaxDeliveries(m) })
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe to delivery advisories: %w", err)
 	}
 	w.subs = append(w.subs, sub)
 	sub, err = w.nc.QueueSubscribe(terminatedSubject(w.names), advisoryQueue, func(m *nats.Msg) {
-		w.wg.Add(1)
-		go func() {
-			defer w.wg.Done()
-			w.handleTerminated(m)
-		}()
+		w.spawn(func() { w.handleTerminated(m) })
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe to termination advisories: %w", err)
@@ -86,11 +74,36 @@ func (w *Worker) subscribe() error {
 	return w.nc.Flush()
 }
 
-func (w *Worker) unsubscribe() {
+// spawn runs a subscription callback's work on its own goroutine, which
+// the worker's end waits for. A callback still running when that wait has
+// begun does its work inline instead: WaitGroup.Add must not race Wait.
+func (w *Worker) spawn(fn func()) {
+	w.hmu.Lock()
+	if w.hclosed {
+		w.hmu.Unlock()
+		fn()
+		return
+	}
+	w.handlers.Add(1)
+	w.hmu.Unlock()
+	go func() {
+		defer w.handlers.Done()
+		fn()
+	}()
+}
+
+// stopHandlers ends the subscriptions, then waits for the work their
+// callbacks started (a cancel answering once its run ended, a dead letter
+// being copied).
+func (w *Worker) stopHandlers() {
 	for _, s := range w.subs {
 		_ = s.Unsubscribe()
 	}
 	w.subs = nil
+	w.hmu.Lock()
+	w.hclosed = true
+	w.hmu.Unlock()
+	w.handlers.Wait()
 }
 
 // signal sends a control message to a worker, without waiting.

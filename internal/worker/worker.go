@@ -148,6 +148,12 @@ type Worker struct {
 
 	subs []*nats.Subscription
 	wg   sync.WaitGroup
+
+	// handlers counts the goroutines of subscription callbacks (cancel
+	// requests, advisories); hmu orders their Add before its Wait.
+	hmu      sync.Mutex
+	handlers sync.WaitGroup
+	hclosed  bool
 }
 
 // New binds a worker to a connection. The deployment's assets must exist
@@ -215,7 +221,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.subscribe(); err != nil {
 		return err
 	}
-	defer w.unsubscribe()
+	defer w.stopHandlers()
 	defer w.observe()()
 	if err := w.subagents.Serve(); err != nil {
 		return fmt.Errorf("serve the subagent service: %w", err)
