@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/natsagent/natsagent/internal/agent"
@@ -22,6 +21,7 @@ import (
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
 	"github.com/natsagent/natsagent/internal/worker"
 )
@@ -44,19 +44,8 @@ const testPrefix = "clitest"
 
 func newCLIEnv(t *testing.T, m model.Model) *cliEnv {
 	t.Helper()
-	srv := natstest.Start(t)
-	nc := srv.Connect()
-	settings := bus.Settings{Names: bus.Names{Prefix: testPrefix}, AckWait: 2 * time.Second, MaxDeliver: 5}.WithDefaults()
-	natstest.Provision(t, nc, settings)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stores, err := kv.Open(context.Background(), js, settings.Names)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &cliEnv{t: t, srv: srv, settings: settings, stores: stores, workdirs: make(map[string]*files.Memory)}
+	d := testdeploy.Start(t, bus.Settings{Names: bus.Names{Prefix: testPrefix}, AckWait: 2 * time.Second, MaxDeliver: 5})
+	e := &cliEnv{t: t, srv: d.Server, settings: d.Settings, stores: d.Stores, workdirs: make(map[string]*files.Memory)}
 	e.startWorker(m)
 	return e
 }

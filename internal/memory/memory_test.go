@@ -21,6 +21,7 @@ import (
 	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 // env is an embedded JetStream server with natsagent provisioned and a
@@ -36,27 +37,16 @@ type env struct {
 
 func newEnv(t *testing.T, cfg Config) *env {
 	t.Helper()
-	srv := natstest.Start(t)
-	nc := srv.Connect()
-	settings := bus.Settings{AckWait: time.Second, MaxDeliver: 3}.WithDefaults()
-	natstest.Provision(t, nc, settings)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Names = settings.Names
+	d := testdeploy.Start(t, bus.Settings{AckWait: time.Second, MaxDeliver: 3})
+	cfg.Names = d.Settings.Names
 	if cfg.SettleDelay == 0 {
 		cfg.SettleDelay = 10 * time.Millisecond
 	}
-	store, err := Open(context.Background(), js, cfg)
+	store, err := Open(context.Background(), d.JS, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stores, err := kv.Open(context.Background(), js, settings.Names)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &env{t: t, srv: srv, js: js, settings: settings, store: store, stores: stores}
+	return &env{t: t, srv: d.Server, js: d.JS, settings: d.Settings, store: store, stores: d.Stores}
 }
 
 // chain assembles a profile chain with the memory middleware configured

@@ -21,6 +21,7 @@ import (
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
 	"github.com/natsagent/natsagent/internal/worker"
 )
@@ -45,18 +46,8 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	srv := natstest.Start(t)
-	nc := srv.Connect()
-	settings := bus.Settings{AckWait: time.Second, MaxDeliver: 5}.WithDefaults()
-	natstest.Provision(t, nc, settings)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stores, err := kv.Open(context.Background(), js, settings.Names)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := testdeploy.Start(t, bus.Settings{AckWait: time.Second, MaxDeliver: 5})
+	srv, nc, js, settings, stores := d.Server, d.NC, d.JS, d.Settings, d.Stores
 	reg := tools.NewRegistry()
 	lead := agent.Chatbot()
 	lead.Model = "lead"

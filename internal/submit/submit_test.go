@@ -17,9 +17,9 @@ import (
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/model"
-	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/submit"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 type env struct {
@@ -30,18 +30,8 @@ type env struct {
 
 func setup(t *testing.T) *env {
 	t.Helper()
-	nc := natstest.Start(t).Connect()
-	settings := bus.Settings{}.WithDefaults()
-	natstest.Provision(t, nc, settings)
-	ctx := context.Background()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stores, err := kv.Open(ctx, js, settings.Names)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := testdeploy.Start(t, bus.Settings{})
+	ctx, nc, js, settings, stores := context.Background(), d.NC, d.JS, d.Settings, d.Stores
 	pub, err := events.NewPublisher(ctx, js, settings.Names, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)

@@ -26,6 +26,7 @@ import (
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
 	"github.com/natsagent/natsagent/internal/worker"
 )
@@ -56,18 +57,8 @@ type deploymentConfig struct {
 
 func newDeployment(t *testing.T, c deploymentConfig) *deployment {
 	t.Helper()
-	srv := natstest.Start(t)
-	nc := srv.Connect()
-	settings := bus.Settings{AckWait: 2 * time.Second, MaxDeliver: 5}.WithDefaults()
-	natstest.Provision(t, nc, settings)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stores, err := kv.Open(context.Background(), js, settings.Names)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := testdeploy.Start(t, bus.Settings{AckWait: 2 * time.Second, MaxDeliver: 5})
+	srv, nc, js, settings, stores := d.Server, d.NC, d.JS, d.Settings, d.Stores
 	gw, err := gateway.New(context.Background(), nc, gateway.Config{Settings: settings, Logger: zaptest.NewLogger(t),
 		Metrics: c.metrics, MetricsHandler: c.metricsHandler, Traces: c.traces})
 	if err != nil {

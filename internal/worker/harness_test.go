@@ -19,6 +19,7 @@ import (
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
 )
 
@@ -42,19 +43,8 @@ func newHarness(t *testing.T) *harness {
 
 func newHarnessWith(t testing.TB, settings bus.Settings) *harness {
 	t.Helper()
-	srv := natstest.Start(t)
-	nc := srv.Connect()
-	settings = settings.WithDefaults()
-	natstest.Provision(t, nc, settings)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stores, err := kv.Open(context.Background(), js, settings.Names)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &harness{t: t, srv: srv, nc: nc, js: js, settings: settings, names: settings.Names, stores: stores, tools: tools.NewRegistry()}
+	d := testdeploy.Start(t, settings)
+	return &harness{t: t, srv: d.Server, nc: d.NC, js: d.JS, settings: d.Settings, names: d.Settings.Names, stores: d.Stores, tools: tools.NewRegistry()}
 }
 
 type workerHandle struct {

@@ -22,6 +22,7 @@ import (
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 // deployment is an embedded JetStream server with natsagent provisioned,
@@ -43,18 +44,8 @@ type deployment struct {
 
 func newDeployment(t *testing.T, ackWait time.Duration, maxDeliver int) *deployment {
 	t.Helper()
-	srv := natstest.Start(t)
-	nc := srv.Connect()
-	settings := bus.Settings{AckWait: ackWait, MaxDeliver: maxDeliver}.WithDefaults()
-	natstest.Provision(t, nc, settings)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stores, err := kv.Open(context.Background(), js, settings.Names)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dep := testdeploy.Start(t, bus.Settings{AckWait: ackWait, MaxDeliver: maxDeliver})
+	srv, nc, js, settings, stores := dep.Server, dep.NC, dep.JS, dep.Settings, dep.Stores
 	dir := t.TempDir()
 	d := &deployment{t: t, srv: srv, nc: nc, js: js, settings: settings, stores: stores, dir: dir,
 		logPath: filepath.Join(dir, "executions.jsonl"), events: map[string][]protocol.Event{}}
