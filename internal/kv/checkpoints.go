@@ -132,7 +132,18 @@ func (s *Checkpoints) readDeltas(ctx context.Context, tenant, thread string) (ma
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// Creating the watch is a request of its own (an ordered consumer):
+	// one lost with a node that went down would wait for ctx's deadline,
+	// the run's. Its context is also the watch's lifetime, so it is
+	// cancelled only if the creation is too slow.
+	slow := time.AfterFunc(watchStall, cancel)
 	w, err := s.kv.Watch(ctx, bus.Key(tenant, thread, "*"), jetstream.IgnoreDeletes())
+	if !slow.Stop() {
+		if err == nil {
+			_ = w.Stop()
+		}
+		return nil, fmt.Errorf("thread %s: %w (the watch was not created in %s)", thread, errWatchStalled, watchStall)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -3,9 +3,15 @@ package kv
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/state"
 )
 
@@ -41,5 +47,71 @@ func TestIssue7CheckpointLoadSurvivesAStalledWatch(t *testing.T) {
 	}
 	if _, _, err := stores.Checkpoints.Load(ctx, "default", "t1", "e9-9"); err == nil {
 		t.Fatal("a head with no checkpoint loaded")
+	}
+}
+
+// Issue 7, found by the soak under CPU load: a run that started just as
+// a node went down waited 30 s (until the worker stopped) in
+// Checkpoints.Load, because creating the watch is a JetStream request of
+// its own and the one sent was never answered: under the run's context it
+// would have waited for the run's timeout. Here a proxy in front of the
+// JetStream API answers everything but consumer creation.
+func TestIssue7CheckpointLoadSurvivesAnUnansweredWatchCreation(t *testing.T) {
+	srv := natstest.Start(t)
+	nc := srv.Connect()
+	settings := bus.Settings{}.WithDefaults()
+	natstest.Provision(t, nc, settings)
+	const prefix = "lossy.API"
+	proxy, err := nc.Subscribe(prefix+".>", func(m *nats.Msg) {
+		rest := strings.TrimPrefix(m.Subject, prefix+".")
+		if strings.HasPrefix(rest, "CONSUMER.CREATE.") || strings.HasPrefix(rest, "CONSUMER.DURABLE.CREATE.") {
+			return // lost with a node that went down
+		}
+		fwd := &nats.Msg{Subject: "$JS.API." + rest, Data: m.Data, Header: m.Header}
+		if resp, err := nc.RequestMsg(fwd, 5*time.Second); err == nil {
+			_ = m.RespondMsg(&nats.Msg{Data: resp.Data, Header: resp.Header})
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Unsubscribe()
+	js, err := jetstream.NewWithAPIPrefix(nc, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stores, err := Open(context.Background(), js, settings.Names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The run's context: a deadline far away.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d := &Delta{ID: CheckpointID(1, 1), RunID: "r1", Step: 1, Update: state.Update{Values: map[string]json.RawMessage{"a": json.RawMessage(`1`)}}}
+	direct, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writer, err := Open(ctx, direct, settings.Names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writer.Checkpoints.Put(ctx, "default", "t1", d); err != nil {
+		t.Fatal(err)
+	}
+	old := watchStall
+	watchStall = 500 * time.Millisecond
+	defer func() { watchStall = old }()
+
+	start := time.Now()
+	st, chain, err := stores.Checkpoints.Load(ctx, "default", "t1", d.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 15*time.Second {
+		t.Fatalf("Load took %s: it waited on the unanswered request", took)
+	}
+	if len(chain) != 1 || string(st.Values["a"]) != "1" {
+		t.Fatalf("chain %v, values %v", chain, st.Values)
 	}
 }

@@ -123,7 +123,7 @@ func RunAudit(ctx context.Context, js jetstream.JetStream, names bus.Names, runs
 		}
 		switch {
 		case tr == nil || len(tr.finished) == 0 || rec == nil || !rec.Status.Terminal():
-			a.Lost = append(a.Lost, ref.Run+lostWhy(tr, rec))
+			a.Lost = append(a.Lost, ref.Run+lostWhy(tr, rec)+requestState(ctx, js, names, rec))
 			continue
 		case len(tr.finished) > 1:
 			a.Duplicated = append(a.Duplicated, fmt.Sprintf("%s (%d run.finished)", ref.Run, len(tr.finished)))
@@ -206,6 +206,30 @@ func lostWhy(tr *runTrace, rec *protocol.Run) string {
 	default:
 		return " (no run.finished)"
 	}
+}
+
+// requestState says, for a run that never ended, where its request is:
+// still in the runs stream or gone, and where the workers' consumer
+// stands, so a lost run can be told apart as undelivered (the request
+// waits below the consumer's ack floor), dropped, or still in progress.
+func requestState(ctx context.Context, js jetstream.JetStream, names bus.Names, rec *protocol.Run) string {
+	if rec == nil || rec.MsgSeq == 0 {
+		return ""
+	}
+	where := "request gone from the stream"
+	if _, err := bus.GetMsgFromLeader(ctx, js, names.RunsStream(), bus.MsgQuery{Seq: rec.MsgSeq}); err == nil {
+		where = "request still in the stream"
+	}
+	c, err := js.Consumer(ctx, names.RunsStream(), bus.RunsConsumer)
+	if err != nil {
+		return fmt.Sprintf(" [seq %d: %s]", rec.MsgSeq, where)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return fmt.Sprintf(" [seq %d: %s]", rec.MsgSeq, where)
+	}
+	return fmt.Sprintf(" [seq %d: %s; consumer delivered %d, ack floor %d, %d pending, %d awaiting ack, %d redelivered]",
+		rec.MsgSeq, where, info.Delivered.Stream, info.AckFloor.Stream, info.NumPending, info.NumAckPending, info.NumRedelivered)
 }
 
 func getRecord(ctx context.Context, stores *kv.Stores, ref RunRef) (*protocol.Run, error) {
