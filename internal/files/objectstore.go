@@ -52,8 +52,17 @@ func IndexKey(tenant, thread, p string) string {
 func (o *ObjectStore) object(p string) string { return o.tenant + "/" + o.thread + p }
 func (o *ObjectStore) key(p string) string    { return IndexKey(o.tenant, o.thread, p) }
 
+// opTimeout bounds one request to the object store or its index (a whole
+// file's transfer, or the index scan). A run's context has the run's
+// deadline, an hour by default: without a bound, a request lost with a
+// NATS node that went down would hold the tool, and the run, that long.
+// A minute moves the largest file (max_file_bytes) many times over.
+var opTimeout = time.Minute
+
 // entry reads the index entry of a file; ok is false when there is none.
 func (o *ObjectStore) entry(ctx context.Context, p string) (Info, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
 	e, err := o.index.Get(ctx, o.key(p))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return Info{}, false, nil
@@ -71,6 +80,8 @@ func (o *ObjectStore) entry(ctx context.Context, p string) (Info, bool, error) {
 
 // scan reads the thread's whole index. Only this thread's keys are read.
 func (o *ObjectStore) scan(ctx context.Context) ([]Info, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
 	w, err := o.index.Watch(ctx, o.tenant+"."+o.thread+".file.*", jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, fmt.Errorf("read the file index: %w", err)
@@ -120,7 +131,9 @@ func (o *ObjectStore) Read(ctx context.Context, p string) ([]byte, error) {
 	} else if !ok {
 		return nil, o.missing(ctx, p)
 	}
-	data, err := o.store.GetBytes(ctx, o.object(p))
+	getCtx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	data, err := o.store.GetBytes(getCtx, o.object(p))
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		// Removed between the index read and now.
 		return nil, fmt.Errorf("%s: %w", p, ErrNotFound)
@@ -157,6 +170,8 @@ func (o *ObjectStore) Write(ctx context.Context, p string, data []byte) error {
 			}
 		}
 	}
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
 	if _, err := o.store.PutBytes(ctx, o.object(p), data); err != nil {
 		return fmt.Errorf("write %s: %w", p, err)
 	}
@@ -247,6 +262,8 @@ func (o *ObjectStore) Remove(ctx context.Context, p string) error {
 	} else if !ok {
 		return o.missing(ctx, p)
 	}
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
 	if err := o.index.Delete(ctx, o.key(p)); err != nil {
 		return fmt.Errorf("remove %s from the index: %w", p, err)
 	}

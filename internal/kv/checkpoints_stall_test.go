@@ -3,11 +3,9 @@ package kv
 import (
 	"context"
 	"encoding/json"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsagent/natsagent/internal/bus"
@@ -61,25 +59,7 @@ func TestIssue7CheckpointLoadSurvivesAnUnansweredWatchCreation(t *testing.T) {
 	nc := srv.Connect()
 	settings := bus.Settings{}.WithDefaults()
 	natstest.Provision(t, nc, settings)
-	const prefix = "lossy.API"
-	proxy, err := nc.Subscribe(prefix+".>", func(m *nats.Msg) {
-		rest := strings.TrimPrefix(m.Subject, prefix+".")
-		if strings.HasPrefix(rest, "CONSUMER.CREATE.") || strings.HasPrefix(rest, "CONSUMER.DURABLE.CREATE.") {
-			return // lost with a node that went down
-		}
-		fwd := &nats.Msg{Subject: "$JS.API." + rest, Data: m.Data, Header: m.Header}
-		if resp, err := nc.RequestMsg(fwd, 5*time.Second); err == nil {
-			_ = m.RespondMsg(&nats.Msg{Data: resp.Data, Header: resp.Header})
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Unsubscribe()
-	js, err := jetstream.NewWithAPIPrefix(nc, prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := natstest.LossyAPI(t, nc, natstest.ConsumerCreate)
 	stores, err := Open(context.Background(), js, settings.Names)
 	if err != nil {
 		t.Fatal(err)

@@ -125,7 +125,7 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 			return
 		}
 		if d.verdict == verdictGone {
-			_ = j.msg.Ack()
+			j.requestGone(ctx)
 			return
 		}
 		if d.verdict == verdictRetry {
@@ -192,6 +192,24 @@ func (j *job) settled(ctx context.Context, rec *protocol.Run) bool {
 // unavailable, a leader election), to be redelivered.
 func (j *job) retryLater(err error) {
 	j.log.Warn("run request handed back after an error", zap.Error(err))
+	_ = j.msg.NakWithDelay(time.Second)
+}
+
+// requestGone settles a delivered request that the runs stream no longer
+// shows. It was removed on purpose only if its run is settled elsewhere:
+// the record ended, or names another copy of the request. Anything else
+// is a read that is behind the stream: a new stream leader still applying
+// what it acknowledged, as during a node loss. Acking then would remove
+// a request whose run nobody ran (the soak lost runs that way), so the
+// request is looked at again a moment later; if it really was removed,
+// it is not delivered again.
+func (j *job) requestGone(ctx context.Context) {
+	rec, _, err := j.w.stores.Runs.GetLatest(ctx, j.req.Tenant, j.req.RunID)
+	if err == nil && (rec.Status.Terminal() || (rec.MsgSeq != 0 && rec.MsgSeq != j.seq)) {
+		_ = j.msg.Ack()
+		return
+	}
+	j.log.Warn("the runs stream does not show this delivered request and its run has not ended; looking again", zap.Uint64("stream_seq", j.seq))
 	_ = j.msg.NakWithDelay(time.Second)
 }
 
