@@ -87,8 +87,15 @@ func userKey(tenant, user string, rest ...string) (string, error) {
 	return bus.Key(append([]string{tenant, user}, rest...)...), nil
 }
 
+// opTimeout bounds one request to the memory bucket: reads and writes
+// run under a run's context, whose deadline is the run's, and one lost
+// with a NATS node would otherwise hold the run that long.
+var opTimeout = 5 * time.Second
+
 // get reads a key; a missing key is (nil, 0, nil).
 func (s *Store) get(ctx context.Context, key string) ([]byte, uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
 	e, err := s.kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, 0, nil
@@ -102,6 +109,8 @@ func (s *Store) get(ctx context.Context, key string) ([]byte, uint64, error) {
 // put creates (rev 0) or compare-and-sets a key; ErrConflict when it
 // changed.
 func (s *Store) put(ctx context.Context, key string, data []byte, rev uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
 	var err error
 	if rev == 0 {
 		_, err = s.kv.Create(ctx, key, data)
