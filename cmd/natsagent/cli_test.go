@@ -12,11 +12,15 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/natsagent/natsagent/internal/agent"
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/compact"
+	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/files"
+	"github.com/natsagent/natsagent/internal/jobs"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/natstest"
@@ -62,10 +66,26 @@ func (e *cliEnv) startWorker(m model.Model) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	workdir := func(tenant, thread string) files.Workdir { return e.workdir(tenant, thread) }
+	// Compaction jobs (natsagent compact) are served beside the runs.
+	js, err := jetstream.New(nc)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	log := zaptest.NewLogger(e.t)
+	pub, err := events.NewPublisher(context.Background(), js, e.settings.Names, log)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	runner, err := jobs.NewRunner(context.Background(), js, jobs.Config{Settings: e.settings, Logger: log,
+		Handlers: map[string]jobs.Handler{compact.JobKind: compact.NewHandler(e.stores, pub, agents, workdir, log).Handle}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	w, err := worker.New(context.Background(), nc, worker.Config{
-		Settings: e.settings, Concurrency: 4, Agents: agents, Logger: zaptest.NewLogger(e.t),
+		Settings: e.settings, Concurrency: 4, Agents: agents, Logger: log,
 		WaitPoll: 200 * time.Millisecond, ShutdownGrace: 5 * time.Second,
-		Files: func(tenant, thread string) files.Workdir { return e.workdir(tenant, thread) },
+		Files: workdir, Jobs: runner,
 	})
 	if err != nil {
 		e.t.Fatal(err)

@@ -464,3 +464,44 @@ func TestParseSince(t *testing.T) {
 		}
 	}
 }
+
+// compact queues a compaction job for an idle thread and prints its
+// result; a busy or unknown thread is refused, --detach prints the job id.
+func TestCompact(t *testing.T) {
+	e := newCLIEnv(t, scriptModel())
+	e.cli("run", "--thread", "tc", "hello").must(t, 0)
+
+	// A short thread: the job runs and finds nothing old enough to cut.
+	var d struct {
+		Phase        string `json:"phase"`
+		Reason       string `json:"reason"`
+		JobID        string `json:"job_id"`
+		TokensBefore int    `json:"tokens_before"`
+	}
+	out := e.cli("compact", "--thread", "tc", "--job-id", "c1", "--json").must(t, 0).out
+	if err := json.Unmarshal([]byte(out), &d); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if d.Phase != "completed" || d.Reason != "request" || d.JobID != "c1" || d.TokensBefore == 0 {
+		t.Fatalf("result %+v", d)
+	}
+	e.cli("compact", "tc").must(t, 0).has(t, "thread tc: nothing old enough to summarize")
+
+	if id := strings.TrimSpace(e.cli("compact", "--thread", "tc", "--detach").must(t, 0).out); !protocol.ValidToken(id) {
+		t.Fatalf("--detach printed %q, want a job id", id)
+	}
+	if r := e.cli("compact", "--thread", "nope"); r.code != 1 || !strings.Contains(r.err, "thread nope not found") {
+		t.Fatalf("unknown thread: %s", r)
+	}
+	e.cli("compact").must(t, 2)
+
+	// A thread whose run is streaming is not compacted under it.
+	e.cli("run", "--thread", "tb", "--detach", "slow answer").must(t, 0)
+	waitFor(t, 10*time.Second, "the slow run to hold its thread", func() bool {
+		th, _, err := e.stores.Threads.Get(context.Background(), protocol.DefaultTenant, "tb")
+		return err == nil && th.Lease != nil
+	})
+	if r := e.cli("compact", "--thread", "tb"); r.code != 1 || !strings.Contains(r.err, "is busy with run") {
+		t.Fatalf("busy thread: %s", r)
+	}
+}
