@@ -16,6 +16,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/natstest"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 // natsNodes are the compose cluster's nodes: the compose service names,
@@ -139,7 +140,7 @@ func TestComposeClusterRunsNatsagent(t *testing.T) {
 	if _, err := js.Publish(ctx, k8sSettings.Names.RunSubject("default", "lag"), []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the consumer leader's /jsz to report a lag of 1", func() bool {
+	testdeploy.WaitFor(t, 10*time.Second, "the consumer leader's /jsz to report a lag of 1", func() bool {
 		leaders := 0
 		for _, s := range servers {
 			jsz, err := fetchJsz(s.MonitorAddr().String(), trig["account"])
@@ -225,16 +226,4 @@ func fetchJsz(addr, account string) (*jsz, error) {
 		return nil, err
 	}
 	return &j, nil
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %s waiting for %s", d, what)
 }

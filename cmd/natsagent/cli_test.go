@@ -205,34 +205,12 @@ func (e *cliEnv) record(run string) *protocol.Run {
 func (e *cliEnv) waitStatus(run string, want protocol.Status) *protocol.Run {
 	e.t.Helper()
 	var rec *protocol.Run
-	waitFor(e.t, 10*time.Second, fmt.Sprintf("run %s %s", run, want), func() bool {
+	testdeploy.WaitFor(e.t, 10*time.Second, fmt.Sprintf("run %s %s", run, want), func() bool {
 		r, _, err := e.stores.Runs.Get(context.Background(), protocol.DefaultTenant, run)
 		rec = r
 		return err == nil && r.Status == want
 	})
 	return rec
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %s waiting for %s", timeout, what)
-}
-
-// lastUser is the content of the request's last user message.
-func lastUser(req *model.Request) string {
-	for i := len(req.Messages) - 1; i >= 0; i-- {
-		if req.Messages[i].Role == model.RoleUser {
-			return req.Messages[i].Content
-		}
-	}
-	return ""
 }
 
 // events decodes the JSON lines of --json output.

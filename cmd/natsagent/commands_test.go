@@ -15,6 +15,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 // scriptModel answers by the conversation: a tool call for some user
@@ -30,7 +31,7 @@ func scriptModel() *model.Scripted {
 			}
 			return model.Reply{Text: "done: " + last.Content, Usage: usage}
 		}
-		u := lastUser(req)
+		u := req.LastUserContent()
 		call := func(calls ...model.ToolCall) model.Reply { return model.Reply{ToolCalls: calls, Usage: usage} }
 		switch {
 		case u == "what time is it":
@@ -176,9 +177,9 @@ func TestTailThread(t *testing.T) {
 		done <- run(ctx, []string{"tail", "--server", e.srv.URL(), "--prefix", testPrefix, "--thread", "t3", "--from-start"},
 			stdio{in: strings.NewReader(""), out: &out, err: &errOut})
 	}()
-	waitFor(t, 10*time.Second, "the first run replayed", func() bool { return strings.Contains(out.String(), "echo: one") })
+	testdeploy.WaitFor(t, 10*time.Second, "the first run replayed", func() bool { return strings.Contains(out.String(), "echo: one") })
 	e.cli("run", "--thread", "t3", "--run-id", "second", "two").must(t, 0)
-	waitFor(t, 10*time.Second, "the second run followed to its end", func() bool { return strings.Contains(out.String(), "■ success · run second") })
+	testdeploy.WaitFor(t, 10*time.Second, "the second run followed to its end", func() bool { return strings.Contains(out.String(), "■ success · run second") })
 	cancel()
 	if code := <-done; code != 0 {
 		t.Fatalf("tail exit %d: %s", code, errOut.String())
@@ -202,7 +203,7 @@ func TestRunCtrlCDetaches(t *testing.T) {
 		done <- run(ctx, []string{"run", "--server", e.srv.URL(), "--prefix", testPrefix, "--thread", "t4", "--run-id", "long", "slow please"},
 			stdio{in: strings.NewReader(""), out: &out, err: &errOut})
 	}()
-	waitFor(t, 10*time.Second, "the answer streaming", func() bool { return strings.Contains(out.String(), "word") })
+	testdeploy.WaitFor(t, 10*time.Second, "the answer streaming", func() bool { return strings.Contains(out.String(), "word") })
 	cancel()
 	if code := <-done; code != 0 {
 		t.Fatalf("exit %d after Ctrl-C", code)
@@ -360,7 +361,7 @@ func TestUsage(t *testing.T) {
 
 	// The thread's total is written just after each run ends.
 	var tu protocol.ThreadUsage
-	waitFor(t, 10*time.Second, "the thread's usage", func() bool {
+	testdeploy.WaitFor(t, 10*time.Second, "the thread's usage", func() bool {
 		tu = protocol.ThreadUsage{}
 		return json.Unmarshal([]byte(e.cli("usage", "--thread", "tu", "--json").out), &tu) == nil && tu.Total.Calls == 3
 	})
@@ -497,7 +498,7 @@ func TestCompact(t *testing.T) {
 
 	// A thread whose run is streaming is not compacted under it.
 	e.cli("run", "--thread", "tb", "--detach", "slow answer").must(t, 0)
-	waitFor(t, 10*time.Second, "the slow run to hold its thread", func() bool {
+	testdeploy.WaitFor(t, 10*time.Second, "the slow run to hold its thread", func() bool {
 		th, _, err := e.stores.Threads.Get(context.Background(), protocol.DefaultTenant, "tb")
 		return err == nil && th.Lease != nil
 	})

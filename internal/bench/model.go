@@ -46,16 +46,6 @@ func inProcessModel(p policy) model.Model {
 	})
 }
 
-// lastUser returns the content of the request's last user message.
-func lastUser(req *model.Request) string {
-	for i := len(req.Messages) - 1; i >= 0; i-- {
-		if req.Messages[i].Role == model.RoleUser {
-			return req.Messages[i].Content
-		}
-	}
-	return ""
-}
-
 // modelServer is a minimal OpenAI-compatible chat completions server on
 // loopback: it streams the policy's answer with its delays, for end-to-end
 // measurements through model.OpenAI.

@@ -42,7 +42,7 @@ func preempt(ctx context.Context, e *env, s *scenarioRun, cancel bool) error {
 	words := strings.TrimSpace(strings.Repeat("token ", cfg.SteerPieces))
 	slow := model.Reply{Text: words, Pieces: cfg.SteerPieces, Delay: cfg.SteerPieceDelay, PieceDelay: cfg.SteerPieceDelay}
 	m, err := d.model(func(req *model.Request) model.Reply {
-		if lastUser(req) == "stream" {
+		if req.LastUserContent() == "stream" {
 			return slow
 		}
 		return streamingReply(0, 1)

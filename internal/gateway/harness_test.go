@@ -372,19 +372,6 @@ func finished(t *testing.T, ev sseEvent) protocol.FinishedData {
 	return d
 }
 
-// waitFor polls cond until it holds.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %s waiting for %s", timeout, what)
-}
-
 // textModel answers every call with text streamed in pieces.
 func textModel(text string, pieces int, pieceDelay time.Duration) *model.Scripted {
 	return model.NewScripted(func(int, *model.Request) model.Reply {
@@ -424,7 +411,7 @@ func (e *env) noConsumersLeft() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	waitFor(e.t, 5*time.Second, "event consumers deleted", func() bool {
+	testdeploy.WaitFor(e.t, 5*time.Second, "event consumers deleted", func() bool {
 		info, err := st.Info(context.Background())
 		if err != nil {
 			e.t.Fatal(err)

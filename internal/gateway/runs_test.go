@@ -15,6 +15,7 @@ import (
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 func TestBackgroundRunThenPoll(t *testing.T) {
@@ -33,7 +34,7 @@ func TestBackgroundRunThenPoll(t *testing.T) {
 	}
 	release()
 	var got protocol.Run
-	waitFor(t, 10*time.Second, "run success", func() bool {
+	testdeploy.WaitFor(t, 10*time.Second, "run success", func() bool {
 		got = e.do("GET", "/threads/t1/runs/"+rec.RunID, nil).expect(t, http.StatusOK).run(t)
 		return got.Status.Terminal()
 	})
@@ -285,7 +286,7 @@ func TestRejectWhileThreadBusy(t *testing.T) {
 	e := newEnv(t, m)
 	t.Cleanup(release) // before the worker stops
 	first := e.do("POST", "/threads/t1/runs", input("one")).expect(t, http.StatusOK).run(t)
-	waitFor(t, 5*time.Second, "first run calling the model", func() bool { return m.Calls() == 1 })
+	testdeploy.WaitFor(t, 5*time.Second, "first run calling the model", func() bool { return m.Calls() == 1 })
 
 	r := e.do("POST", "/threads/t1/runs", with(input("two"), "multitask_strategy", "reject", "run_id", "second")).expect(t, http.StatusConflict)
 	er := r.apiError(t)
@@ -483,7 +484,7 @@ func TestWaitClientLeavesRunGoesOn(t *testing.T) {
 		}
 		errc <- err
 	}()
-	waitFor(t, 5*time.Second, "run calling the model", func() bool { return m.Calls() == 1 })
+	testdeploy.WaitFor(t, 5*time.Second, "run calling the model", func() bool { return m.Calls() == 1 })
 	cancel()
 	if err := <-errc; err == nil {
 		t.Fatal("the wait answered before the run finished")
@@ -640,7 +641,7 @@ func TestSubmitWithoutWorkerIsPendingAndQueued(t *testing.T) {
 	}
 	// Nothing more arrives, but the stream stays open with keep-alives.
 	s2 := e.openStream("GET", "/threads/t1/runs/"+rec.RunID+"/stream", nil, "Last-Event-ID", ev.id)
-	waitFor(t, 5*time.Second, "a keep-alive comment", func() bool {
+	testdeploy.WaitFor(t, 5*time.Second, "a keep-alive comment", func() bool {
 		s2.mu.Lock()
 		defer s2.mu.Unlock()
 		return s2.comments > 0

@@ -7,6 +7,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 func TestUsageEndpoints(t *testing.T) {
@@ -26,7 +27,7 @@ func TestUsageEndpoints(t *testing.T) {
 		t.Fatalf("run usage %+v", ru)
 	}
 	var th protocol.ThreadUsage
-	waitFor(t, 10*time.Second, "both runs in the thread's usage", func() bool {
+	testdeploy.WaitFor(t, 10*time.Second, "both runs in the thread's usage", func() bool {
 		e.do("GET", "/threads/t1/usage", nil).expect(t, http.StatusOK).decode(t, &th)
 		return len(th.Runs) == 2
 	})

@@ -13,6 +13,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/natstest"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 type env struct {
@@ -119,17 +120,6 @@ func (e *env) jobsLeft() uint64 {
 	return info.State.Msgs
 }
 
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func TestDueJobWaitsAndDedupes(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -165,7 +155,7 @@ func TestDueJobWaitsAndDedupes(t *testing.T) {
 		t.Fatalf("a duplicate job ran: %+v", g.job)
 	case <-time.After(500 * time.Millisecond):
 	}
-	waitFor(t, "the jobs stream to empty", 2*time.Second, func() bool { return e.jobsLeft() == 0 })
+	testdeploy.WaitFor(t, 2*time.Second, "the jobs stream to empty", func() bool { return e.jobsLeft() == 0 })
 }
 
 func TestFailingJobRetriesThenDeadLetters(t *testing.T) {
@@ -181,7 +171,7 @@ func TestFailingJobRetriesThenDeadLetters(t *testing.T) {
 	// Scheduled, so the job carries the server's schedule headers.
 	e.enqueue(Spec{Kind: "flaky", Tokens: []string{"t"}, Key: "k", ID: "flaky-1", Data: []byte(`{}`), Due: time.Now().Add(time.Second)})
 	var dead []jetstream.Msg
-	waitFor(t, "the dead letter", 5*time.Second, func() bool { dead = e.dlq("flaky"); return len(dead) == 1 })
+	testdeploy.WaitFor(t, 5*time.Second, "the dead letter", func() bool { dead = e.dlq("flaky"); return len(dead) == 1 })
 	if n := calls.Load(); n != 3 {
 		t.Fatalf("handler ran %d times, want MaxDeliver = 3", n)
 	}
@@ -189,7 +179,7 @@ func TestFailingJobRetriesThenDeadLetters(t *testing.T) {
 	if h.Get(HeaderDLQReason) != "model answered nonsense" || h.Get(HeaderDLQDeliveries) != "3" || h.Get(HeaderJobID) != "flaky-1" {
 		t.Fatalf("dead letter headers %v", h)
 	}
-	waitFor(t, "the jobs stream to empty", 2*time.Second, func() bool { return e.jobsLeft() == 0 })
+	testdeploy.WaitFor(t, 2*time.Second, "the jobs stream to empty", func() bool { return e.jobsLeft() == 0 })
 }
 
 func TestPermanentErrorAndUnknownKindDeadLetterAtOnce(t *testing.T) {
@@ -202,7 +192,7 @@ func TestPermanentErrorAndUnknownKindDeadLetterAtOnce(t *testing.T) {
 	}}, nil)
 	e.enqueue(Spec{Kind: "strict", Key: "k", ID: "strict-1"})
 	e.enqueue(Spec{Kind: "nobody", Key: "k", ID: "nobody-1"})
-	waitFor(t, "two dead letters", 5*time.Second, func() bool { return len(e.dlq("strict")) == 1 && len(e.dlq("nobody")) == 1 })
+	testdeploy.WaitFor(t, 5*time.Second, "two dead letters", func() bool { return len(e.dlq("strict")) == 1 && len(e.dlq("nobody")) == 1 })
 	if calls.Load() != 1 {
 		t.Fatalf("a permanent failure was retried: %d calls", calls.Load())
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/model/openaitest"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
 	"github.com/natsagent/natsagent/internal/worker"
 )
@@ -81,7 +82,7 @@ func TestMemoryEndToEnd(t *testing.T) {
 	if notes, _ := e.store.Notes(context.Background(), "default", "kim"); notes != "- Lives in Lyon" {
 		t.Fatalf("notes %q", notes)
 	}
-	waitFor(t, "facts in KV", 8*time.Second, func() bool {
+	testdeploy.WaitFor(t, 8*time.Second, "facts in KV", func() bool {
 		f, _ := e.store.Facts(context.Background(), "default", "kim")
 		return len(f) > 0
 	})
@@ -146,7 +147,7 @@ func (e *env) submit(thread, run, user, text string) {
 func (e *env) waitRun(run string) {
 	e.t.Helper()
 	var rec *protocol.Run
-	waitFor(e.t, "run "+run, 10*time.Second, func() bool {
+	testdeploy.WaitFor(e.t, 10*time.Second, "run "+run, func() bool {
 		r, _, err := e.stores.Runs.Get(context.Background(), protocol.DefaultTenant, run)
 		rec = r
 		return err == nil && r.Status.Terminal()

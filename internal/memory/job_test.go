@@ -13,6 +13,7 @@ import (
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/state"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 // queued is how many memory jobs wait in the jobs stream (scheduled or
@@ -62,17 +63,6 @@ func (e *env) runJobs(m model.Model) {
 	e.t.Cleanup(func() { cancel(); <-done })
 }
 
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // turn is the state after a run r on thread h.
 func turn(msgs ...model.Message) *state.State {
 	st := &state.State{}
@@ -114,11 +104,11 @@ func TestTwoRunsInOneWindowMakeOneJob_DeerFlow2547(t *testing.T) {
 	due := boundary.Add(2 * time.Second)
 	extractor := &scripted{answers: []string{`{"facts":[{"content":"The user is a nurse.","category":"identity","confidence":0.9}]}`}}
 	e.runJobs(extractor)
-	waitFor(t, "the memory job", 6*time.Second, func() bool { return len(extractor.calls()) == 1 })
+	testdeploy.WaitFor(t, 6*time.Second, "the memory job", func() bool { return len(extractor.calls()) == 1 })
 	if at := extractor.firstCall(); at.Before(due) {
 		t.Fatalf("the job ran at %s, before the end of its window at %s", at, due)
 	}
-	waitFor(t, "the facts", 2*time.Second, func() bool {
+	testdeploy.WaitFor(t, 2*time.Second, "the facts", func() bool {
 		f, _ := e.store.Facts(context.Background(), "default", "gil")
 		return len(f) == 1
 	})
@@ -145,7 +135,7 @@ func TestBadExtractionJSONRetriesThenDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	var dead []jetstream.Msg
-	waitFor(t, "the dead letter", 8*time.Second, func() bool {
+	testdeploy.WaitFor(t, 8*time.Second, "the dead letter", func() bool {
 		dead = e.deadLetters()
 		return len(dead) == 1
 	})

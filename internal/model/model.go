@@ -142,6 +142,17 @@ func (r *Request) WithSystem() []Message {
 	return append([]Message{{Role: RoleSystem, Content: r.System}}, r.Messages...)
 }
 
+// LastUserContent is the content of the request's last user message, or
+// "" when it has none.
+func (r *Request) LastUserContent() string {
+	for i := len(r.Messages) - 1; i >= 0; i-- {
+		if r.Messages[i].Role == RoleUser {
+			return r.Messages[i].Content
+		}
+	}
+	return ""
+}
+
 // Clone deep-copies the request so a wrapper can edit it for one call only.
 func (r *Request) Clone() *Request {
 	c := *r

@@ -19,6 +19,7 @@ import (
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/worker"
 )
 
@@ -57,7 +58,7 @@ func TestParallelChildrenSpreadOverTwoWorkers(t *testing.T) {
 			if alone {
 				return model.Reply{Text: "answered alone"}
 			}
-			return model.Reply{Text: "found: " + lastUser(req)}
+			return model.Reply{Text: "found: " + req.LastUserContent()}
 		},
 	})
 	var mu sync.Mutex
@@ -191,7 +192,7 @@ func TestLeadCrashWithChildInFlight_DeerFlow4758(t *testing.T) {
 	crashing.nc.Close()
 
 	// wb takes the lead over; then the child may finish.
-	waitFor(t, 30*time.Second, "the lead's takeover", func() bool {
+	testdeploy.WaitFor(t, 30*time.Second, "the lead's takeover", func() bool {
 		r := e.record("lead1")
 		return r != nil && r.Attempt >= 2 && r.Worker == "wb"
 	})
@@ -230,7 +231,7 @@ func TestLeadCrashWithChildInFlight_DeerFlow4758(t *testing.T) {
 	if u.Total.Input != u.Own.Input+300 || u.Total.Output != u.Own.Output+30 {
 		t.Errorf("lead total %+v, own %+v", u.Total.TokenCounts, u.Own.TokenCounts)
 	}
-	waitFor(t, 5*time.Second, "usage records", func() bool {
+	testdeploy.WaitFor(t, 5*time.Second, "usage records", func() bool {
 		_, _, err1 := e.stores.Usage.Thread(context.Background(), protocol.DefaultTenant, "t1")
 		_, _, err2 := e.stores.Usage.Thread(context.Background(), protocol.DefaultTenant, childThread)
 		return err1 == nil && err2 == nil
@@ -252,7 +253,7 @@ func TestCancelCascade(t *testing.T) {
 			e := newEnv(t)
 			s := newScript(map[string]func(context.Context, *model.Request) model.Reply{
 				"lead": func(ctx context.Context, req *model.Request) model.Reply {
-					if lastUser(req) == "never mind" {
+					if req.LastUserContent() == "never mind" {
 						return model.Reply{Text: "ok, stopped"}
 					}
 					return leadDelegates(taskCall("task_1", "researcher", "forever"))(ctx, req)
@@ -451,7 +452,7 @@ func TestSubagentLimitEndToEnd_DeerFlow3857(t *testing.T) {
 			return model.Reply{Text: fmt.Sprintf("turn %d", turn(req)), ToolCalls: calls}
 		},
 		"researcher": func(_ context.Context, req *model.Request) model.Reply {
-			return model.Reply{Text: "done " + lastUser(req)}
+			return model.Reply{Text: "done " + req.LastUserContent()}
 		},
 	})
 	e.startWorker("wa", s.model(), 8, nil)
@@ -539,7 +540,7 @@ func TestGracefulHandOffKeepsChildRunning(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("worker wa did not stop")
 	}
-	waitFor(t, 20*time.Second, "the lead to move to wb", func() bool {
+	testdeploy.WaitFor(t, 20*time.Second, "the lead to move to wb", func() bool {
 		r := e.record("lead1")
 		return r.Worker == "wb" && r.Status == protocol.StatusRunning
 	})
@@ -583,7 +584,7 @@ func TestCancelLeadWhoseWorkerDied(t *testing.T) {
 	a.nc.Close()
 	// Once the server has dropped wa's subscriptions: a cancel racing them
 	// would wait for wa's reply until its timeout.
-	waitFor(t, 5*time.Second, "wa's subscriptions to go", func() bool {
+	testdeploy.WaitFor(t, 5*time.Second, "wa's subscriptions to go", func() bool {
 		_, err := e.nc.Request(e.names.WorkerControl("wa"), nil, 100*time.Millisecond)
 		return errors.Is(err, nats.ErrNoResponders)
 	})

@@ -158,7 +158,7 @@ func (e *env) record(run string) *protocol.Run {
 func (e *env) waitStatus(run string, timeout time.Duration, statuses ...protocol.Status) *protocol.Run {
 	e.t.Helper()
 	var last *protocol.Run
-	waitFor(e.t, timeout, fmt.Sprintf("run %s to be %v", run, statuses), func() bool {
+	testdeploy.WaitFor(e.t, timeout, fmt.Sprintf("run %s to be %v", run, statuses), func() bool {
 		last = e.record(run)
 		if last == nil {
 			return false
@@ -285,28 +285,6 @@ func (w *watcher) subagentEvents(eventType string) []protocol.SubagentEventData 
 		}
 	}
 	return out
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %s waiting for %s", timeout, what)
-}
-
-// lastUser is the last user message of a request.
-func lastUser(req *model.Request) string {
-	for i := len(req.Messages) - 1; i >= 0; i-- {
-		if req.Messages[i].Role == model.RoleUser {
-			return req.Messages[i].Content
-		}
-	}
-	return ""
 }
 
 // answered reports whether the request ends with tool results.

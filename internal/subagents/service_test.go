@@ -37,10 +37,10 @@ func heldLead(t *testing.T, e *env) (release func()) {
 	s := newScript(map[string]func(context.Context, *model.Request) model.Reply{
 		"lead": leadDelegates(model.ToolCall{ID: "h", Name: "hold", Arguments: "{}"}),
 		"researcher": func(_ context.Context, req *model.Request) model.Reply {
-			if strings.Contains(lastUser(req), "block") {
+			if strings.Contains(req.LastUserContent(), "block") {
 				return model.Reply{Delay: time.Hour}
 			}
-			return model.Reply{Text: "done: " + lastUser(req)}
+			return model.Reply{Text: "done: " + req.LastUserContent()}
 		},
 	})
 	e.startWorker("wa", s.model(), 8, nil)

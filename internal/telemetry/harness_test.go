@@ -160,16 +160,6 @@ func (d *deployment) waitStatus(run string, status protocol.Status, timeout time
 	return nil
 }
 
-// lastUser is the text of a request's last user message.
-func lastUser(req *model.Request) string {
-	for i := len(req.Messages) - 1; i >= 0; i-- {
-		if req.Messages[i].Role == model.RoleUser {
-			return req.Messages[i].Content
-		}
-	}
-	return ""
-}
-
 // answered reports whether the request ends with tool results.
 func answered(req *model.Request) bool {
 	n := len(req.Messages)
@@ -177,16 +167,3 @@ func answered(req *model.Request) bool {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
-
-// waitFor polls cond until it holds.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %s waiting for %s", timeout, what)
-}

@@ -23,6 +23,7 @@ import (
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 // After a success, an error (with a fallback retry), a cancel, a steer and
@@ -44,7 +45,7 @@ func TestMetricsScrapeAfterRuns(t *testing.T) {
 
 	blocked := make(chan string, 4)
 	d.startWorker(model.Func(func(ctx context.Context, req *model.Request, onDelta func(model.Delta)) (*model.Response, error) {
-		switch lastUser(req) {
+		switch req.LastUserContent() {
 		case "fail":
 			return nil, errors.New("invalid_request_error: the model refused the request")
 		case "block":
@@ -88,7 +89,7 @@ func TestMetricsScrapeAfterRuns(t *testing.T) {
 	}
 	d.waitStatus("r-bad", protocol.StatusError, 10*time.Second)
 
-	waitFor(t, 10*time.Second, "every request acked", func() bool {
+	testdeploy.WaitFor(t, 10*time.Second, "every request acked", func() bool {
 		mf = scrape(t, d)
 		return value(mf, "natsagent_consumer_lag", nil) == 0 && value(mf, "natsagent_worker_jobs_processed_total", labels{"delivery": "first"}) == 6
 	})

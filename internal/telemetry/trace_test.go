@@ -25,6 +25,7 @@ import (
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 // Secret texts that must never reach a span: the person's message, the
@@ -84,7 +85,7 @@ func TestTraceFromGatewayThroughWorkerAndSubagent(t *testing.T) {
 
 	// The run spans end just after run.finished.
 	var spans []sdktrace.ReadOnlySpan
-	waitFor(t, 10*time.Second, "the lead's run span", func() bool {
+	testdeploy.WaitFor(t, 10*time.Second, "the lead's run span", func() bool {
 		spans = sr.Ended()
 		return find(spans, "run chatbot") != nil
 	})
@@ -185,7 +186,7 @@ func TestOTLPHTTPExport(t *testing.T) {
 			t.Logf("%d export requests, spans %v", rcv.requests(), rcv.spanNames())
 		}
 	}()
-	waitFor(t, 10*time.Second, "the spans exported", func() bool {
+	testdeploy.WaitFor(t, 10*time.Second, "the spans exported", func() bool {
 		if err := tel.TracerProvider.(interface{ ForceFlush(context.Context) error }).ForceFlush(context.Background()); err != nil {
 			t.Logf("flush: %v", err)
 		}

@@ -7,6 +7,7 @@ package testdeploy
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -43,4 +44,18 @@ func Start(t testing.TB, settings bus.Settings) *Deployment {
 		t.Fatal(err)
 	}
 	return &Deployment{Server: srv, NC: nc, JS: js, Settings: settings, Stores: stores}
+}
+
+// WaitFor polls cond until it holds, failing the test after timeout with
+// what it was waiting for.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s", timeout, what)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
 )
 
@@ -49,7 +50,7 @@ func TestRefusedCheckpointHandsTheRunBack(t *testing.T) {
 	w := h.watch("default", "t1", "r1")
 	h.submit(request("t1", "r1", "take one step"))
 
-	waitFor(t, 20*time.Second, "a second attempt after the refused checkpoint", func() bool {
+	testdeploy.WaitFor(t, 20*time.Second, "a second attempt after the refused checkpoint", func() bool {
 		for _, ev := range w.all() {
 			if ev.Type == protocol.EventRunFinished {
 				t.Fatalf("the run ended (%s) instead of being handed back: %v", string(ev.Data), w.types())

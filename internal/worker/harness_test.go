@@ -227,19 +227,6 @@ func (w *watcher) count(eventType string) int {
 	return n
 }
 
-// waitFor polls cond until it holds.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %s waiting for %s", timeout, what)
-}
-
 func (h *harness) run(tenant, run string) *protocol.Run {
 	h.t.Helper()
 	r, _, err := h.stores.Runs.Get(context.Background(), tenant, run)

@@ -15,6 +15,7 @@ import (
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
 )
 
@@ -57,7 +58,7 @@ func TestEveryRunLogLineCarriesRunFields(t *testing.T) {
 	if fin := w.finished(t, 10*time.Second); fin.Status != protocol.StatusSuccess {
 		t.Fatalf("run ended %s: %s", fin.Status, fin.Error)
 	}
-	waitFor(t, 5*time.Second, "the run's last log line", func() bool { return logs.FilterMessage("run finished").Len() == 1 })
+	testdeploy.WaitFor(t, 5*time.Second, "the run's last log line", func() bool { return logs.FilterMessage("run finished").Len() == 1 })
 
 	process := map[string]bool{"worker started": true, "worker stopped": true}
 	seen := map[string]bool{}

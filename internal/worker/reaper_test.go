@@ -15,6 +15,7 @@ import (
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
 )
 
@@ -237,7 +238,7 @@ func TestTerminatedRequestIsDeadLettered(t *testing.T) {
 		t.Fatalf("fetched %d requests", n)
 	}
 	var entries []*jetstream.RawStreamMsg
-	waitFor(t, 5*time.Second, "a dead letter of the terminated request", func() bool {
+	testdeploy.WaitFor(t, 5*time.Second, "a dead letter of the terminated request", func() bool {
 		entries = h.dlqEntries(t, seq)
 		return len(entries) > 0
 	})

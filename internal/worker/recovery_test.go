@@ -17,6 +17,7 @@ import (
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
 )
 
@@ -152,7 +153,7 @@ func TestBadInputIsDeadLettered(t *testing.T) {
 // waitRunsStreamEmpty waits until every request was acked or removed.
 func (h *harness) waitRunsStreamEmpty(t *testing.T) {
 	t.Helper()
-	waitFor(t, 10*time.Second, "runs stream empty", func() bool {
+	testdeploy.WaitFor(t, 10*time.Second, "runs stream empty", func() bool {
 		st, err := h.js.Stream(context.Background(), h.names.RunsStream())
 		if err != nil {
 			return false
@@ -171,7 +172,7 @@ func (h *harness) deadLetter(t *testing.T, tenant, thread string, seq uint64) *j
 		t.Fatal(err)
 	}
 	var found *jetstream.RawStreamMsg
-	waitFor(t, 5*time.Second, "dead letter", func() bool {
+	testdeploy.WaitFor(t, 5*time.Second, "dead letter", func() bool {
 		for next := uint64(0); ; {
 			m, err := st.GetMsg(context.Background(), next, jetstream.WithGetMsgSubject(h.names.DLQSubject(tenant, thread)))
 			if err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
 )
 
@@ -31,7 +32,7 @@ func usageOfEvents(t *testing.T, w *watcher) []protocol.UsageModelData {
 func (h *harness) usageOfThread(t *testing.T, tenant, thread string) *protocol.ThreadUsage {
 	t.Helper()
 	var th *protocol.ThreadUsage
-	waitFor(t, 10*time.Second, "thread usage", func() bool {
+	testdeploy.WaitFor(t, 10*time.Second, "thread usage", func() bool {
 		var err error
 		th, _, err = h.stores.Usage.Thread(context.Background(), tenant, thread)
 		return err == nil
@@ -90,7 +91,7 @@ func TestUsage_RedeliveredRunCountsCheckpointedCallOnce(t *testing.T) {
 	th := h.usageOfThread(t, "default", "t1")
 	check("thread", th.Total)
 	var ru *protocol.RunUsage
-	waitFor(t, 10*time.Second, "run usage", func() bool {
+	testdeploy.WaitFor(t, 10*time.Second, "run usage", func() bool {
 		var err error
 		ru, _, err = h.stores.Usage.Run(context.Background(), "default", "r1")
 		return err == nil
@@ -115,7 +116,7 @@ func TestUsage_RedeliveredRunCountsCheckpointedCallOnce(t *testing.T) {
 	if fin := w2.finished(t, 10*time.Second); fin.Status != protocol.StatusSuccess {
 		t.Fatalf("r2 ended %s", fin.Status)
 	}
-	waitFor(t, 10*time.Second, "r2 in the thread's usage", func() bool {
+	testdeploy.WaitFor(t, 10*time.Second, "r2 in the thread's usage", func() bool {
 		th = h.usageOfThread(t, "default", "t1")
 		return len(th.Runs) == 2
 	})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
 )
 
@@ -157,7 +158,7 @@ func TestRejectWhenBusy(t *testing.T) {
 	h.startWorker(m, nil)
 	w1 := h.watch("default", "t1", "first")
 	h.submit(request("t1", "first", "one"))
-	waitFor(t, 5*time.Second, "first run running", func() bool { return m.Calls() == 1 })
+	testdeploy.WaitFor(t, 5*time.Second, "first run running", func() bool { return m.Calls() == 1 })
 	w2 := h.watch("default", "t1", "second")
 	req := request("t1", "second", "two")
 	req.MultitaskStrategy = protocol.StrategyReject
@@ -304,7 +305,7 @@ func TestCancelPendingAndRunning(t *testing.T) {
 	<-started
 	wPend := h.watch("default", "t1", "pending")
 	h.submit(request("t1", "pending", "later"))
-	waitFor(t, 5*time.Second, "pending run queued", func() bool { return wPend.count(protocol.EventRunQueued) == 1 })
+	testdeploy.WaitFor(t, 5*time.Second, "pending run queued", func() bool { return wPend.count(protocol.EventRunQueued) == 1 })
 
 	r, e := h.cancel("default", "t1", "pending")
 	if e != nil || r.Status != protocol.StatusCancelled {

@@ -116,7 +116,7 @@ func (d *deployment) finished(runs []string) bool {
 
 func (d *deployment) waitFinished(runs []string, timeout time.Duration) {
 	d.t.Helper()
-	waitFor(d.t, timeout, "every run to finish", func() bool { return d.finished(runs) })
+	testdeploy.WaitFor(d.t, timeout, "every run to finish", func() bool { return d.finished(runs) })
 }
 
 // started returns the data and time of each run.started of run.
@@ -186,7 +186,7 @@ func (d *deployment) chain(thread string) []*kv.Delta {
 func (d *deployment) checkQueuesEmpty() {
 	d.t.Helper()
 	ctx := context.Background()
-	waitFor(d.t, 10*time.Second, "the runs stream to empty", func() bool {
+	testdeploy.WaitFor(d.t, 10*time.Second, "the runs stream to empty", func() bool {
 		st, err := d.js.Stream(ctx, d.settings.Names.RunsStream())
 		if err != nil {
 			return false
@@ -338,19 +338,6 @@ func tail(path string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
-}
-
-// waitFor polls cond until it holds.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %s waiting for %s", timeout, what)
 }
 
 // toolResults maps each tool call id answered in a chain to its result

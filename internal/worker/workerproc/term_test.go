@@ -8,6 +8,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 // logHas reports whether the execution log has a line matching match.
@@ -48,7 +49,7 @@ func TestSIGTERMHandsRunsBack(t *testing.T) {
 	inStep2 := func(run string) func(execution) bool {
 		return func(e execution) bool { return e.Run == run && e.Kind == "model" && e.Step == 2 && e.Ev == "start" }
 	}
-	waitFor(t, 20*time.Second, "both runs in their second model call", func() bool {
+	testdeploy.WaitFor(t, 20*time.Second, "both runs in their second model call", func() bool {
 		return d.logHas(inStep2("r1")) && d.logHas(inStep2("r2"))
 	})
 
@@ -56,7 +57,7 @@ func TestSIGTERMHandsRunsBack(t *testing.T) {
 	aborted := func(run string) func(execution) bool {
 		return func(e execution) bool { return e.Run == run && e.Kind == "model" && e.Ev == "abort" && e.Worker == "a" }
 	}
-	waitFor(t, 5*time.Second, "the streaming model calls to be aborted", func() bool {
+	testdeploy.WaitFor(t, 5*time.Second, "the streaming model calls to be aborted", func() bool {
 		return d.logHas(aborted("r1")) && d.logHas(aborted("r2"))
 	})
 	// The worker is visibly stopping: what is submitted now must not
@@ -123,7 +124,7 @@ func TestSIGTERMGraceExpires(t *testing.T) {
 	a := d.start("a", 2, grace)
 	d.submit("t1", "r1", "run=r1 steps=2 model=50 tool=50 hang=1")
 	toolStarted := func(e execution) bool { return e.Run == "r1" && e.Kind == "tool" && e.Step == 1 && e.Ev == "start" }
-	waitFor(t, 10*time.Second, "the long tool to start", func() bool { return d.logHas(toolStarted) })
+	testdeploy.WaitFor(t, 10*time.Second, "the long tool to start", func() bool { return d.logHas(toolStarted) })
 
 	term := a.term()
 	if err := a.wait(t, grace+5*time.Second); err != nil {
