@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -110,15 +109,8 @@ func awaitCompaction(ctx context.Context, fd *feed) (*middleware.CompressionData
 			}
 			return nil, fmt.Errorf("read the compaction job's events: %w", err)
 		}
-		var env struct {
-			Type string                     `json:"type"`
-			Data middleware.CompressionData `json:"data"`
-		}
-		if json.Unmarshal(m.Data(), &env) != nil || env.Type != middleware.EventContextCompression {
-			continue
-		}
-		if env.Data.Phase == middleware.CompressionCompleted || env.Data.Phase == middleware.CompressionFailed {
-			return &env.Data, nil
+		if d, ok := compact.Result(m.Data()); ok {
+			return d, nil
 		}
 	}
 	return nil, fmt.Errorf("no result from the compaction job within %s: is a worker running?", compactWait)

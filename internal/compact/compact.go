@@ -83,6 +83,24 @@ func CheckpointID(jobID string) string { return "compact-" + jobID }
 // job reports once.
 func ResultMsgID(jobID string) string { return jobID + ".result" }
 
+// Result reads an event of a compaction job's subject
+// (P.events.<tenant>.<thread>.<job_id>.custom) and returns the job's
+// result when the event is it: its completed or failed
+// context_compression event. Other events (started) return false.
+func Result(event []byte) (*middleware.CompressionData, bool) {
+	var env struct {
+		Type string                     `json:"type"`
+		Data middleware.CompressionData `json:"data"`
+	}
+	if json.Unmarshal(event, &env) != nil || env.Type != middleware.EventContextCompression {
+		return nil, false
+	}
+	if env.Data.Phase != middleware.CompressionCompleted && env.Data.Phase != middleware.CompressionFailed {
+		return nil, false
+	}
+	return &env.Data, true
+}
+
 // Agents resolves an agent profile (agent.Agents does).
 type Agents interface {
 	Prepare(req *protocol.RunRequest) (*agent.Prepared, error)

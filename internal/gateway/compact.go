@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -131,15 +130,8 @@ func (s *Server) awaitCompaction(ctx context.Context, f *feed) (*middleware.Comp
 			}
 			return nil, errUnavailable("lost the compaction job's events while waiting; follow its events subject", err)
 		}
-		var env struct {
-			Type string                     `json:"type"`
-			Data middleware.CompressionData `json:"data"`
-		}
-		if json.Unmarshal(m.Data(), &env) != nil || env.Type != middleware.EventContextCompression {
-			continue
-		}
-		if env.Data.Phase == middleware.CompressionCompleted || env.Data.Phase == middleware.CompressionFailed {
-			return &env.Data, nil
+		if d, ok := compact.Result(m.Data()); ok {
+			return d, nil
 		}
 	}
 }
