@@ -57,6 +57,9 @@ func run() error {
 	if o.dev && !isSet(fs, "log-console") {
 		flags.Console = true
 	}
+	// Without --dev the gateway runs no agent; the workers check the
+	// profiles (a skills dir, say, may exist on their hosts only).
+	flags.AssemblesAgents = o.dev
 	cfg, err := flags.Load()
 	if err != nil {
 		return err

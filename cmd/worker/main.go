@@ -29,6 +29,7 @@ func main() {
 func run() error {
 	fs := flag.NewFlagSet("worker", flag.ExitOnError)
 	flags := app.RegisterFlags(fs)
+	flags.AssemblesAgents = true
 	id := fs.String("id", "", "worker id in leases and logs (default: random)")
 	listen := fs.String("listen", "", "HTTP address of the health endpoints /healthz and /readyz and of /metrics, e.g. :8081 (default: none)")
 	_ = fs.Parse(os.Args[1:])

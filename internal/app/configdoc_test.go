@@ -48,6 +48,11 @@ func TestConfigurationReferenceLoads(t *testing.T) {
 	if w := cfg.ContextWindows(); w["qwen2.5:7b"] != 32768 || w["deepseek-chat"] != 65536 {
 		t.Fatalf("models: %v", w)
 	}
+	// What a process checks at start and --print-config, before it
+	// connects to anything.
+	if err := CheckProfiles(cfg); err != nil {
+		t.Fatalf("the documented profiles fail the start's check: %v", err)
+	}
 	agents, err := Agents(cfg, model.NewDemo(model.DemoOptions{}))
 	if err != nil {
 		t.Fatalf("the documented profiles do not assemble: %v", err)

@@ -20,6 +20,10 @@ type Flags struct {
 	Console     bool
 	Debug       bool
 	PrintConfig bool
+	// AssemblesAgents says the process builds the agent profiles (a
+	// worker, a gateway with --dev): Load checks them (CheckProfiles)
+	// before anything connects. --print-config checks them always.
+	AssemblesAgents bool
 }
 
 // RegisterFlags adds the shared flags to fs.
@@ -32,7 +36,7 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	fs.IntVar(&f.concurrency, "concurrency", 0, "runs a worker executes at once (default 8)")
 	fs.BoolVar(&f.Console, "log-console", false, "human-readable logs instead of JSON lines")
 	fs.BoolVar(&f.Debug, "debug", false, "debug logging")
-	fs.BoolVar(&f.PrintConfig, "print-config", false, "print the effective configuration (secrets masked) and exit")
+	fs.BoolVar(&f.PrintConfig, "print-config", false, "check the configuration and the agent profiles, print the effective configuration (secrets masked) and exit")
 	return f
 }
 
@@ -56,6 +60,11 @@ func (f *Flags) Load() (config.Config, error) {
 	})
 	if err := cfg.Validate(); err != nil {
 		return cfg, err
+	}
+	if f.AssemblesAgents || f.PrintConfig {
+		if err := CheckProfiles(cfg); err != nil {
+			return cfg, err
+		}
 	}
 	if f.PrintConfig {
 		fmt.Print(cfg.String())

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// runEnv makes the test binary run the worker's main with its arguments.
+const runEnv = "NATSAGENT_TEST_RUN_WORKER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// runWorker runs the worker command with args; it returns the exit code,
+// stdout and stderr.
+func runWorker(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
+	cmd.Env = append(os.Environ(), runEnv+"=1", "OPENAI_BASE_URL=", "OPENAI_API_KEY=", "NATSAGENT_MODEL=", "NATS_URL=", "NATSAGENT_CONFIG=")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("worker %v did not exit: %s", args, stderr.String())
+	}
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatal(err)
+	}
+	return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+}
+
+// A typo in a profile's middleware settings stops the worker, and
+// --print-config, before any connection, naming the profile, the
+// middleware and the key.
+func TestProfileTypoStopsTheStartBeforeNATS(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ln.Close() }()
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			_ = c.Close()
+		}
+	}()
+	url := "nats://" + ln.Addr().String()
+
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	good := filepath.Join(dir, "good.yaml")
+	const profile = "agents:\n  - name: researcher\n    middleware:\n      settings:\n        context_compression: {keep: {%s: 20}}\n"
+	if err := os.WriteFile(bad, []byte(strings.Replace(profile, "%s", "mesages", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(good, []byte(strings.Replace(profile, "%s", "messages", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const want = `worker: agent profile "researcher": middleware settings.context_compression: invalid settings: json: unknown field "mesages"`
+
+	code, stdout, stderr := runWorker(t, "--config", bad, "--nats-url", url, "--print-config")
+	if code == 0 || !strings.Contains(stderr, want) || stdout != "" {
+		t.Errorf("--print-config: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	code, _, stderr = runWorker(t, "--config", bad, "--nats-url", url)
+	if code == 0 || !strings.Contains(stderr, want) {
+		t.Errorf("start: exit %d, stderr %q", code, stderr)
+	}
+	if n := accepted.Load(); n != 0 {
+		t.Errorf("the worker connected to NATS %d times", n)
+	}
+
+	code, stdout, stderr = runWorker(t, "--config", good, "--nats-url", url, "--print-config")
+	if code != 0 || !strings.Contains(stdout, "messages: 20") {
+		t.Errorf("--print-config of a valid file: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}
