@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -161,6 +162,7 @@ func runBench(ctx context.Context, args []string, std stdio) error {
 	quiet := fs.Bool("quiet", false, "no progress line")
 	progress := fs.Bool("progress", false, "progress line on stderr even when it is not a terminal")
 	withMetrics := fs.Bool("metrics", false, "record Prometheus metrics in the in-process workers, to measure what they cost")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole invocation (server, workers, clients) to this file, for go tool pprof")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -215,6 +217,17 @@ func runBench(ctx context.Context, args []string, std stdio) error {
 	}
 	if !*quiet && (*progress || (std.errFile != nil && bench.IsTerminal(std.errFile))) {
 		cfg.Progress = std.err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	rep, err := bench.Run(ctx, cfg)
 	if rep == nil {
