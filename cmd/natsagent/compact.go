@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/natsagent/natsagent/internal/compact"
+	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -58,13 +59,13 @@ and after; --detach prints the job id only.`, std)
 		return fmt.Errorf("thread %s is busy with run %s: compact it when it is idle", th.ThreadID, th.Lease.RunID)
 	}
 
-	var fd *feed
+	var fd *events.Feed
 	if !*detach {
 		// Opened before the job is queued, so its result cannot be missed.
 		if fd, err = c.openFeed(ctx, c.names.EventSubject(c.tenant, *thread, *jobID, protocol.KindCustom), start{}); err != nil {
 			return err
 		}
-		defer fd.close()
+		defer fd.Close()
 	}
 	if _, err := compact.Enqueue(ctx, c.js, c.names, req); err != nil {
 		return fmt.Errorf("queue the compaction job: %w", err)
@@ -96,10 +97,10 @@ and after; --detach prints the job id only.`, std)
 }
 
 // awaitCompaction reads a compaction job's events until its result.
-func awaitCompaction(ctx context.Context, fd *feed) (*middleware.CompressionData, error) {
+func awaitCompaction(ctx context.Context, fd *events.Feed) (*middleware.CompressionData, error) {
 	deadline := time.Now().Add(compactWait)
 	for time.Now().Before(deadline) {
-		m, err := fd.next(ctx, time.Until(deadline))
+		m, err := fd.NextWithin(ctx, time.Until(deadline))
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, errDetached

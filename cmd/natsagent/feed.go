@@ -2,12 +2,9 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/protocol"
@@ -21,86 +18,23 @@ type start struct {
 	since time.Time
 }
 
-// feed reads events in stream order with an ordered consumer, the way the
-// gateway's SSE join does (internal/gateway/sse.go): ephemeral,
-// flow-controlled, recreated from the last delivered sequence when the
-// server loses it (a node restart, a reconnect), so a tail survives them.
-type feed struct {
-	c    *client
-	cons jetstream.Consumer
-	it   jetstream.MessagesContext
-}
-
-// openFeed starts reading the events matching subject. The consumer
-// exists on the server when it returns: an event published afterwards is
-// never missed, so a submitter opens it before publishing.
-func (c *client) openFeed(ctx context.Context, subject string, from start) (*feed, error) {
-	cfg := jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{subject},
-		// A CLI killed without its deferred cleanup leaves the consumer
-		// for the server to drop.
-		InactiveThreshold: time.Minute,
-		DeliverPolicy:     jetstream.DeliverNewPolicy,
-	}
+// openFeed starts reading the events matching subject (events.OpenFeed).
+// The consumer exists on the server when it returns: an event published
+// afterwards is never missed, so a submitter opens it before publishing.
+// Unlike the gateway's, a CLI feed recreates its consumer without bound,
+// so a tail survives node restarts and reconnects, and Close waits for the
+// consumer's deletion, briefly, because the command exits right after (a
+// goroutine would die with it; a consumer left behind expires within a
+// minute).
+func (c *client) openFeed(ctx context.Context, subject string, from start) (*events.Feed, error) {
+	cfg := events.FeedConfig{DeleteTimeout: 2 * time.Second}
 	switch {
 	case !from.since.IsZero():
-		cfg.DeliverPolicy = jetstream.DeliverByStartTimePolicy
-		cfg.OptStartTime = &from.since
-	case from.all:
-		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
+		cfg.Since = from.since
+	case !from.all:
+		cfg.NewOnly = true
 	}
-	cons, err := c.js.OrderedConsumer(ctx, c.names.EventsStream(), cfg)
-	if err != nil {
-		return nil, err
-	}
-	it, err := cons.Messages()
-	if err != nil {
-		c.deleteConsumer(cons)
-		return nil, err
-	}
-	return &feed{c: c, cons: cons, it: it}, nil
-}
-
-// next returns the next event's message; it gives up after wait (a
-// context.DeadlineExceeded) so the caller can look at the record.
-func (f *feed) next(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
-	wctx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	return f.it.Next(jetstream.NextContext(wctx))
-}
-
-// close stops the consumer and deletes it rather than leaving it to
-// expire.
-func (f *feed) close() {
-	f.it.Stop()
-	f.c.deleteConsumer(f.cons)
-}
-
-func (c *client) deleteConsumer(cons jetstream.Consumer) {
-	info := cons.CachedInfo()
-	if info == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	_ = c.js.DeleteConsumer(ctx, c.names.EventsStream(), info.Name)
-}
-
-// finishedEnvelope is the run.finished event of a terminal record, for a
-// run whose stored events expired (as the gateway builds it).
-func finishedEnvelope(rec *protocol.Run) ([]byte, error) {
-	data, err := json.Marshal(events.FinishedData(rec))
-	if err != nil {
-		return nil, err
-	}
-	at := rec.CreatedAt
-	if rec.FinishedAt != nil {
-		at = *rec.FinishedAt
-	}
-	return json.Marshal(protocol.Event{
-		Type: protocol.EventRunFinished, Seq: rec.Seq, RunID: rec.RunID, ThreadID: rec.ThreadID,
-		Tenant: rec.Tenant, Attempt: rec.Attempt, Time: at, Data: data,
-	})
+	return events.OpenFeed(ctx, c.js, c.names, subject, cfg)
 }
 
 // errDetached ends a follow the person stopped with Ctrl-C: the run goes
@@ -115,9 +49,9 @@ var idleCheck = 3 * time.Second
 
 // followRun prints a run's events from f until its run.finished, and
 // returns that event's data. ctx ending (Ctrl-C) returns errDetached.
-func (c *client) followRun(ctx context.Context, f *feed, r *renderer, run string) (*protocol.FinishedData, error) {
+func (c *client) followRun(ctx context.Context, f *events.Feed, r *renderer, run string) (*protocol.FinishedData, error) {
 	for {
-		m, err := f.next(ctx, idleCheck)
+		m, err := f.NextWithin(ctx, idleCheck)
 		switch {
 		case ctx.Err() != nil:
 			return nil, errDetached
@@ -126,7 +60,7 @@ func (c *client) followRun(ctx context.Context, f *feed, r *renderer, run string
 			if err != nil || !rec.Status.Terminal() {
 				continue
 			}
-			raw, err := finishedEnvelope(rec)
+			raw, err := events.FinishedEnvelope(rec)
 			if err != nil {
 				return nil, err
 			}
@@ -146,9 +80,9 @@ func (c *client) followRun(ctx context.Context, f *feed, r *renderer, run string
 }
 
 // followThread prints a thread's events until ctx ends.
-func (c *client) followThread(ctx context.Context, f *feed, r *renderer) error {
+func (c *client) followThread(ctx context.Context, f *events.Feed, r *renderer) error {
 	for {
-		m, err := f.next(ctx, time.Minute)
+		m, err := f.NextWithin(ctx, time.Minute)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil

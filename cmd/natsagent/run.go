@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -112,7 +113,7 @@ func launch(ctx context.Context, c *client, std stdio, f *runFlags, req *protoco
 	} else if err := protocol.CheckToken("--run-id", req.RunID); err != nil {
 		return err
 	}
-	var fd *feed
+	var fd *events.Feed
 	if !f.detach {
 		if err := protocol.CheckToken("thread id", req.ThreadID); err != nil {
 			return err
@@ -122,7 +123,7 @@ func launch(ctx context.Context, c *client, std stdio, f *runFlags, req *protoco
 		if err != nil {
 			return fmt.Errorf("read the run's events: %w", err)
 		}
-		defer fd.close()
+		defer fd.Close()
 	}
 	rec, existing, err := c.submit(ctx, req)
 	if err != nil {
@@ -145,7 +146,7 @@ func launch(ctx context.Context, c *client, std stdio, f *runFlags, req *protoco
 }
 
 // follow prints a run's events until it ends; Ctrl-C detaches.
-func follow(ctx context.Context, c *client, std stdio, f *clientFlags, fd *feed, rec *protocol.Run) error {
+func follow(ctx context.Context, c *client, std stdio, f *clientFlags, fd *events.Feed, rec *protocol.Run) error {
 	r := newRenderer(std.out, styleFor(std), f.json, false)
 	fin, err := c.followRun(ctx, fd, r, rec.RunID)
 	if errors.Is(err, errDetached) {

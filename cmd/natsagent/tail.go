@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -57,7 +58,7 @@ from its record.`, std)
 	if err != nil {
 		return fmt.Errorf("read the thread's events: %w", err)
 	}
-	defer fd.close()
+	defer fd.Close()
 	if !f.json {
 		fmt.Fprintf(std.err, "following thread %s%s (Ctrl-C stops)\n", *thread, tenantOf(c))
 	}
@@ -79,7 +80,7 @@ func tailRun(ctx context.Context, c *client, std stdio, f *clientFlags, run, thr
 		// Events expired: the record tells how the run ended.
 		_, err := c.events.GetLastMsgForSubject(ctx, c.names.EventSubject(c.tenant, rec.ThreadID, run, protocol.KindLifecycle))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			raw, err := finishedEnvelope(rec)
+			raw, err := events.FinishedEnvelope(rec)
 			if err != nil {
 				return err
 			}
@@ -97,7 +98,7 @@ func tailRun(ctx context.Context, c *client, std stdio, f *clientFlags, run, thr
 	if err != nil {
 		return fmt.Errorf("read the run's events: %w", err)
 	}
-	defer fd.close()
+	defer fd.Close()
 	return follow(ctx, c, std, f, fd, rec)
 }
 

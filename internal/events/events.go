@@ -2,8 +2,9 @@
 // within a run, and the lifecycle events whose count the protocol
 // guarantees (at most one run.queued, exactly one run.finished per run,
 // one run.started per attempt), made idempotent with Nats-Msg-Id so a
-// redelivered or repeated step never stores them twice. It knows subjects
-// and envelopes, not how runs execute.
+// redelivered or repeated step never stores them twice; and reading them
+// back in stream order (Feed), for the gateway and the CLI. It knows
+// subjects and envelopes, not how runs execute.
 package events
 
 import (

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/compact"
+	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -77,13 +78,13 @@ func (s *Server) compactThread(w http.ResponseWriter, r *http.Request, tenant st
 	}
 	subject := s.names.EventSubject(tenant, th.ThreadID, req.JobID, protocol.KindCustom)
 	reply := compactReply{JobID: req.JobID, ThreadID: th.ThreadID, Status: "queued", Events: subject}
-	var f *feed
+	var f *events.Feed
 	if wait {
 		// Subscribed before the job is queued: its result cannot be missed.
 		if f, err = s.openFeed(ctx, subject, 0); err != nil {
 			return err
 		}
-		defer f.close()
+		defer f.Close()
 	}
 	if _, err := compact.Enqueue(ctx, s.js, s.names, req); err != nil {
 		return fmt.Errorf("queue the compaction job: %w", err)
@@ -119,11 +120,11 @@ func (s *Server) compactThread(w http.ResponseWriter, r *http.Request, tenant st
 }
 
 // awaitCompaction reads a job's events until its result.
-func (s *Server) awaitCompaction(ctx context.Context, f *feed) (*middleware.CompressionData, error) {
+func (s *Server) awaitCompaction(ctx context.Context, f *events.Feed) (*middleware.CompressionData, error) {
 	ctx, cancel := context.WithTimeout(ctx, compactWait)
 	defer cancel()
 	for {
-		m, err := f.next(ctx)
+		m, err := f.Next(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()

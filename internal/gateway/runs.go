@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
+	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -54,7 +55,7 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 
 		// The feed exists before the request is published: nothing the
 		// run emits can be missed.
-		var f *feed
+		var f *events.Feed
 		switch mode {
 		case modeStream:
 			f, err = s.openFeed(r.Context(), s.names.RunEvents(tenant, thread, req.RunID), 0)
@@ -65,7 +66,7 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 			return fmt.Errorf("read run events: %w", err)
 		}
 		if f != nil {
-			defer f.close()
+			defer f.Close()
 		}
 
 		// A client that disconnects mid-submission must not leave it half
@@ -91,7 +92,7 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 
 // writeFinal waits for a run to finish and answers with its record. A
 // client that leaves stops the wait, not the run.
-func (s *Server) writeFinal(w http.ResponseWriter, r *http.Request, f *feed, rec *protocol.Run) error {
+func (s *Server) writeFinal(w http.ResponseWriter, r *http.Request, f *events.Feed, rec *protocol.Run) error {
 	// A server write timeout must not cut a long wait.
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
 	final, err := s.awaitFinished(r.Context(), f, rec.Tenant, rec.RunID)
@@ -150,7 +151,7 @@ func (s *Server) joinRun(w http.ResponseWriter, r *http.Request, tenant string) 
 	if err != nil {
 		return fmt.Errorf("read run events: %w", err)
 	}
-	defer f.close()
+	defer f.Close()
 	return s.writeFinal(w, r, f, rec)
 }
 
@@ -169,7 +170,7 @@ func (s *Server) joinStream(w http.ResponseWriter, r *http.Request, tenant strin
 	if err != nil {
 		return fmt.Errorf("read run events: %w", err)
 	}
-	defer f.close()
+	defer f.Close()
 	s.streamRun(w, r, f, rec, after)
 	return nil
 }

@@ -17,67 +17,20 @@ import (
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
-// feed reads a run's events from the events stream, in stream order, with
-// an ordered consumer: ephemeral, flow-controlled, and recreated from the
-// last delivered sequence if the server loses it.
-type feed struct {
-	s    *Server
-	cons jetstream.Consumer
-	it   jetstream.MessagesContext
-}
-
 // openFeed starts reading the events matching subject with stream
 // sequence above after (0: from the first one). The consumer exists on the
 // server when openFeed returns, so an event published afterwards is never
-// missed.
-func (s *Server) openFeed(ctx context.Context, subject string, after uint64) (*feed, error) {
-	cfg := jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{subject},
-		// Bounded: a consumer that cannot be recreated ends the stream,
-		// and the client resumes with Last-Event-ID.
-		MaxResetAttempts:  3,
-		InactiveThreshold: time.Minute,
-	}
-	if after > 0 {
-		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cfg.OptStartSeq = after + 1
-	}
-	cons, err := s.js.OrderedConsumer(ctx, s.names.EventsStream(), cfg)
-	if err != nil {
-		return nil, err
-	}
-	it, err := cons.Messages()
-	if err != nil {
-		s.deleteConsumer(cons)
-		return nil, err
-	}
-	return &feed{s: s, cons: cons, it: it}, nil
-}
-
-// next returns the next event, or ctx's error.
-func (f *feed) next(ctx context.Context) (jetstream.Msg, error) {
-	return f.it.Next(jetstream.NextContext(ctx))
-}
-
-// close stops the consumer and deletes it on the server rather than
-// leaving it to expire.
-func (f *feed) close() {
-	f.it.Stop()
-	f.s.deleteConsumer(f.cons)
-}
-
-func (s *Server) deleteConsumer(cons jetstream.Consumer) {
-	info := cons.CachedInfo()
-	if info == nil {
-		return
-	}
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := s.js.DeleteConsumer(ctx, s.names.EventsStream(), info.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			s.log.Debug("delete event consumer", zap.String("consumer", info.Name), zap.Error(err))
-		}
-	}()
+// missed. Its recreation is bounded: a consumer that cannot be recreated
+// ends the stream, and the client resumes with Last-Event-ID. Close
+// deletes the consumer in the background, so a finished response is not
+// held for a round trip.
+func (s *Server) openFeed(ctx context.Context, subject string, after uint64) (*events.Feed, error) {
+	return events.OpenFeed(ctx, s.js, s.names, subject, events.FeedConfig{
+		After:              after,
+		MaxResets:          3,
+		DeleteInBackground: true,
+		Log:                s.log,
+	})
 }
 
 // envelopeType reads an event's type without decoding its data.
@@ -148,14 +101,14 @@ func oneLine(s string) string {
 // sequence after, then live ones, until run.finished. f must read the
 // run's events from after. A finished run whose events are no longer
 // retained gets one run.finished built from its record.
-func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *feed, rec *protocol.Run, after uint64) {
+func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Feed, rec *protocol.Run, after uint64) {
 	log := s.log.With(zap.String("tenant", rec.Tenant), zap.String("thread_id", rec.ThreadID), zap.String("run_id", rec.RunID))
 	var synth []byte
 	if rec.Status.Terminal() {
 		last, err := s.events.GetLastMsgForSubject(r.Context(), s.names.RunEvents(rec.Tenant, rec.ThreadID, rec.RunID))
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
-			synth, err = finishedEnvelope(rec)
+			synth, err = events.FinishedEnvelope(rec)
 			if err != nil {
 				log.Error("encode run.finished", zap.Error(err))
 			}
@@ -173,9 +126,7 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *feed, rec 
 		return
 	}
 	for {
-		ctx, cancel := context.WithTimeout(r.Context(), s.keepAlive)
-		m, err := f.next(ctx)
-		cancel()
+		m, err := f.NextWithin(r.Context(), s.keepAlive)
 		if err != nil {
 			if r.Context().Err() != nil {
 				log.Debug("event stream client left")
@@ -206,27 +157,10 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *feed, rec 
 	}
 }
 
-// finishedEnvelope is the run.finished event of a terminal record, for a
-// run whose stored events have expired.
-func finishedEnvelope(rec *protocol.Run) ([]byte, error) {
-	data, err := json.Marshal(events.FinishedData(rec))
-	if err != nil {
-		return nil, err
-	}
-	at := rec.CreatedAt
-	if rec.FinishedAt != nil {
-		at = *rec.FinishedAt
-	}
-	return json.Marshal(protocol.Event{
-		Type: protocol.EventRunFinished, Seq: rec.Seq, RunID: rec.RunID, ThreadID: rec.ThreadID,
-		Tenant: rec.Tenant, Time: at, Data: data,
-	})
-}
-
 // awaitFinished blocks until rec's run has finished and returns its final
 // record. f reads the run's lifecycle events. The record is checked now and
 // then as well, so a run whose events expired still returns.
-func (s *Server) awaitFinished(ctx context.Context, f *feed, tenant, run string) (*protocol.Run, error) {
+func (s *Server) awaitFinished(ctx context.Context, f *events.Feed, tenant, run string) (*protocol.Run, error) {
 	for {
 		rec, _, err := s.stores.Runs.Get(ctx, tenant, run)
 		if err != nil {
@@ -236,9 +170,7 @@ func (s *Server) awaitFinished(ctx context.Context, f *feed, tenant, run string)
 			return rec, nil
 		}
 		for {
-			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			m, err := f.next(wctx)
-			cancel()
+			m, err := f.NextWithin(ctx, 10*time.Second)
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil, ctx.Err()
