@@ -1,9 +1,11 @@
-// Package tokens owns token counting: tiktoken encoders chosen from the
-// model name (loaded from the BPE files compiled into the binary, never
-// downloaded), a cheap approximate counter, the per-message overhead of the
-// chat format, and a bounded per-message cache so preparing a model call
-// costs what its new messages cost, not the whole history again. It knows
-// messages and tool specs, nothing of runs, state or storage.
+// Package tokens owns token counting: tiktoken encodings chosen from the
+// model name (ranks loaded from the BPE files compiled into the binary,
+// never downloaded; counted exactly as tiktoken-go counts, by a splitter
+// and a merge of this package, bpe.go), a cheap approximate counter, the
+// per-message overhead of the chat format, and a bounded per-message
+// cache so preparing a model call costs what its new messages cost, not
+// the whole history again. It knows messages and tool specs, nothing of
+// runs, state or storage.
 package tokens
 
 import (
@@ -13,7 +15,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/pkoukk/tiktoken-go"
-	tiktokenloader "github.com/pkoukk/tiktoken-go-loader"
 )
 
 // Counter counts the tokens of a text. Implementations are safe for
@@ -40,14 +41,11 @@ const (
 // one for multilingual text and for recent models.
 const DefaultEncoding = O200K
 
-// loaderOnce installs the offline loader before any encoder is built:
-// tiktoken-go's default loader downloads the BPE file, which must never
-// happen at run time.
-var loaderOnce sync.Once
-
 // encoders holds one built encoder per encoding name: building one parses
-// a few MB of ranks and compiles its regexes (hundreds of milliseconds), so
-// it happens once per process.
+// a few MB of ranks (hundreds of milliseconds), so it happens once per
+// process. The ranks come from the BPE files compiled into the binary
+// (tiktoken-go-loader), never from the network, and are held once: the
+// counter (bpe.go) needs no tiktoken-go encoder.
 var encoders sync.Map // name -> *encoderSlot
 
 type encoderSlot struct {
@@ -88,13 +86,12 @@ func ForEncoding(name string) (Counter, error) {
 	v, _ := encoders.LoadOrStore(name, &encoderSlot{})
 	slot := v.(*encoderSlot)
 	slot.once.Do(func() {
-		loaderOnce.Do(func() { tiktoken.SetBpeLoader(tiktokenloader.NewOfflineLoader()) })
-		t, err := tiktoken.GetEncoding(name)
+		b, err := newBPE(name)
 		if err != nil {
 			slot.err = fmt.Errorf("load encoding %s: %w", name, err)
 			return
 		}
-		slot.enc = &bpe{name: name, t: t}
+		slot.enc = b
 	})
 	if slot.err != nil {
 		return nil, slot.err
@@ -157,22 +154,6 @@ func ForModel(modelName, fallback string) Counter {
 	}
 	return c
 }
-
-// bpe counts with a tiktoken encoder. Special tokens in the text are
-// counted as ordinary text, as a provider counts user content.
-type bpe struct {
-	name string
-	t    *tiktoken.Tiktoken
-}
-
-func (b *bpe) Count(text string) int {
-	if text == "" {
-		return 0
-	}
-	return len(b.t.EncodeOrdinary(text))
-}
-
-func (b *bpe) Encoding() string { return b.name }
 
 // Approx is the approximate counter: no encoder, one pass over the bytes.
 var Approx Counter = approx{}
