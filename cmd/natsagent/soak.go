@@ -8,6 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
 	"github.com/natsagent/natsagent/internal/soak"
 )
 
@@ -29,6 +32,7 @@ func runSoak(ctx context.Context, args []string, std stdio) error {
 	faultEvery := fs.Duration("fault-every", 4*time.Second, "pause between node and worker faults")
 	modelRate := fs.Float64("model-fault-rate", 0.05, "share of model calls failing with 503, 429 or a truncated stream (with the model fault)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
+	logLevel := fs.String("log", "", "write the gateway's and workers' logs at this level (debug, info, warn, error) to stderr as JSON lines (default: none)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -57,6 +61,15 @@ func runSoak(ctx context.Context, args []string, std stdio) error {
 		Faults: kinds, FaultEvery: *faultEvery, ModelFaultRate: *modelRate}
 	if !*quiet {
 		cfg.Progress = std.err
+	}
+	if *logLevel != "" {
+		level, err := zapcore.ParseLevel(*logLevel)
+		if err != nil {
+			fmt.Fprintf(std.err, "natsagent soak: --log: %v\n", err)
+			return errUsage
+		}
+		cfg.Logger = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.Lock(zapcore.AddSync(std.err)), level))
+		defer func() { _ = cfg.Logger.Sync() }()
 	}
 	mode := "one server"
 	if *cluster {

@@ -12,6 +12,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -237,6 +239,18 @@ type Stream struct {
 	futures             []jetstream.PubAckFuture
 	queued              jetstream.PubAckFuture // run.queued, refused when the run has events
 	firstErr            error
+
+	// unsure holds the events without a message id whose publish failed
+	// the way a leader election or a node loss fails it: the stream may
+	// hold them or not, and Flush finds out before sending them again.
+	unsure []*nats.Msg
+	// again holds the events with a message id whose publish failed that
+	// way: Flush sends them again, and the stream keeps one copy.
+	again []*nats.Msg
+	// lastAck is the stream sequence of the last event seen stored, in
+	// emission order, before the first unsure one; scanFrom is where
+	// Flush looks for the unsure events (lastAck+1 when the first failed).
+	lastAck, scanFrom uint64
 }
 
 // NewStream starts numbering after lastSeq, for one attempt of a run.
@@ -256,12 +270,43 @@ func (s *Stream) Emit(eventType string, data any, msgID string) {
 		if err == nil {
 			s.futures = append(s.futures, f)
 			s.trim()
+			return
 		}
 	}
-	if err != nil && s.firstErr == nil {
+	if s.failed(m, err) {
+		return
+	}
+	s.p.log.Warn("publish run event failed", zap.String("tenant", s.tenant), zap.String("thread_id", s.thread), zap.String("run_id", s.run),
+		zap.String("type", eventType), zap.Error(err))
+}
+
+// failed notes an event whose publish failed, with s.mu held. One that
+// failed the way a leader election or a node loss fails a publish (the
+// stream may hold it or not) is kept for Flush, and failed reports true:
+// with a message id it is sent again, without one it is looked for first.
+// Any other failure becomes the stream's error.
+func (s *Stream) failed(m *nats.Msg, err error) bool {
+	if m != nil && bus.Transient(err) {
+		if m.Header.Get(jetstream.MsgIDHeader) != "" {
+			s.again = append(s.again, m)
+			return true
+		}
+		if len(s.unsure) == 0 {
+			s.scanFrom = s.lastAck + 1
+		}
+		s.unsure = append(s.unsure, m)
+		return true
+	}
+	if s.firstErr == nil {
 		s.firstErr = err
-		s.p.log.Warn("publish run event failed", zap.String("tenant", s.tenant), zap.String("thread_id", s.thread), zap.String("run_id", s.run),
-			zap.String("type", eventType), zap.Error(err))
+	}
+	return false
+}
+
+// stored notes an event seen stored, with s.mu held.
+func (s *Stream) stored(ack *jetstream.PubAck) {
+	if ack != nil && len(s.unsure) == 0 {
+		s.lastAck = max(s.lastAck, ack.Sequence)
 	}
 }
 
@@ -274,11 +319,10 @@ func (s *Stream) trim() {
 	kept := s.futures[:0]
 	for _, f := range s.futures {
 		select {
-		case <-f.Ok():
+		case ack := <-f.Ok():
+			s.stored(ack)
 		case err := <-f.Err():
-			if s.firstErr == nil {
-				s.firstErr = err
-			}
+			s.failed(f.Msg(), err)
 		default:
 			kept = append(kept, f)
 		}
@@ -322,70 +366,86 @@ func (s *Stream) Reserve() uint64 {
 const ackWait = 5 * time.Second
 
 // Flush waits until every event emitted so far is stored, and returns the
-// first publish error.
+// first publish error. An event whose publish failed the way a leader
+// election or a node loss fails it is sent again: one with a message id
+// at once (the stream keeps one copy), one without after reading back,
+// through the stream's leader, whether the stream holds it. An event sent
+// again is stored after the events that followed it, still before
+// run.finished; readers order a run's events by seq.
 func (s *Stream) Flush(ctx context.Context) error {
 	s.mu.Lock()
 	futures, queued := s.futures, s.queued
 	s.futures, s.queued = nil, nil
 	s.mu.Unlock()
 	// An acknowledgement lost with a node that went down never arrives,
-	// and nats.go does not time a future out: after ackWait the event is
-	// sent again (resend) or reported not stored.
+	// and nats.go does not time a future out: after ackWait the event
+	// counts as failed that way.
 	timeout := time.NewTimer(ackWait)
 	defer timeout.Stop()
 	if queued != nil {
+		var err error
 		select {
 		case <-queued.Ok():
 		case <-timeout.C:
 			timeout.Reset(ackWait)
-			if err := s.resend(ctx, queued.Msg(), nats.ErrTimeout); err != nil && !runHasEvents(err) {
-				s.mu.Lock()
-				if s.firstErr == nil {
-					s.firstErr = err
-				}
-				s.mu.Unlock()
-			}
-		case err := <-queued.Err():
-			if err = s.resend(ctx, queued.Msg(), err); err != nil && !runHasEvents(err) {
-				s.mu.Lock()
-				if s.firstErr == nil {
-					s.firstErr = err
-				}
-				s.mu.Unlock()
-			}
+			err = nats.ErrTimeout
+		case err = <-queued.Err():
 		case <-ctx.Done():
 			return ctx.Err()
+		}
+		if err != nil {
+			// run.queued carries an id and is refused once the run has
+			// events: that refusal is no failure.
+			if _, err = bus.PublishMsg(ctx, s.p.js, queued.Msg()); err != nil && !runHasEvents(err) {
+				s.fail(err)
+			}
 		}
 	}
 	expired := false
 	for _, f := range futures {
 		var err error
-		if expired {
-			// Past the wait: what has not answered by now is sent again.
+		select {
+		case ack := <-f.Ok():
+			s.mu.Lock()
+			s.stored(ack)
+			s.mu.Unlock()
+			continue
+		case err = <-f.Err():
+		default:
+			if expired {
+				// Past the wait: what has not answered by now failed.
+				err = nats.ErrTimeout
+				break
+			}
 			select {
-			case <-f.Ok():
+			case ack := <-f.Ok():
+				s.mu.Lock()
+				s.stored(ack)
+				s.mu.Unlock()
 				continue
 			case err = <-f.Err():
-			default:
-				err = nats.ErrTimeout
-			}
-		} else {
-			select {
-			case <-f.Ok():
-				continue
 			case <-timeout.C:
 				expired, err = true, nats.ErrTimeout
-			case err = <-f.Err():
 			case <-ctx.Done():
 				return ctx.Err()
 			}
 		}
-		if err = s.resend(ctx, f.Msg(), err); err != nil {
-			s.mu.Lock()
-			if s.firstErr == nil {
-				s.firstErr = err
-			}
-			s.mu.Unlock()
+		s.mu.Lock()
+		s.failed(f.Msg(), err)
+		s.mu.Unlock()
+	}
+	s.mu.Lock()
+	again, unsure, from := s.again, s.unsure, s.scanFrom
+	s.again, s.unsure = nil, nil
+	s.mu.Unlock()
+	for _, m := range again {
+		if _, err := bus.PublishMsg(ctx, s.p.js, m); err != nil {
+			s.fail(err)
+		}
+	}
+	if len(unsure) > 0 {
+		if err := s.restore(ctx, unsure, from); err != nil {
+			s.fail(err)
 		}
 	}
 	s.mu.Lock()
@@ -393,18 +453,82 @@ func (s *Stream) Flush(ctx context.Context) error {
 	return s.firstErr
 }
 
-// resend publishes again, and waits for, an event whose asynchronous
-// publish failed the way a leader election or a node loss fails it (no
-// responders, a timeout, or its message id still being stored by the
-// first attempt, which nats.go's own resend on no responders provokes),
-// when the event carries a message id: the stream keeps one copy. An
-// event without an id is not sent twice; err is returned as it was.
-func (s *Stream) resend(ctx context.Context, m *nats.Msg, err error) error {
-	if m == nil || m.Header.Get(jetstream.MsgIDHeader) == "" || !bus.Transient(err) {
-		return err
+// fail records err as the stream's error unless it has one.
+func (s *Stream) fail(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.firstErr == nil {
+		s.firstErr = err
 	}
-	if _, rerr := bus.PublishMsg(ctx, s.p.js, m); rerr != nil {
-		return rerr
+}
+
+// restore stores the events of unsure (without message ids, in emission
+// order) that the stream does not hold. It reads the run's events stored
+// from stream sequence from on, through the stream's leader (a replica
+// may not have applied the last writes), until one of this attempt
+// emitted after the last unsure event: the stream stores a connection's
+// publishes in order, so an unsure event not found by then was lost. The
+// missing ones are sent again with a message id of their own, so that a
+// retry of that send stores them once.
+func (s *Stream) restore(ctx context.Context, unsure []*nats.Msg, from uint64) error {
+	want := make(map[uint64]*nats.Msg, len(unsure))
+	var last uint64
+	for _, m := range unsure {
+		seq, _, err := envelopeSeq(m.Data)
+		if err != nil {
+			return err
+		}
+		want[seq] = m
+		last = max(last, seq)
+	}
+	subject := s.p.names.RunEvents(s.tenant, s.thread, s.run)
+	for len(want) > 0 {
+		sm, err := bus.GetMsgFromLeader(ctx, s.p.js, s.p.names.EventsStream(), bus.MsgQuery{NextBySubject: subject, Seq: from})
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("look for %d run events not acknowledged: %w", len(want), err)
+		}
+		from = sm.Sequence + 1
+		seq, attempt, err := envelopeSeq(sm.Data)
+		if err != nil || attempt != s.attempt {
+			continue
+		}
+		delete(want, seq)
+		if seq > last {
+			break
+		}
+	}
+	missing := slices.Sorted(maps.Keys(want))
+	for _, seq := range missing {
+		m := want[seq]
+		m.Header.Set(jetstream.MsgIDHeader, ResentID(s.run, s.attempt, seq))
+		if _, err := bus.PublishMsg(ctx, s.p.js, m); err != nil {
+			return fmt.Errorf("send run event %d again: %w", seq, err)
+		}
+	}
+	if len(missing) > 0 {
+		s.p.log.Info("run events lost in flight sent again", zap.String("tenant", s.tenant), zap.String("thread_id", s.thread),
+			zap.String("run_id", s.run), zap.Int("attempt", s.attempt), zap.Int("events", len(missing)), zap.Int("unacknowledged", len(unsure)))
 	}
 	return nil
+}
+
+// ResentID is the message id of an event without one of its own, sent
+// again because its first publish was lost.
+func ResentID(run string, attempt int, seq uint64) string {
+	return run + ".resent." + strconv.Itoa(attempt) + "." + strconv.FormatUint(seq, 10)
+}
+
+// envelopeSeq reads the seq and attempt of an event envelope.
+func envelopeSeq(data []byte) (seq uint64, attempt int, err error) {
+	var e struct {
+		Seq     uint64 `json:"seq"`
+		Attempt int    `json:"attempt"`
+	}
+	if err := json.Unmarshal(data, &e); err != nil {
+		return 0, 0, fmt.Errorf("decode run event: %w", err)
+	}
+	return e.Seq, e.Attempt, nil
 }

@@ -16,8 +16,8 @@ import (
 
 // Issue 7 (node loss): an event whose asynchronous publish failed during
 // a leader election ("duplicate message id is in process", or no
-// responders) is sent again and stored once when it carries a message id;
-// one without an id is not sent twice.
+// responders) is sent again by Flush and stored once when it carries a
+// message id; a permanent failure is reported, not retried.
 func TestFlushResendsEventsWithAnIDAfterATransientError(t *testing.T) {
 	srv := natstest.Start(t)
 	nc := srv.Connect()
@@ -39,21 +39,25 @@ func TestFlushResendsEventsWithAnIDAfterATransientError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.mu.Lock()
 	for _, cause := range []error{inProcess, nats.ErrNoResponders} {
-		if err := s.resend(ctx, withID, cause); err != nil {
-			t.Fatalf("resend after %v: %v", cause, err)
+		if !s.failed(withID, cause) {
+			t.Fatalf("failure %v not kept for a resend", cause)
 		}
 	}
-	noID, err := p.Msg("default", "t1", "r1", 1, 2, protocol.EventMessageDelta, map[string]string{"delta": "x"}, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.resend(ctx, noID, nats.ErrNoResponders); !errors.Is(err, nats.ErrNoResponders) {
-		t.Fatalf("event without an id: %v, want the error unchanged", err)
+	s.mu.Unlock()
+	if err := s.Flush(ctx); err != nil {
+		t.Fatalf("flush: %v", err)
 	}
 	badRequest := &jetstream.APIError{Code: 400, ErrorCode: 10058, Description: "bad request"}
-	if err := s.resend(ctx, withID, badRequest); !errors.Is(err, badRequest) {
-		t.Fatalf("permanent error: %v, want it unchanged", err)
+	s.mu.Lock()
+	kept := s.failed(withID, badRequest)
+	s.mu.Unlock()
+	if kept {
+		t.Fatal("a permanent failure was kept for a resend")
+	}
+	if err := s.Flush(ctx); !errors.Is(err, badRequest) {
+		t.Fatalf("flush after a permanent failure: %v, want it", err)
 	}
 	st, err := js.Stream(ctx, settings.Names.EventsStream())
 	if err != nil {
