@@ -441,6 +441,8 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	}
 	lease.onPreempt = func(p protocol.Preemption) { j.preempted(p) }
 	lease.onLost = func() { cancelRun(agent.ErrLeaseLost) }
+	lease.fenceFor(w.cfg.Settings.AckWait*3/4, leaseTakenAt(th, now))
+	defer lease.stopFence()
 	lease.checkPreempt()
 	if rec.CancelRequested {
 		cancelRun(ErrCancelled)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -35,6 +36,12 @@ type leaseHandle struct {
 	th   *protocol.Thread
 	rev  uint64
 	lost bool
+	// fence fires when no write of the lease has succeeded for fenceAfter
+	// (fenceFor): see fenced. It sets gone without l.mu, which a write
+	// that the server does not answer holds for seconds.
+	fence      *time.Timer
+	fenceAfter time.Duration
+	gone       atomic.Bool
 }
 
 func (l *leaseHandle) head() string {
@@ -52,10 +59,11 @@ func (l *leaseHandle) threadStatus() string {
 // mutate applies fn to the thread record under the lease.
 func (l *leaseHandle) mutate(ctx context.Context, fn func(*protocol.Thread) error) error {
 	l.mu.Lock()
-	if l.lost {
+	if l.lost || l.gone.Load() {
 		l.mu.Unlock()
 		return agent.ErrLeaseLost
 	}
+	sent := time.Now()
 	th, rev, err := l.w.stores.Threads.MutateFrom(ctx, l.tenant, l.thread, l.th, l.rev, func(t *protocol.Thread) error {
 		if t.Lease == nil || t.Lease.RunID != l.run || t.Lease.Epoch != l.epoch {
 			return agent.ErrLeaseLost
@@ -64,6 +72,9 @@ func (l *leaseHandle) mutate(ctx context.Context, fn func(*protocol.Thread) erro
 	})
 	if err == nil {
 		l.th, l.rev = th, rev
+		if l.fence != nil {
+			l.fence.Reset(time.Until(sent.Add(l.fenceAfter)))
+		}
 	}
 	lost := errors.Is(err, agent.ErrLeaseLost) && !l.lost
 	if lost {
@@ -104,11 +115,59 @@ func (l *leaseHandle) moveHead(ctx context.Context, id, title string) error {
 	})
 }
 
+// fenceFor starts the lease's fence: from now on, when no write of the
+// lease has succeeded for after (counted from when the last successful
+// one was sent, the first being the lease's taking at renewedAt), the run
+// is stopped as if the lease were lost (fenced).
+func (l *leaseHandle) fenceFor(after time.Duration, renewedAt time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.fence != nil {
+		return
+	}
+	l.fenceAfter = after
+	l.fence = time.AfterFunc(time.Until(renewedAt.Add(after)), l.fenced)
+}
+
+// stopFence ends the fence once the run no longer acts under the lease.
+func (l *leaseHandle) stopFence() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.fence != nil {
+		l.fence.Stop()
+	}
+}
+
+// fenced stops a run whose lease could not be renewed for the fence's
+// time. The server hands a request to another worker an ack wait after
+// the last in-progress signal it received, and that worker takes the
+// thread over; the signals go out with the renewals (heartbeats), so a
+// worker that has not renewed its lease for three quarters of the ack
+// wait (a node loss, a partition) must assume the run may be taken from
+// it soon and stop first: running on, it would call the model and tools
+// and publish events beside the worker that took over (its writes alone
+// are refused, by the epoch). It stops sending in-progress signals for
+// the request too (abandon), so the request does come back, and whoever
+// gets it continues from the last checkpoint.
+func (l *leaseHandle) fenced() {
+	if l.gone.Swap(true) {
+		return
+	}
+	l.w.log.Warn("lease not renewed in time: stopping the run before another worker takes it over", zap.String("tenant", l.tenant),
+		zap.String("thread_id", l.thread), zap.String("run_id", l.run), zap.Duration("unrenewed_for", l.fenceAfter))
+	if l.onLost != nil {
+		l.onLost()
+	}
+}
+
 // renew refreshes the lease when it is getting old, which also picks up a
-// steer or rollback whose signal was lost.
+// steer or rollback whose signal was lost. Heartbeats come every third of
+// the ack wait, and a lease older than a quarter of it is renewed, so
+// every heartbeat renews it unless a checkpoint just did: one renewal
+// lost (a leader election) leaves time for the next before the fence.
 func (l *leaseHandle) renew(ctx context.Context) {
 	l.mu.Lock()
-	due := l.th.Lease != nil && time.Since(l.th.Lease.RenewedAt) > l.w.cfg.Settings.AckWait/2
+	due := l.th.Lease != nil && time.Since(l.th.Lease.RenewedAt) > l.w.cfg.Settings.AckWait/4
 	l.mu.Unlock()
 	if !due {
 		return
@@ -194,4 +253,13 @@ func (l *leaseHandle) release(ctx context.Context, o *releaseOpts) error {
 		t.Preempt = withoutRun(t.Preempt, l.run)
 		return nil
 	})
+}
+
+// leaseTakenAt is when this worker wrote the lease of th (its own clock),
+// or else when the run is starting.
+func leaseTakenAt(th *protocol.Thread, starting time.Time) time.Time {
+	if th.Lease != nil && !th.Lease.RenewedAt.IsZero() && th.Lease.RenewedAt.Before(starting) {
+		return th.Lease.RenewedAt
+	}
+	return starting
 }
