@@ -4,14 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/natsagent/natsagent/internal/natstest"
 )
 
 // runEnv makes the test binary run the worker's main with its arguments.
@@ -50,23 +50,7 @@ func runWorker(t *testing.T, args ...string) (int, string, string) {
 // --print-config, before any connection, naming the profile, the
 // middleware and the key.
 func TestProfileTypoStopsTheStartBeforeNATS(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ln.Close() }()
-	var accepted atomic.Int32
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted.Add(1)
-			_ = c.Close()
-		}
-	}()
-	url := "nats://" + ln.Addr().String()
+	url, accepted := natstest.RefusingListener(t)
 
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.yaml")

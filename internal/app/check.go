@@ -124,37 +124,10 @@ func (o offlineMCP) unlisted(name string) bool {
 // of its server, and stays for a server without one (offlineSource selects
 // it); a wildcard naming no configured server is an error.
 func (o offlineMCP) expand(names []string) ([]string, error) {
-	out := make([]string, 0, len(names))
-	seen := make(map[string]bool, len(names))
-	add := func(n string) {
-		if !seen[n] {
-			seen[n] = true
-			out = append(out, n)
-		}
-	}
-	for _, n := range names {
-		server, ok := strings.CutSuffix(n, mcptools.Wildcard)
-		if !ok {
-			add(n)
-			continue
-		}
-		if !slices.Contains(o.servers, server) {
-			configured := "none"
-			if len(o.servers) > 0 {
-				configured = strings.Join(slices.Sorted(slices.Values(o.servers)), ", ")
-			}
-			return nil, fmt.Errorf("%q selects the tools of MCP server %q, which is not configured (configured: %s)", n, server, configured)
-		}
+	return mcptools.ExpandNames(names, o.servers, func(server string) ([]string, bool) {
 		list, listed := o.listed[server]
-		if !listed {
-			add(n)
-			continue
-		}
-		for _, t := range list {
-			add(t)
-		}
-	}
-	return out, nil
+		return list, listed
+	})
 }
 
 // offlineSource is the remote tool catalog, plus the entries of the MCP

@@ -2,7 +2,6 @@ package app
 
 import (
 	"flag"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,29 +11,13 @@ import (
 	"github.com/natsagent/natsagent/internal/config"
 	"github.com/natsagent/natsagent/internal/mcptools"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
 )
 
 // natsListener stands where the configuration says NATS is and counts the
 // connections it is offered: a check must make none.
 func natsListener(t *testing.T) (url string, accepted *atomic.Int32) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	accepted = new(atomic.Int32)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted.Add(1)
-			_ = c.Close()
-		}
-	}()
-	return "nats://" + ln.Addr().String(), accepted
+	return natstest.RefusingListener(t)
 }
 
 const typoConfig = `

@@ -403,26 +403,19 @@ func (s *Stream) Flush(ctx context.Context) error {
 	}
 	expired := false
 	for _, f := range futures {
+		var ack *jetstream.PubAck
 		var err error
-		select {
-		case ack := <-f.Ok():
-			s.mu.Lock()
-			s.stored(ack)
-			s.mu.Unlock()
-			continue
-		case err = <-f.Err():
-		default:
-			if expired {
-				// Past the wait: what has not answered by now failed.
-				err = nats.ErrTimeout
-				break
-			}
+		if expired {
+			// Past the wait: what has not answered by now failed.
 			select {
-			case ack := <-f.Ok():
-				s.mu.Lock()
-				s.stored(ack)
-				s.mu.Unlock()
-				continue
+			case ack = <-f.Ok():
+			case err = <-f.Err():
+			default:
+				err = nats.ErrTimeout
+			}
+		} else {
+			select {
+			case ack = <-f.Ok():
 			case err = <-f.Err():
 			case <-timeout.C:
 				expired, err = true, nats.ErrTimeout
@@ -431,7 +424,11 @@ func (s *Stream) Flush(ctx context.Context) error {
 			}
 		}
 		s.mu.Lock()
-		s.failed(f.Msg(), err)
+		if err == nil {
+			s.stored(ack)
+		} else {
+			s.failed(f.Msg(), err)
+		}
 		s.mu.Unlock()
 	}
 	s.mu.Lock()

@@ -16,6 +16,7 @@ import (
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 // feedEnv is an embedded JetStream server with the events stream, three
@@ -31,14 +32,8 @@ type feedEnv struct {
 
 func newFeedEnv(t *testing.T) *feedEnv {
 	t.Helper()
-	srv := natstest.Start(t)
-	nc := srv.Connect()
-	settings := bus.Settings{}.WithDefaults()
-	natstest.Provision(t, nc, settings)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := testdeploy.Start(t, bus.Settings{})
+	nc, js, settings := d.NC, d.JS, d.Settings
 	st, err := js.Stream(context.Background(), settings.Names.EventsStream())
 	if err != nil {
 		t.Fatal(err)

@@ -7,10 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap"
 
-	"github.com/natsagent/natsagent/internal/bus"
-	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -19,19 +16,9 @@ import (
 // responders) is sent again by Flush and stored once when it carries a
 // message id; a permanent failure is reported, not retried.
 func TestFlushResendsEventsWithAnIDAfterATransientError(t *testing.T) {
-	srv := natstest.Start(t)
-	nc := srv.Connect()
-	settings := bus.Settings{}.WithDefaults()
-	natstest.Provision(t, nc, settings)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := newRestoreEnv(t)
+	js, settings, p := e.js, e.settings, e.p
 	ctx := context.Background()
-	p, err := NewPublisher(ctx, js, settings.Names, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
 	s := p.NewStream("default", "t1", "r1", 1, 0)
 	inProcess := &jetstream.APIError{Code: 409, ErrorCode: 10158, Description: "duplicate message id is in process"}
 

@@ -12,8 +12,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/bus"
-	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 type restoreEnv struct {
@@ -24,19 +24,12 @@ type restoreEnv struct {
 
 func newRestoreEnv(t *testing.T) restoreEnv {
 	t.Helper()
-	srv := natstest.Start(t)
-	nc := srv.Connect()
-	settings := bus.Settings{}.WithDefaults()
-	natstest.Provision(t, nc, settings)
-	js, err := jetstream.New(nc)
+	d := testdeploy.Start(t, bus.Settings{})
+	p, err := NewPublisher(context.Background(), d.JS, d.Settings.Names, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := NewPublisher(context.Background(), js, settings.Names, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return restoreEnv{js: js, settings: settings, p: p}
+	return restoreEnv{js: d.JS, settings: d.Settings, p: p}
 }
 
 // stored counts the events of run r1 the stream holds, by attempt and seq.

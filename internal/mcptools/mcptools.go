@@ -8,7 +8,6 @@
 package mcptools
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -127,6 +126,23 @@ func (m *Manager) Register(reg *tools.Registry) error {
 // server's tools; other names pass unchanged. A name listed twice is kept
 // once. A wildcard naming a server that is not configured is an error.
 func (m *Manager) Expand(names []string) ([]string, error) {
+	var servers []string
+	if m != nil {
+		for _, s := range m.servers {
+			servers = append(servers, s.cfg.Name)
+		}
+	}
+	return ExpandNames(names, servers, func(server string) ([]string, bool) {
+		list, ok := m.byServer[server]
+		return list, ok
+	})
+}
+
+// ExpandNames is Expand over configured server names, with toolsOf giving
+// the tool names a server offers. A server whose tools are not known
+// (toolsOf says false) keeps its wildcard, for a caller that resolves it
+// later (a configuration checked without connecting).
+func ExpandNames(names, servers []string, toolsOf func(server string) ([]string, bool)) ([]string, error) {
 	out := make([]string, 0, len(names))
 	seen := make(map[string]bool, len(names))
 	add := func(n string) {
@@ -141,31 +157,23 @@ func (m *Manager) Expand(names []string) ([]string, error) {
 			add(n)
 			continue
 		}
-		var list []string
-		known := false
-		if m != nil {
-			list, known = m.byServer[server]
+		if !slices.Contains(servers, server) {
+			configured := "none"
+			if len(servers) > 0 {
+				configured = strings.Join(slices.Sorted(slices.Values(servers)), ", ")
+			}
+			return nil, fmt.Errorf("%q selects the tools of MCP server %q, which is not configured (configured: %s)", n, server, configured)
 		}
+		list, known := toolsOf(server)
 		if !known {
-			return nil, fmt.Errorf("%q selects the tools of MCP server %q, which is not configured (configured: %s)", n, server, m.serverNames())
+			add(n)
+			continue
 		}
 		for _, t := range list {
 			add(t)
 		}
 	}
 	return out, nil
-}
-
-func (m *Manager) serverNames() string {
-	if m == nil || len(m.servers) == 0 {
-		return "none"
-	}
-	names := make([]string, len(m.servers))
-	for i, s := range m.servers {
-		names[i] = s.cfg.Name
-	}
-	slices.SortFunc(names, cmp.Compare)
-	return strings.Join(names, ", ")
 }
 
 // Close ends every session and stops every stdio server (closing its

@@ -5,6 +5,8 @@ package natstest
 
 import (
 	"context"
+	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,4 +62,29 @@ func Provision(t testing.TB, nc *nats.Conn, settings bus.Settings) {
 	if err := bus.Provision(ctx, js, settings); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// RefusingListener stands on a loopback port where a configuration says
+// NATS is, and counts the connections it is offered (closing each), for
+// tests that prove a process connects to nothing. It returns the NATS URL
+// of the port.
+func RefusingListener(t testing.TB) (url string, accepted *atomic.Int32) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	accepted = new(atomic.Int32)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			_ = c.Close()
+		}
+	}()
+	return "nats://" + ln.Addr().String(), accepted
 }
