@@ -450,6 +450,7 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 
 	host := &runHost{j: j, lease: lease, stream: stream}
 	out := j.execute(runCtx, preemptCtx, host)
+	lease.stopFence()
 	j.finalize(ctx, lease, host, out)
 }
 

@@ -37,11 +37,11 @@ type leaseHandle struct {
 	rev  uint64
 	lost bool
 	// fence fires when no write of the lease has succeeded for fenceAfter
-	// (fenceFor): see fenced. It sets gone without l.mu, which a write
+	// (fenceFor): see fenced. It sets fired without l.mu, which a write
 	// that the server does not answer holds for seconds.
 	fence      *time.Timer
 	fenceAfter time.Duration
-	gone       atomic.Bool
+	fired      atomic.Bool
 }
 
 func (l *leaseHandle) head() string {
@@ -59,7 +59,7 @@ func (l *leaseHandle) threadStatus() string {
 // mutate applies fn to the thread record under the lease.
 func (l *leaseHandle) mutate(ctx context.Context, fn func(*protocol.Thread) error) error {
 	l.mu.Lock()
-	if l.lost || l.gone.Load() {
+	if l.lost {
 		l.mu.Unlock()
 		return agent.ErrLeaseLost
 	}
@@ -129,7 +129,9 @@ func (l *leaseHandle) fenceFor(after time.Duration, renewedAt time.Time) {
 	l.fence = time.AfterFunc(time.Until(renewedAt.Add(after)), l.fenced)
 }
 
-// stopFence ends the fence once the run no longer acts under the lease.
+// stopFence ends the fence once the run stopped executing: what is left
+// (the run's end, the release) are writes the epoch fences anyway, and
+// stopping a run that already ended would only delay it.
 func (l *leaseHandle) stopFence() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -146,11 +148,12 @@ func (l *leaseHandle) stopFence() {
 // wait (a node loss, a partition) must assume the run may be taken from
 // it soon and stop first: running on, it would call the model and tools
 // and publish events beside the worker that took over (its writes alone
-// are refused, by the epoch). It stops sending in-progress signals for
-// the request too (abandon), so the request does come back, and whoever
-// gets it continues from the last checkpoint.
+// are refused, by the epoch). The run stops as if the lease were lost:
+// it is abandoned, so its request's in-progress signals stop too and the
+// request does come back; whoever gets it continues from the last
+// checkpoint (taking the lease over if it was still this run's).
 func (l *leaseHandle) fenced() {
-	if l.gone.Swap(true) {
+	if l.fired.Swap(true) {
 		return
 	}
 	l.w.log.Warn("lease not renewed in time: stopping the run before another worker takes it over", zap.String("tenant", l.tenant),
