@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
@@ -43,7 +47,10 @@ type job struct {
 	drained   bool
 	abandoned bool // lease lost: never touch the message again
 	finished  chan struct{}
-	span      trace.Span // the run's span; nil when the process does not trace
+	// progressed is when (unix nanos) the last in-progress signal that
+	// the server confirmed was sent, or the request was received.
+	progressed atomic.Int64
+	span       trace.Span // the run's span; nil when the process does not trace
 }
 
 // handle takes one delivered request to its end. It owns one slot on entry
@@ -65,6 +72,7 @@ func (w *Worker) handle(base context.Context, msg jetstream.Msg) {
 		return
 	}
 	j := &job{w: w, msg: msg, seq: meta.Sequence.Stream, log: w.log, wake: make(chan struct{}, 1), finished: make(chan struct{})}
+	j.progressed.Store(time.Now().UnixNano())
 	w.track(j)
 	hasSlot := true
 	defer func() {
@@ -441,7 +449,7 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	}
 	lease.onPreempt = func(p protocol.Preemption) { j.preempted(p) }
 	lease.onLost = func() { cancelRun(agent.ErrLeaseLost) }
-	lease.fenceFor(w.cfg.Settings.AckWait*3/4, leaseTakenAt(th, now))
+	lease.fenceFor(w.cfg.Settings.AckWait*3/4, leaseTakenAt(th, now), &j.progressed)
 	defer lease.stopFence()
 	lease.checkPreempt()
 	if rec.CancelRequested {
@@ -815,8 +823,43 @@ func (j *job) heartbeat() *leaseHandle {
 	if abandoned {
 		return nil
 	}
-	_ = j.msg.InProgress()
+	// msg.InProgress, with a reply subject: the answer (progressConfirmed)
+	// feeds the lease's fence.
+	reply := j.w.progressInbox + "." + strconv.FormatUint(j.seq, 10) + "." + strconv.FormatInt(time.Now().UnixNano(), 10)
+	_ = j.w.nc.PublishRequest(j.msg.Reply(), reply, ackProgress)
 	return lease
+}
+
+var ackProgress = []byte("+WPI")
+
+// progressConfirmed takes the server's answer to an in-progress signal
+// (subject <progressInbox>.<stream seq>.<unix nanos sent>).
+func (w *Worker) progressConfirmed(m *nats.Msg) {
+	rest := strings.TrimPrefix(m.Subject, w.progressInbox+".")
+	seqText, sentText, ok := strings.Cut(rest, ".")
+	seq, err1 := strconv.ParseUint(seqText, 10, 64)
+	sent, err2 := strconv.ParseInt(sentText, 10, 64)
+	if !ok || err1 != nil || err2 != nil {
+		return
+	}
+	w.mu.Lock()
+	j := w.held[seq]
+	w.mu.Unlock()
+	if j == nil {
+		return
+	}
+	for {
+		old := j.progressed.Load()
+		if sent <= old || j.progressed.CompareAndSwap(old, sent) {
+			break
+		}
+	}
+	j.hold.Lock()
+	lease := j.lease
+	j.hold.Unlock()
+	if lease != nil {
+		lease.refence()
+	}
 }
 
 // runTimeout is the wall time req's run may take.

@@ -36,11 +36,14 @@ type leaseHandle struct {
 	th   *protocol.Thread
 	rev  uint64
 	lost bool
-	// fence fires when no write of the lease has succeeded for fenceAfter
-	// (fenceFor): see fenced. It sets fired without l.mu, which a write
-	// that the server does not answer holds for seconds.
+	// The fence (fenceFor, fenced) has a lock of its own: l.mu is held
+	// through a write, which a server that does not answer holds for
+	// seconds.
+	fmu        sync.Mutex
 	fence      *time.Timer
 	fenceAfter time.Duration
+	renewed    time.Time     // when the last successful write of the lease was sent
+	progressed *atomic.Int64 // the request's last confirmed in-progress signal (job.progressed)
 	fired      atomic.Bool
 }
 
@@ -72,9 +75,12 @@ func (l *leaseHandle) mutate(ctx context.Context, fn func(*protocol.Thread) erro
 	})
 	if err == nil {
 		l.th, l.rev = th, rev
-		if l.fence != nil {
-			l.fence.Reset(time.Until(sent.Add(l.fenceAfter)))
+		l.fmu.Lock()
+		if sent.After(l.renewed) {
+			l.renewed = sent
 		}
+		l.fmu.Unlock()
+		l.refence()
 	}
 	lost := errors.Is(err, agent.ErrLeaseLost) && !l.lost
 	if lost {
@@ -115,47 +121,75 @@ func (l *leaseHandle) moveHead(ctx context.Context, id, title string) error {
 	})
 }
 
-// fenceFor starts the lease's fence: from now on, when no write of the
-// lease has succeeded for after (counted from when the last successful
-// one was sent, the first being the lease's taking at renewedAt), the run
-// is stopped as if the lease were lost (fenced).
-func (l *leaseHandle) fenceFor(after time.Duration, renewedAt time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// fenceFor starts the lease's fence: from now on, when for after no write
+// of the lease has succeeded, or no in-progress signal of the run's
+// request was confirmed (counted from when the last successful one was
+// sent; the lease's taking at renewedAt counts as a write), the run is
+// stopped as if the lease were lost (fenced).
+func (l *leaseHandle) fenceFor(after time.Duration, renewedAt time.Time, progressed *atomic.Int64) {
+	l.fmu.Lock()
 	if l.fence != nil {
+		l.fmu.Unlock()
 		return
 	}
-	l.fenceAfter = after
-	l.fence = time.AfterFunc(time.Until(renewedAt.Add(after)), l.fenced)
+	l.fenceAfter, l.renewed, l.progressed = after, renewedAt, progressed
+	l.fence = time.AfterFunc(time.Until(l.deadline()), l.fenced)
+	l.fmu.Unlock()
+}
+
+// deadline is when the fence fires unless a write or a confirmation comes
+// first, with l.fmu held.
+func (l *leaseHandle) deadline() time.Time {
+	last := l.renewed
+	if p := time.Unix(0, l.progressed.Load()); p.Before(last) {
+		last = p
+	}
+	return last.Add(l.fenceAfter)
+}
+
+// refence moves the fence after a successful write or a confirmed
+// in-progress signal.
+func (l *leaseHandle) refence() {
+	l.fmu.Lock()
+	defer l.fmu.Unlock()
+	if l.fence != nil && !l.fired.Load() {
+		l.fence.Reset(time.Until(l.deadline()))
+	}
 }
 
 // stopFence ends the fence once the run stopped executing: what is left
 // (the run's end, the release) are writes the epoch fences anyway, and
 // stopping a run that already ended would only delay it.
 func (l *leaseHandle) stopFence() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.fmu.Lock()
+	defer l.fmu.Unlock()
 	if l.fence != nil {
 		l.fence.Stop()
 	}
+	l.fired.Store(true)
 }
 
-// fenced stops a run whose lease could not be renewed for the fence's
-// time. The server hands a request to another worker an ack wait after
-// the last in-progress signal it received, and that worker takes the
-// thread over; the signals go out with the renewals (heartbeats), so a
-// worker that has not renewed its lease for three quarters of the ack
-// wait (a node loss, a partition) must assume the run may be taken from
-// it soon and stop first: running on, it would call the model and tools
-// and publish events beside the worker that took over (its writes alone
-// are refused, by the epoch). The run stops as if the lease were lost:
+// fenced stops a run whose lease could not be renewed, or whose
+// request's in-progress signals were not confirmed, for the fence's time.
+// The server hands a request to another worker an ack wait after the last
+// in-progress signal it received, and that worker takes the thread over;
+// so a worker that has not had one confirmed (nor renewed its lease) for
+// three quarters of the ack wait (a node loss, a partition) must assume
+// the run may be taken from it soon and stop first: running on, it would
+// call the model and tools and publish events beside the worker that took
+// over (its writes alone are refused, by the epoch). The run stops as if the lease were lost:
 // it is abandoned, so its request's in-progress signals stop too and the
 // request does come back; whoever gets it continues from the last
 // checkpoint (taking the lease over if it was still this run's).
 func (l *leaseHandle) fenced() {
-	if l.fired.Swap(true) {
+	l.fmu.Lock()
+	if l.fired.Load() || time.Now().Before(l.deadline()) {
+		// Stopped, or moved by a confirmation that raced the timer.
+		l.fmu.Unlock()
 		return
 	}
+	l.fired.Store(true)
+	l.fmu.Unlock()
 	l.w.log.Warn("lease not renewed in time: stopping the run before another worker takes it over", zap.String("tenant", l.tenant),
 		zap.String("thread_id", l.thread), zap.String("run_id", l.run), zap.Duration("unrenewed_for", l.fenceAfter))
 	if l.onLost != nil {

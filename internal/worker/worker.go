@@ -139,12 +139,15 @@ type Worker struct {
 
 	slots chan struct{}
 
-	mu       sync.Mutex
-	held     map[uint64]*job    // every request held, by stream seq
-	running  map[string]*job    // running jobs by tenant.run
-	waiters  map[string]*waiter // per thread, runs waiting for it
-	waiting  int
-	draining bool
+	mu   sync.Mutex
+	held map[uint64]*job // every request held, by stream seq
+	// progressInbox prefixes the reply subjects of the in-progress
+	// signals: <inbox>.<stream seq>.<unix nanos sent>.
+	progressInbox string
+	running       map[string]*job    // running jobs by tenant.run
+	waiters       map[string]*waiter // per thread, runs waiting for it
+	waiting       int
+	draining      bool
 
 	subs []*nats.Subscription
 	wg   sync.WaitGroup
@@ -192,21 +195,22 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	return &Worker{
-		cfg:        cfg,
-		names:      names,
-		nc:         nc,
-		js:         js,
-		stores:     stores,
-		pub:        pub,
-		runsStream: st,
-		consumer:   cons,
-		subagents:  sa,
-		log:        cfg.Logger.With(zap.String("worker", cfg.ID)),
-		slots:      make(chan struct{}, cfg.Concurrency),
-		held:       make(map[uint64]*job),
-		running:    make(map[string]*job),
-		waiters:    make(map[string]*waiter),
-		tracer:     tracerOf(cfg.Traces),
+		cfg:           cfg,
+		names:         names,
+		nc:            nc,
+		js:            js,
+		stores:        stores,
+		pub:           pub,
+		runsStream:    st,
+		consumer:      cons,
+		subagents:     sa,
+		log:           cfg.Logger.With(zap.String("worker", cfg.ID)),
+		slots:         make(chan struct{}, cfg.Concurrency),
+		held:          make(map[uint64]*job),
+		progressInbox: nats.NewInbox(),
+		running:       make(map[string]*job),
+		waiters:       make(map[string]*waiter),
+		tracer:        tracerOf(cfg.Traces),
 	}, nil
 }
 
