@@ -177,10 +177,11 @@ func (l *leaseHandle) stopFence() {
 // three quarters of the ack wait (a node loss, a partition) must assume
 // the run may be taken from it soon and stop first: running on, it would
 // call the model and tools and publish events beside the worker that took
-// over (its writes alone are refused, by the epoch). The run stops as if the lease were lost:
-// it is abandoned, so its request's in-progress signals stop too and the
-// request does come back; whoever gets it continues from the last
-// checkpoint (taking the lease over if it was still this run's).
+// over (its writes alone are refused, by the epoch). The run stops as if
+// the lease were lost: it is abandoned, so its request's in-progress
+// signals stop too and the request does come back; whoever gets it
+// continues from the last checkpoint (taking the lease over if it was
+// still this run's).
 func (l *leaseHandle) fenced() {
 	l.fmu.Lock()
 	if l.fired.Load() || time.Now().Before(l.deadline()) {

@@ -139,15 +139,16 @@ type Worker struct {
 
 	slots chan struct{}
 
-	mu   sync.Mutex
-	held map[uint64]*job // every request held, by stream seq
 	// progressInbox prefixes the reply subjects of the in-progress
 	// signals: <inbox>.<stream seq>.<unix nanos sent>.
 	progressInbox string
-	running       map[string]*job    // running jobs by tenant.run
-	waiters       map[string]*waiter // per thread, runs waiting for it
-	waiting       int
-	draining      bool
+
+	mu       sync.Mutex
+	held     map[uint64]*job    // every request held, by stream seq
+	running  map[string]*job    // running jobs by tenant.run
+	waiters  map[string]*waiter // per thread, runs waiting for it
+	waiting  int
+	draining bool
 
 	subs []*nats.Subscription
 	wg   sync.WaitGroup
