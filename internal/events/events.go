@@ -500,7 +500,7 @@ func (s *Stream) restore(ctx context.Context, unsure []*nats.Msg, from uint64) e
 	missing := slices.Sorted(maps.Keys(want))
 	for _, seq := range missing {
 		m := want[seq]
-		m.Header.Set(jetstream.MsgIDHeader, ResentID(s.run, s.attempt, seq))
+		m.Header.Set(jetstream.MsgIDHeader, resentID(s.run, s.attempt, seq))
 		if _, err := bus.PublishMsg(ctx, s.p.js, m); err != nil {
 			return fmt.Errorf("send run event %d again: %w", seq, err)
 		}
@@ -512,9 +512,9 @@ func (s *Stream) restore(ctx context.Context, unsure []*nats.Msg, from uint64) e
 	return nil
 }
 
-// ResentID is the message id of an event without one of its own, sent
+// resentID is the message id of an event without one of its own, sent
 // again because its first publish was lost.
-func ResentID(run string, attempt int, seq uint64) string {
+func resentID(run string, attempt int, seq uint64) string {
 	return run + ".resent." + strconv.Itoa(attempt) + "." + strconv.FormatUint(seq, 10)
 }
 
