@@ -19,9 +19,11 @@ import (
 // With asJSON it prints each event's envelope as received, one per line.
 //
 // Per run it applies the protocol's acceptance rule (docs/protocol.md
-// 2.10.5): an event counts only if its seq is above the last one counted
-// and its attempt is not older than the newest run.started, and nothing
-// counts after the first run.finished.
+// 2.10.5): an event counts if its seq is above the last one counted, or
+// fills a seq skipped before (an event sent again after a node loss
+// arrives late; a late delta does not count, message.completed carries
+// the whole text), and its attempt is not older than the newest
+// run.started; nothing counts after the first run.finished.
 type renderer struct {
 	w      io.Writer
 	st     style
@@ -45,7 +47,13 @@ type runView struct {
 	in, out  int
 	approx   bool
 	printed  map[string]bool // messages whose text is on screen
+	// skipped holds seqs jumped over since the first event seen, which a
+	// late event may still fill (at most maxSkipped).
+	skipped map[uint64]bool
 }
+
+// maxSkipped bounds the skipped seqs a run view remembers.
+const maxSkipped = 256
 
 func newRenderer(w io.Writer, st style, asJSON, thread bool) *renderer {
 	return &renderer{w: w, st: st, asJSON: asJSON, thread: thread, runs: make(map[string]*runView)}
@@ -71,10 +79,24 @@ func (r *renderer) event(raw []byte) *protocol.FinishedData {
 	// whatever its seq: a request dead-lettered after its run.queued
 	// finishes with seq 1 as well.
 	last := ev.Type == protocol.EventRunFinished
-	if v.finished || !last && (ev.Seq <= v.seq || ev.Attempt != 0 && ev.Attempt < v.attempt) {
+	late := ev.Seq < v.seq && v.skipped[ev.Seq] && ev.Type != protocol.EventMessageDelta
+	if v.finished || !last && (ev.Seq <= v.seq && !late || ev.Attempt != 0 && ev.Attempt < v.attempt) {
 		return nil
 	}
-	v.seq = max(v.seq, ev.Seq)
+	switch {
+	case late:
+		delete(v.skipped, ev.Seq)
+	case ev.Seq > v.seq:
+		if v.seq > 0 {
+			for s := v.seq + 1; s < ev.Seq && len(v.skipped) < maxSkipped; s++ {
+				if v.skipped == nil {
+					v.skipped = make(map[uint64]bool)
+				}
+				v.skipped[s] = true
+			}
+		}
+		v.seq = ev.Seq
+	}
 	if ev.Type == protocol.EventRunStarted && ev.Attempt > v.attempt {
 		v.attempt = ev.Attempt
 	}

@@ -74,6 +74,9 @@ export async function renderRun(main, { thread, run }, signal, go) {
 
   // --- state of the stream (docs/protocol.md 2.10.5) ---
   let lastSeq = 0;
+  // Seqs jumped over, which an event sent again after a node loss may
+  // still fill (protocol.md 2.10.3); at most 256 are remembered.
+  const skipped = new Set();
   let attempt = 0;
   let lastID = '';
   let finished = null;
@@ -196,8 +199,14 @@ export async function renderRun(main, { thread, run }, signal, go) {
   function handle(env) {
     const d = env.data || {};
     if (env.seq) {
-      if (env.seq <= lastSeq) return; // a duplicate
-      lastSeq = env.seq;
+      if (env.seq > lastSeq) {
+        for (let s = lastSeq + 1; lastSeq > 0 && s < env.seq && skipped.size < 256; s++) skipped.add(s);
+        lastSeq = env.seq;
+      } else if (skipped.has(env.seq) && env.type !== 'message.delta') {
+        skipped.delete(env.seq); // late, not a duplicate; a late delta's text is in message.completed
+      } else {
+        return; // a duplicate
+      }
     }
     if (env.attempt && env.attempt < attempt) return; // a paused worker's late event
     if (env.type !== 'message.delta') logEvent(env);
