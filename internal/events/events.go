@@ -529,3 +529,60 @@ func envelopeSeq(data []byte) (seq uint64, attempt int, err error) {
 	}
 	return e.Seq, e.Attempt, nil
 }
+
+// lostReason is the data of the event.lost events MarkLost publishes.
+const lostReason = "the worker that published this event died before the events stream stored it (a NATS node was lost at the same time); its content is gone"
+
+// MarkLost publishes an event.lost event, under attempt, for every seq
+// of a run that the events stream skips: a seq between the lowest and the
+// highest stored that no stored event has (below the lowest, events may
+// have expired). Call it when taking a run over, before
+// executing it: the dead worker's events that a node loss swallowed are
+// gone with it, and the markers keep seq without gaps. It reads the run's
+// events in stream order; the markers carry message ids, so two workers
+// marking the same run store each once. It returns how many seqs were
+// missing.
+func (p *Publisher) MarkLost(ctx context.Context, tenant, thread, run string, attempt int) (int, error) {
+	f, err := OpenFeed(ctx, p.js, p.names, p.names.RunEvents(tenant, thread, run), FeedConfig{DeleteInBackground: true})
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	seen := map[uint64]bool{}
+	var low, top uint64
+	for {
+		m, err := f.NextWithin(ctx, 5*time.Second)
+		if err != nil {
+			return 0, fmt.Errorf("read the events of run %s: %w", run, err)
+		}
+		if seq, _, err := envelopeSeq(m.Data()); err == nil {
+			seen[seq] = true
+			top = max(top, seq)
+			if low == 0 || seq < low {
+				low = seq
+			}
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			return 0, err
+		}
+		if md.NumPending == 0 {
+			break
+		}
+	}
+	missing := 0
+	for seq := low + 1; seq < top; seq++ {
+		if seen[seq] {
+			continue
+		}
+		m, err := p.Msg(tenant, thread, run, attempt, seq, protocol.EventLost, protocol.LostData{Reason: lostReason}, run+".lost."+strconv.FormatUint(seq, 10))
+		if err != nil {
+			return missing, err
+		}
+		if _, err := bus.PublishMsg(ctx, p.js, m); err != nil {
+			return missing, fmt.Errorf("mark event %d of run %s lost: %w", seq, run, err)
+		}
+		missing++
+	}
+	return missing, nil
+}

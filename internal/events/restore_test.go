@@ -178,3 +178,34 @@ func TestFlushReportsAPermanentFailureOfAnEventWithoutID(t *testing.T) {
 		t.Fatalf("stored %v, want nothing", got)
 	}
 }
+
+// Issue 9 (seq has no gaps): a worker taking a run over marks each seq
+// the stream skips (events its dead predecessor published but a node loss
+// swallowed) with event.lost; asked again, it finds nothing missing.
+func TestMarkLostFillsTheSeqsTheStreamSkips(t *testing.T) {
+	e := newRestoreEnv(t)
+	ctx := context.Background()
+	for _, seq := range []uint64{1, 2, 4, 6} {
+		if _, err := e.js.PublishMsg(ctx, e.delta(t, 1, seq)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, want := range []int{2, 0} {
+		n, err := e.p.MarkLost(ctx, "default", "t1", "r1", 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != want {
+			t.Fatalf("call %d: missing seqs: %d, want %d", i+1, n, want)
+		}
+	}
+	got := e.stored(t)
+	for _, want := range [][2]uint64{{1, 1}, {1, 2}, {2, 3}, {1, 4}, {2, 5}, {1, 6}} {
+		if n := got[want]; n != 1 {
+			t.Errorf("attempt %d seq %d stored %d times, want once (all: %v)", want[0], want[1], n, got)
+		}
+	}
+	if len(got) != 6 {
+		t.Errorf("stored %v, want seqs 1-6 and nothing after", got)
+	}
+}

@@ -217,7 +217,17 @@ const (
 	EventMessageCompleted = "message.completed"
 	EventToolStarted      = "tool.started"
 	EventToolFinished     = "tool.finished"
+	// EventLost stands in for an event a worker published but that was
+	// never stored: the worker died right after a NATS node loss
+	// swallowed it. The worker that takes the run over publishes one per
+	// missing seq, so seq has no gaps.
+	EventLost = "event.lost"
 )
+
+// LostData is the data of event.lost.
+type LostData struct {
+	Reason string `json:"reason"`
+}
 
 // Event is the envelope of every run event.
 type Event struct {
@@ -245,7 +255,7 @@ func KindOf(eventType string) string {
 		return KindTools
 	}
 	switch {
-	case strings.HasPrefix(eventType, "thread."), strings.HasPrefix(eventType, "state."):
+	case strings.HasPrefix(eventType, "thread."), strings.HasPrefix(eventType, "state."), eventType == EventLost:
 		return KindUpdates
 	case strings.HasPrefix(eventType, "usage."):
 		return KindUsage

@@ -42,6 +42,10 @@ type Audit struct {
 	Mismatched []string
 	// Gaps are runs whose event seqs skip a number (an event not stored).
 	Gaps []string
+	// Marked are runs with event.lost events: events their dead worker
+	// published but the stream never stored, marked by the worker that
+	// took the run over ("<run> (<n> events)").
+	Marked []string
 	// Attempts counts runs by how many attempts ran them (run.started).
 	Attempts map[int]int
 }
@@ -59,15 +63,15 @@ func (a *Audit) Summary() string {
 	for _, n := range a.Failed {
 		failed += n
 	}
-	fmt.Fprintf(&b, "submitted %d, succeeded %d, failed %d, lost %d, duplicated %d, overlapping %d, inconsistent %d, event gaps %d\n",
-		a.Submitted, a.Succeeded, failed, len(a.Lost), len(a.Duplicated), len(a.Overlapping), len(a.Mismatched), len(a.Gaps))
+	fmt.Fprintf(&b, "submitted %d, succeeded %d, failed %d, lost %d, duplicated %d, overlapping %d, inconsistent %d, event gaps %d, events marked lost %d\n",
+		a.Submitted, a.Succeeded, failed, len(a.Lost), len(a.Duplicated), len(a.Overlapping), len(a.Mismatched), len(a.Gaps), len(a.Marked))
 	for _, r := range sortedKeys(a.Failed) {
 		fmt.Fprintf(&b, "  failed %5d  %s\n", a.Failed[r], r)
 	}
 	for _, l := range []struct {
 		name string
 		runs []string
-	}{{"lost", a.Lost}, {"duplicated", a.Duplicated}, {"overlapping", a.Overlapping}, {"inconsistent", a.Mismatched}, {"event gaps", a.Gaps}} {
+	}{{"lost", a.Lost}, {"duplicated", a.Duplicated}, {"overlapping", a.Overlapping}, {"inconsistent", a.Mismatched}, {"event gaps", a.Gaps}, {"events marked lost", a.Marked}} {
 		if len(l.runs) > 0 {
 			fmt.Fprintf(&b, "  %s: %s\n", l.name, clipList(l.runs, 10))
 		}
@@ -90,6 +94,7 @@ type runTrace struct {
 	// between).
 	startSeq, lastSeq uint64
 	started           int
+	lost              int // event.lost events
 	seqs              map[uint64]bool
 }
 
@@ -138,6 +143,9 @@ func RunAudit(ctx context.Context, js jetstream.JetStream, names bus.Names, runs
 			a.Failed[failure(fin)]++
 		}
 		a.Attempts[tr.started]++
+		if tr.lost > 0 {
+			a.Marked = append(a.Marked, fmt.Sprintf("%s (%d events)", ref.Run, tr.lost))
+		}
 		for i := uint64(1); i <= uint64(len(tr.seqs)); i++ {
 			if !tr.seqs[i] {
 				a.Gaps = append(a.Gaps, fmt.Sprintf("%s (no event seq %d)", ref.Run, i))
@@ -295,6 +303,8 @@ func readTraces(ctx context.Context, js jetstream.JetStream, names bus.Names) (m
 				var d protocol.FinishedData
 				_ = json.Unmarshal(ev.Data, &d)
 				tr.finished = append(tr.finished, d)
+			case protocol.EventLost:
+				tr.lost++
 			case protocol.EventRunStarted:
 				tr.started++
 				if tr.startSeq == 0 {

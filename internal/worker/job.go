@@ -423,6 +423,17 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	}
 	stream.Emit(protocol.EventRunStarted, protocol.StartedData{Attempt: attempt, Worker: w.cfg.ID, Agent: req.Agent}, events.StartedID(req.RunID, attempt))
 	j.hold.Unlock()
+	if takeover && lastSeq > 1 {
+		// The dead attempt's events that a node loss swallowed are gone
+		// with it: mark their seqs, so seq has no gaps.
+		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if n, err := w.pub.MarkLost(mctx, req.Tenant, req.ThreadID, req.RunID, attempt); err != nil {
+			j.log.Warn("could not look for the previous attempt's lost events", zap.Error(err))
+		} else if n > 0 {
+			j.log.Warn("the previous attempt's events were lost with it; marked them", zap.Int("events", n))
+		}
+		cancel()
+	}
 	j.rec, j.recRev = rec, rev
 	j.log = j.log.With(zap.Int("attempt", attempt))
 	ctx = j.started(ctx, meta, rec)
