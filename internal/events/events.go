@@ -201,6 +201,15 @@ func (p *Publisher) EnsureFinished(ctx context.Context, r *protocol.Run) error {
 	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return err
 	}
+	// The worker that finished the run stopped before run.finished; the
+	// events a node loss swallowed just before are gone with it.
+	if r.Seq > 1 {
+		if _, n, err := p.FillGaps(ctx, r.Tenant, r.ThreadID, r.RunID, r.Attempt, r.Seq-1); err != nil {
+			p.log.Warn("could not look for a finished run's lost events", zap.String("tenant", r.Tenant), zap.String("run_id", r.RunID), zap.Error(err))
+		} else if n > 0 {
+			p.log.Warn("a finished run's last events were lost with its worker; marked them", zap.String("tenant", r.Tenant), zap.String("run_id", r.RunID), zap.Int("events", n))
+		}
+	}
 	return p.PublishFinished(ctx, r)
 }
 
@@ -533,27 +542,40 @@ func envelopeSeq(data []byte) (seq uint64, attempt int, err error) {
 // lostReason is the data of the event.lost events MarkLost publishes.
 const lostReason = "the worker that published this event died before the events stream stored it (a NATS node was lost at the same time); its content is gone"
 
-// MarkLost publishes an event.lost event, under attempt, for every seq
-// of a run that the events stream skips: a seq between the lowest and the
-// highest stored that no stored event has (below the lowest, events may
-// have expired). Call it when taking a run over, before
-// executing it: the dead worker's events that a node loss swallowed are
-// gone with it, and the markers keep seq without gaps. It reads the run's
-// events in stream order; the markers carry message ids, so two workers
-// marking the same run store each once. It returns how many seqs were
-// missing.
-func (p *Publisher) MarkLost(ctx context.Context, tenant, thread, run string, attempt int) (int, error) {
-	f, err := OpenFeed(ctx, p.js, p.names, p.names.RunEvents(tenant, thread, run), FeedConfig{DeleteInBackground: true})
+// FillGaps reads a run's stored events and publishes an event.lost event,
+// under attempt, for every seq the stream skips: from the lowest seq
+// stored (below it, events may have expired) up to upTo, or to the
+// highest seq stored when that is higher. A worker that died right after
+// a NATS node loss swallowed some of its events could not send them
+// again, and their content is gone with it; the markers keep seq without
+// gaps. They carry message ids, so two workers filling the same run store
+// each once. It returns the highest seq stored (0 when the run has no
+// stored event: nothing is read then) and how many seqs it marked.
+//
+// The highest seq is not always the last event stored: an event sent
+// again after a node loss is stored after events with higher seqs, so a
+// worker taking a run over numbers on from FillGaps's figure, not from
+// LastSeq's.
+func (p *Publisher) FillGaps(ctx context.Context, tenant, thread, run string, attempt int, upTo uint64) (top uint64, marked int, err error) {
+	subject := p.names.RunEvents(tenant, thread, run)
+	_, err = bus.GetMsgFromLeader(ctx, p.js, p.names.EventsStream(), bus.MsgQuery{LastBySubject: subject})
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, 0, nil
+	}
 	if err != nil {
-		return 0, err
+		return 0, 0, err
+	}
+	f, err := OpenFeed(ctx, p.js, p.names, subject, FeedConfig{DeleteInBackground: true})
+	if err != nil {
+		return 0, 0, err
 	}
 	defer f.Close()
 	seen := map[uint64]bool{}
-	var low, top uint64
+	var low uint64
 	for {
 		m, err := f.NextWithin(ctx, 5*time.Second)
 		if err != nil {
-			return 0, fmt.Errorf("read the events of run %s: %w", run, err)
+			return 0, 0, fmt.Errorf("read the events of run %s: %w", run, err)
 		}
 		if seq, _, err := envelopeSeq(m.Data()); err == nil {
 			seen[seq] = true
@@ -564,25 +586,24 @@ func (p *Publisher) MarkLost(ctx context.Context, tenant, thread, run string, at
 		}
 		md, err := m.Metadata()
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		if md.NumPending == 0 {
 			break
 		}
 	}
-	missing := 0
-	for seq := low + 1; seq < top; seq++ {
+	for seq := low + 1; seq <= max(top, upTo); seq++ {
 		if seen[seq] {
 			continue
 		}
 		m, err := p.Msg(tenant, thread, run, attempt, seq, protocol.EventLost, protocol.LostData{Reason: lostReason}, run+".lost."+strconv.FormatUint(seq, 10))
 		if err != nil {
-			return missing, err
+			return top, marked, err
 		}
 		if _, err := bus.PublishMsg(ctx, p.js, m); err != nil {
-			return missing, fmt.Errorf("mark event %d of run %s lost: %w", seq, run, err)
+			return top, marked, fmt.Errorf("mark event %d of run %s lost: %w", seq, run, err)
 		}
-		missing++
+		marked++
 	}
-	return missing, nil
+	return top, marked, nil
 }

@@ -182,7 +182,7 @@ func TestFlushReportsAPermanentFailureOfAnEventWithoutID(t *testing.T) {
 // Issue 9 (seq has no gaps): a worker taking a run over marks each seq
 // the stream skips (events its dead predecessor published but a node loss
 // swallowed) with event.lost; asked again, it finds nothing missing.
-func TestMarkLostFillsTheSeqsTheStreamSkips(t *testing.T) {
+func TestFillGapsMarksTheSeqsTheStreamSkips(t *testing.T) {
 	e := newRestoreEnv(t)
 	ctx := context.Background()
 	for _, seq := range []uint64{1, 2, 4, 6} {
@@ -191,12 +191,12 @@ func TestMarkLostFillsTheSeqsTheStreamSkips(t *testing.T) {
 		}
 	}
 	for i, want := range []int{2, 0} {
-		n, err := e.p.MarkLost(ctx, "default", "t1", "r1", 2)
+		top, n, err := e.p.FillGaps(ctx, "default", "t1", "r1", 2, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n != want {
-			t.Fatalf("call %d: missing seqs: %d, want %d", i+1, n, want)
+		if top != 6 || n != want {
+			t.Fatalf("call %d: top %d, marked %d, want 6 and %d", i+1, top, n, want)
 		}
 	}
 	got := e.stored(t)
@@ -207,5 +207,48 @@ func TestMarkLostFillsTheSeqsTheStreamSkips(t *testing.T) {
 	}
 	if len(got) != 6 {
 		t.Errorf("stored %v, want seqs 1-6 and nothing after", got)
+	}
+}
+
+// The highest seq, not the last stored event's, is where a takeover
+// numbers on: an event sent again is stored after higher seqs.
+func TestFillGapsReturnsTheHighestSeq(t *testing.T) {
+	e := newRestoreEnv(t)
+	ctx := context.Background()
+	if top, n, err := e.p.FillGaps(ctx, "default", "t1", "r1", 2, 0); err != nil || top != 0 || n != 0 {
+		t.Fatalf("run without events: top %d, marked %d, %v; want 0, 0, nil", top, n, err)
+	}
+	for _, seq := range []uint64{1, 2, 4, 3} {
+		if _, err := e.js.PublishMsg(ctx, e.delta(t, 1, seq)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	top, n, err := e.p.FillGaps(ctx, "default", "t1", "r1", 2, 0)
+	if err != nil || top != 4 || n != 0 {
+		t.Fatalf("top %d, marked %d, %v; want 4, 0, nil", top, n, err)
+	}
+}
+
+// A finished run whose worker stopped before run.finished, and before
+// its last events were stored: the recovery that publishes run.finished
+// marks them first, up to the seq before run.finished.
+func TestEnsureFinishedMarksTheEventsLostBeforeIt(t *testing.T) {
+	e := newRestoreEnv(t)
+	ctx := context.Background()
+	for _, seq := range []uint64{1, 2, 3} {
+		if _, err := e.js.PublishMsg(ctx, e.delta(t, 1, seq)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	at := time.Now().UTC()
+	rec := &protocol.Run{RunID: "r1", ThreadID: "t1", Tenant: "default", Status: protocol.StatusSuccess, Attempt: 1, Seq: 6, CreatedAt: at, FinishedAt: &at}
+	if err := e.p.EnsureFinished(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	got := e.stored(t)
+	for seq := uint64(1); seq <= 6; seq++ {
+		if n := got[[2]uint64{1, seq}]; n != 1 {
+			t.Errorf("seq %d stored %d times, want once (all: %v)", seq, n, got)
+		}
 	}
 }
