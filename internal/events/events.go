@@ -15,6 +15,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -218,9 +219,12 @@ func FinishedData(r *protocol.Run) protocol.FinishedData {
 	return protocol.FinishedData{Status: r.Status, StopReason: r.StopReason, Error: r.Error, Output: r.Output, SupersededBy: r.SupersededBy, Interrupt: r.Interrupt}
 }
 
-// LastSeq returns the seq of the last stored event of a run (0 if none),
+// LastSeq returns the highest seq of a run's stored events (0 if none),
 // read through the stream's leader: a replica behind it would make a
-// takeover number its events again from an older seq.
+// takeover number its events again from an older seq. It is the seq of
+// the last event stored, unless that one was sent again after a node
+// loss or is an event.lost marker (stored after higher seqs): then it is
+// read from all of the run's events.
 func (p *Publisher) LastSeq(ctx context.Context, tenant, thread, run string) (uint64, error) {
 	m, err := bus.GetMsgFromLeader(ctx, p.js, p.names.EventsStream(), bus.MsgQuery{LastBySubject: p.names.RunEvents(tenant, thread, run)})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -232,6 +236,12 @@ func (p *Publisher) LastSeq(ctx context.Context, tenant, thread, run string) (ui
 	var env protocol.Event
 	if err := json.Unmarshal(m.Data, &env); err != nil {
 		return 0, fmt.Errorf("decode last event of run %s: %w", run, err)
+	}
+	if id := m.Header.Get(jetstream.MsgIDHeader); strings.Contains(id, resentMark) || strings.Contains(id, lostMark) {
+		// Sent again after a node loss, or a marker: stored after events
+		// with higher seqs, so the highest is read from them all.
+		_, _, top, err := p.readSeqs(ctx, tenant, thread, run)
+		return top, err
 	}
 	return env.Seq, nil
 }
@@ -524,7 +534,19 @@ func (s *Stream) restore(ctx context.Context, unsure []*nats.Msg, from uint64) e
 // resentID is the message id of an event without one of its own, sent
 // again because its first publish was lost.
 func resentID(run string, attempt int, seq uint64) string {
-	return run + ".resent." + strconv.Itoa(attempt) + "." + strconv.FormatUint(seq, 10)
+	return run + resentMark + strconv.Itoa(attempt) + "." + strconv.FormatUint(seq, 10)
+}
+
+// The message ids of events stored out of seq order: sent again
+// (resentID) and event.lost markers (lostID).
+const (
+	resentMark = ".resent."
+	lostMark   = ".lost."
+)
+
+// lostID is the message id of the event.lost marker of a seq.
+func lostID(run string, seq uint64) string {
+	return run + lostMark + strconv.FormatUint(seq, 10)
 }
 
 // envelopeSeq reads the seq and attempt of an event envelope.
@@ -557,25 +579,49 @@ const lostReason = "the worker that published this event died before the events 
 // worker taking a run over numbers on from FillGaps's figure, not from
 // LastSeq's.
 func (p *Publisher) FillGaps(ctx context.Context, tenant, thread, run string, attempt int, upTo uint64) (top uint64, marked int, err error) {
+	seen, low, top, err := p.readSeqs(ctx, tenant, thread, run)
+	if err != nil || top == 0 {
+		return 0, 0, err
+	}
+	for seq := low + 1; seq <= max(top, upTo); seq++ {
+		if seen[seq] {
+			continue
+		}
+		m, err := p.Msg(tenant, thread, run, attempt, seq, protocol.EventLost, protocol.LostData{Reason: lostReason}, lostID(run, seq))
+		if err != nil {
+			return top, marked, err
+		}
+		if _, err := bus.PublishMsg(ctx, p.js, m); err != nil {
+			return top, marked, fmt.Errorf("mark event %d of run %s lost: %w", seq, run, err)
+		}
+		marked++
+	}
+	return top, marked, nil
+}
+
+// readSeqs reads the seqs of a run's stored events, in stream order
+// through an ordered consumer, and returns them with the lowest and the
+// highest (0 and 0 when the run has no stored event: then nothing is
+// read).
+func (p *Publisher) readSeqs(ctx context.Context, tenant, thread, run string) (seen map[uint64]bool, low, top uint64, err error) {
 	subject := p.names.RunEvents(tenant, thread, run)
 	_, err = bus.GetMsgFromLeader(ctx, p.js, p.names.EventsStream(), bus.MsgQuery{LastBySubject: subject})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return 0, 0, nil
+		return nil, 0, 0, nil
 	}
 	if err != nil {
-		return 0, 0, err
+		return nil, 0, 0, err
 	}
 	f, err := OpenFeed(ctx, p.js, p.names, subject, FeedConfig{DeleteInBackground: true})
 	if err != nil {
-		return 0, 0, err
+		return nil, 0, 0, err
 	}
 	defer f.Close()
-	seen := map[uint64]bool{}
-	var low uint64
+	seen = map[uint64]bool{}
 	for {
 		m, err := f.NextWithin(ctx, 5*time.Second)
 		if err != nil {
-			return 0, 0, fmt.Errorf("read the events of run %s: %w", run, err)
+			return nil, 0, 0, fmt.Errorf("read the events of run %s: %w", run, err)
 		}
 		if seq, _, err := envelopeSeq(m.Data()); err == nil {
 			seen[seq] = true
@@ -586,24 +632,10 @@ func (p *Publisher) FillGaps(ctx context.Context, tenant, thread, run string, at
 		}
 		md, err := m.Metadata()
 		if err != nil {
-			return 0, 0, err
+			return nil, 0, 0, err
 		}
 		if md.NumPending == 0 {
-			break
+			return seen, low, top, nil
 		}
 	}
-	for seq := low + 1; seq <= max(top, upTo); seq++ {
-		if seen[seq] {
-			continue
-		}
-		m, err := p.Msg(tenant, thread, run, attempt, seq, protocol.EventLost, protocol.LostData{Reason: lostReason}, run+".lost."+strconv.FormatUint(seq, 10))
-		if err != nil {
-			return top, marked, err
-		}
-		if _, err := bus.PublishMsg(ctx, p.js, m); err != nil {
-			return top, marked, fmt.Errorf("mark event %d of run %s lost: %w", seq, run, err)
-		}
-		marked++
-	}
-	return top, marked, nil
 }

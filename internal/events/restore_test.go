@@ -252,3 +252,24 @@ func TestEnsureFinishedMarksTheEventsLostBeforeIt(t *testing.T) {
 		}
 	}
 }
+
+// LastSeq numbers a recovery's events (a cancel's run.finished, a
+// takeover's fallback): it must be the highest seq even when the last
+// stored event was sent again late with a lower one.
+func TestLastSeqIsTheHighestWhenAResentEventCameLast(t *testing.T) {
+	e := newRestoreEnv(t)
+	ctx := context.Background()
+	for _, seq := range []uint64{1, 2, 4} {
+		if _, err := e.js.PublishMsg(ctx, e.delta(t, 1, seq)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	late := e.delta(t, 1, 3)
+	late.Header.Set(jetstream.MsgIDHeader, resentID("r1", 1, 3))
+	if _, err := e.js.PublishMsg(ctx, late); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := e.p.LastSeq(ctx, "default", "t1", "r1"); err != nil || n != 4 {
+		t.Fatalf("LastSeq %d, %v; want 4", n, err)
+	}
+}
