@@ -437,30 +437,6 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	}
 	stream.Emit(protocol.EventRunStarted, protocol.StartedData{Attempt: attempt, Worker: w.cfg.ID, Agent: req.Agent}, events.StartedID(req.RunID, attempt))
 	j.hold.Unlock()
-	if takeover {
-		// The previous attempt died after publishing events this worker
-		// cannot know, or before its run.started (whose seq the record
-		// reserved) was stored: continue numbering after the highest
-		// stored seq, so seq has no repeats, and mark the seqs below it
-		// that a node loss swallowed with the dead worker (event.lost),
-		// so it has no gaps. Only if the run's events all expired does
-		// the record's figure stand.
-		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		top, marked, err := w.pub.FillGaps(mctx, req.Tenant, req.ThreadID, req.RunID, attempt, 0)
-		cancel()
-		switch {
-		case err != nil:
-			j.log.Warn("could not read the previous attempt's events; numbering after the last one stored", zap.Error(err))
-			if n, err := w.pub.LastSeq(ctx, req.Tenant, req.ThreadID, req.RunID); err == nil && n > 0 {
-				lastSeq = n
-			}
-		case top > 0:
-			lastSeq = top
-		}
-		if marked > 0 {
-			j.log.Warn("the previous attempt's events were lost with it; marked them", zap.Int("events", marked))
-		}
-	}
 	j.rec, j.recRev = rec, rev
 	j.log = j.log.With(zap.Int("attempt", attempt))
 	ctx = j.started(ctx, meta, rec)
