@@ -1,15 +1,14 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 // runEnv makes the test binary run the gateway's main with its arguments.
@@ -27,21 +26,8 @@ func TestMain(m *testing.M) {
 // and stderr.
 func runGateway(t *testing.T, args ...string) (int, string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], args...)
-	cmd.Env = append(os.Environ(), runEnv+"=1", "OPENAI_BASE_URL=", "OPENAI_API_KEY=", "NATSAGENT_MODEL=", "NATS_URL=", "NATSAGENT_CONFIG=")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	err := cmd.Run()
-	if ctx.Err() != nil {
-		t.Fatalf("gateway %v did not exit: %s", args, stderr.String())
-	}
-	var exit *exec.ExitError
-	if err != nil && !errors.As(err, &exit) {
-		t.Fatal(err)
-	}
-	return cmd.ProcessState.ExitCode(), stderr.String()
+	code, _, stderr := testdeploy.RunSelf(t, runEnv, 20*time.Second, args...)
+	return code, stderr
 }
 
 // With --dev the gateway runs workers: a typo in a profile stops it before

@@ -1,17 +1,14 @@
 package main
 
 import (
-	"bytes"
-	"context"
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/natsagent/natsagent/internal/natstest"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 // runEnv makes the test binary run the worker's main with its arguments.
@@ -29,21 +26,7 @@ func TestMain(m *testing.M) {
 // stdout and stderr.
 func runWorker(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], args...)
-	cmd.Env = append(os.Environ(), runEnv+"=1", "OPENAI_BASE_URL=", "OPENAI_API_KEY=", "NATSAGENT_MODEL=", "NATS_URL=", "NATSAGENT_CONFIG=")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	if ctx.Err() != nil {
-		t.Fatalf("worker %v did not exit: %s", args, stderr.String())
-	}
-	var exit *exec.ExitError
-	if err != nil && !errors.As(err, &exit) {
-		t.Fatal(err)
-	}
-	return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+	return testdeploy.RunSelf(t, runEnv, 30*time.Second, args...)
 }
 
 // A typo in a profile's middleware settings stops the worker, and

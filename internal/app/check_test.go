@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/natsagent/natsagent/internal/config"
@@ -13,12 +12,6 @@ import (
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/natstest"
 )
-
-// natsListener stands where the configuration says NATS is and counts the
-// connections it is offered: a check must make none.
-func natsListener(t *testing.T) (url string, accepted *atomic.Int32) {
-	return natstest.RefusingListener(t)
-}
 
 const typoConfig = `
 agents:
@@ -34,7 +27,7 @@ const typoMessage = `agent profile "researcher": middleware settings.context_com
 // A typo in a middleware setting is found from the YAML alone, in the
 // words the worker would use, with no NATS server to connect to.
 func TestCheckProfilesFindsASettingsTypoWithoutNATS(t *testing.T) {
-	url, accepted := natsListener(t)
+	url, accepted := natstest.RefusingListener(t)
 	cfg := loadYAML(t, typoConfig)
 	cfg.NATS.URL = url
 	err := CheckProfiles(cfg)
@@ -54,7 +47,7 @@ func TestCheckProfilesFindsASettingsTypoWithoutNATS(t *testing.T) {
 // for --print-config, before the configuration is printed and before
 // anything connects; a gateway without --dev runs no agent and does not.
 func TestLoadChecksProfilesBeforeConnecting(t *testing.T) {
-	url, accepted := natsListener(t)
+	url, accepted := natstest.RefusingListener(t)
 	path := filepath.Join(t.TempDir(), "natsagent.yaml")
 	if err := os.WriteFile(path, []byte(typoConfig), 0o600); err != nil {
 		t.Fatal(err)
