@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -285,4 +286,27 @@ func toolThenText(tool, args, text string) *model.Scripted {
 		}
 		return model.Reply{Text: "calling", ToolCalls: []model.ToolCall{{ID: fmt.Sprintf("call_%d", n), Name: tool, Arguments: args}}}
 	})
+}
+
+// maxDeliveriesEnded checks that the run w watches (thread t1, request
+// seq), delivered twice to workers that died, ended as an error naming
+// that, was dead-lettered with that reason and left the runs stream, and
+// that its thread takes the next run.
+func (h *harness) maxDeliveriesEnded(t *testing.T, w *watcher, seq uint64) {
+	t.Helper()
+	fin := w.finished(t, 15*time.Second)
+	if fin.Status != protocol.StatusError || !strings.Contains(fin.Error, "delivered 2 times") {
+		t.Fatalf("run ended %s: %q", fin.Status, fin.Error)
+	}
+	dl := h.deadLetter(t, "default", "t1", seq)
+	if !strings.Contains(dl.Header.Get(HeaderDLQReason), "delivered 2 times") {
+		t.Fatalf("dead letter reason %q", dl.Header.Get(HeaderDLQReason))
+	}
+	h.waitRunsStreamEmpty(t)
+	// The thread is free again: the lease the dead run held was released.
+	next := h.watch("default", "t1", "next")
+	h.submit(request("t1", "next", "hello"))
+	if fin := next.finished(t, 10*time.Second); fin.Status != protocol.StatusSuccess {
+		t.Fatalf("next run %s: %s", fin.Status, fin.Error)
+	}
 }

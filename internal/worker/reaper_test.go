@@ -125,20 +125,7 @@ func TestReaperDeadLettersExhaustedRequestWhoseAdvisoryWasLost(t *testing.T) {
 	}
 
 	h.startWorker(textModel("fine", 1, 0), sweeping(time.Second))
-	fin := w.finished(t, 15*time.Second)
-	if fin.Status != protocol.StatusError || !strings.Contains(fin.Error, "delivered 2 times") {
-		t.Fatalf("run ended %s: %q", fin.Status, fin.Error)
-	}
-	dl := h.deadLetter(t, "default", "t1", seq)
-	if !strings.Contains(dl.Header.Get(HeaderDLQReason), "delivered 2 times") {
-		t.Fatalf("dead letter reason %q", dl.Header.Get(HeaderDLQReason))
-	}
-	h.waitRunsStreamEmpty(t)
-	next := h.watch("default", "t1", "next")
-	h.submit(request("t1", "next", "hello"))
-	if fin := next.finished(t, 10*time.Second); fin.Status != protocol.StatusSuccess {
-		t.Fatalf("next run %s: %s", fin.Status, fin.Error)
-	}
+	h.maxDeliveriesEnded(t, w, seq)
 }
 
 // The sweep never races redelivery: a lease it considers stale long before

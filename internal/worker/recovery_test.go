@@ -325,21 +325,7 @@ func TestMaxDeliveriesDeadLetters(t *testing.T) {
 		wh.nc.Close() // the worker dies mid-run
 	}
 	h.startWorker(textModel("ok", 1, 0), nil)
-	fin := w.finished(t, 15*time.Second)
-	if fin.Status != protocol.StatusError || !strings.Contains(fin.Error, "delivered 2 times") {
-		t.Fatalf("run ended %s: %q", fin.Status, fin.Error)
-	}
-	dl := h.deadLetter(t, "default", "t1", seq)
-	if !strings.Contains(dl.Header.Get(HeaderDLQReason), "delivered 2 times") {
-		t.Fatalf("dead letter reason %q", dl.Header.Get(HeaderDLQReason))
-	}
-	h.waitRunsStreamEmpty(t)
-	// The thread is free again: the lease the dead run held was released.
-	w2 := h.watch("default", "t1", "next")
-	h.submit(request("t1", "next", "hello"))
-	if fin := w2.finished(t, 10*time.Second); fin.Status != protocol.StatusSuccess {
-		t.Fatalf("next run %s: %s", fin.Status, fin.Error)
-	}
+	h.maxDeliveriesEnded(t, w, seq)
 }
 
 // A run id already used on another thread cannot get a record of its own:
