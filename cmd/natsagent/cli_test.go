@@ -11,23 +11,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap/zaptest"
-
 	"github.com/natsagent/natsagent/internal/agent"
 	"github.com/natsagent/natsagent/internal/bus"
-	"github.com/natsagent/natsagent/internal/compact"
-	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/files"
-	"github.com/natsagent/natsagent/internal/jobs"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
+	"github.com/natsagent/natsagent/internal/testdeploy/jobworker"
 	"github.com/natsagent/natsagent/internal/tools"
-	"github.com/natsagent/natsagent/internal/worker"
 )
 
 // cliEnv is a real embedded JetStream server with a deployment
@@ -58,50 +51,13 @@ func newCLIEnv(t *testing.T, m model.Model) *cliEnv {
 // default approval and clarification middlewares) on its own connection.
 func (e *cliEnv) startWorker(m model.Model) {
 	e.t.Helper()
-	nc, err := nats.Connect(e.srv.URL(), nats.MaxReconnects(-1))
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	agents, err := agent.NewAgents(m, tools.NewRegistry(), agent.Chatbot())
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	workdir := func(tenant, thread string) files.Workdir { return e.workdir(tenant, thread) }
 	// Compaction jobs (natsagent compact) are served beside the runs.
-	js, err := jetstream.New(nc)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	log := zaptest.NewLogger(e.t)
-	pub, err := events.NewPublisher(context.Background(), js, e.settings.Names, log)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	runner, err := jobs.NewRunner(context.Background(), js, jobs.Config{Settings: e.settings, Logger: log,
-		Handlers: map[string]jobs.Handler{compact.JobKind: compact.NewHandler(e.stores, pub, agents, workdir, log).Handle}})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	w, err := worker.New(context.Background(), nc, worker.Config{
-		Settings: e.settings, Concurrency: 4, Agents: agents, Logger: log,
-		WaitPoll: 200 * time.Millisecond, ShutdownGrace: 5 * time.Second,
-		Files: workdir, Jobs: runner,
-	})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	e.t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			e.t.Error("worker did not stop")
-		}
-		nc.Close()
-	})
+	jobworker.Start(e.t, e.srv.URL(), e.settings, agents, workdir, 4)
 }
 
 func (e *cliEnv) workdir(tenant, thread string) *files.Memory {

@@ -12,12 +12,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/natsagent/natsagent/internal/agent"
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/compact"
-	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/jobs"
 	"github.com/natsagent/natsagent/internal/kv"
@@ -27,8 +25,8 @@ import (
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
 	"github.com/natsagent/natsagent/internal/testdeploy"
+	"github.com/natsagent/natsagent/internal/testdeploy/jobworker"
 	"github.com/natsagent/natsagent/internal/tools"
-	"github.com/natsagent/natsagent/internal/worker"
 )
 
 const summaryMarker = "You compress the earlier part of a conversation"
@@ -74,10 +72,6 @@ const compressionSettings = `{"trigger_messages": 20, "keep": {"messages": 4}}`
 // context_compression settings; it serves compaction jobs too.
 func (e *env) startWorker(m model.Model, settings string) *nats.Conn {
 	e.t.Helper()
-	nc, err := nats.Connect(e.srv.URL(), nats.MaxReconnects(-1))
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	chatbot := agent.Chatbot()
 	chatbot.Tools = e.tools.Names()
 	chatbot.Middleware = middleware.ChainConfig{Settings: map[string]json.RawMessage{
@@ -88,43 +82,7 @@ func (e *env) startWorker(m model.Model, settings string) *nats.Conn {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	ctx := context.Background()
-	stores, err := kv.Open(ctx, js, e.settings.Names)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	pub, err := events.NewPublisher(ctx, js, e.settings.Names, nil)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	log := zaptest.NewLogger(e.t)
-	runner, err := jobs.NewRunner(ctx, js, jobs.Config{Settings: e.settings, Logger: log,
-		Handlers: map[string]jobs.Handler{compact.JobKind: compact.NewHandler(stores, pub, agents, e.workdir, log).Handle}})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	w, err := worker.New(ctx, nc, worker.Config{Settings: e.settings, Concurrency: 4, Agents: agents, Logger: log,
-		WaitPoll: 200 * time.Millisecond, ShutdownGrace: 5 * time.Second, Jobs: runner, Files: e.workdir})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.Run(runCtx) }()
-	e.t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			e.t.Error("worker did not stop")
-		}
-		nc.Close()
-	})
-	return nc
+	return jobworker.Start(e.t, e.srv.URL(), e.settings, agents, e.workdir, 4)
 }
 
 // seed makes thread hold msgs, as a finished earlier run leaves it.

@@ -9,31 +9,21 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap/zaptest"
-
 	"github.com/natsagent/natsagent/internal/agent"
 	"github.com/natsagent/natsagent/internal/compact"
-	"github.com/natsagent/natsagent/internal/events"
-	"github.com/natsagent/natsagent/internal/jobs"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
+	"github.com/natsagent/natsagent/internal/testdeploy/jobworker"
 	"github.com/natsagent/natsagent/internal/tools"
-	"github.com/natsagent/natsagent/internal/worker"
 )
 
 // startCompactingWorker starts a worker that also takes compaction jobs;
 // its chatbot summarizes at 12 messages and keeps 4.
 func (e *env) startCompactingWorker(m model.Model) {
 	e.t.Helper()
-	nc, err := nats.Connect(e.srv.URL(), nats.MaxReconnects(-1))
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	chatbot := agent.Chatbot()
 	chatbot.Middleware = middleware.ChainConfig{Settings: map[string]json.RawMessage{
 		"context_compression": json.RawMessage(`{"trigger_messages": 12, "keep": {"messages": 4}}`),
@@ -42,38 +32,7 @@ func (e *env) startCompactingWorker(m model.Model) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	ctx := context.Background()
-	stores, err := kv.Open(ctx, js, e.settings.Names)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	pub, err := events.NewPublisher(ctx, js, e.settings.Names, nil)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	log := zaptest.NewLogger(e.t)
-	runner, err := jobs.NewRunner(ctx, js, jobs.Config{Settings: e.settings, Logger: log,
-		Handlers: map[string]jobs.Handler{compact.JobKind: compact.NewHandler(stores, pub, agents, nil, log).Handle}})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	w, err := worker.New(ctx, nc, worker.Config{Settings: e.settings, Concurrency: 2, Agents: agents, Logger: log,
-		WaitPoll: 200 * time.Millisecond, ShutdownGrace: 5 * time.Second, Jobs: runner})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.Run(runCtx) }()
-	e.t.Cleanup(func() {
-		cancel()
-		<-done
-		nc.Close()
-	})
+	jobworker.Start(e.t, e.srv.URL(), e.settings, agents, nil, 2)
 }
 
 // seedThread gives a thread 10 messages, as an earlier run left them.
