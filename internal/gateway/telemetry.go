@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/natsagent/natsagent/internal/metrics"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/telemetry"
 )
@@ -68,12 +69,12 @@ func (s *Server) tracePublish(ctx context.Context, req *protocol.RunRequest) (co
 			telemetry.AttrThreadID.String(req.ThreadID),
 			telemetry.AttrTenant.String(req.Tenant),
 			telemetry.AttrAgent.String(req.Agent),
-			telemetry.AttrStrategy.String(strategyLabel(req.MultitaskStrategy)),
+			telemetry.AttrStrategy.String(metrics.StrategyLabel(req.MultitaskStrategy)),
 		))
 	}
 	return ctx, func(ack *jetstream.PubAck, err error) {
 		if err == nil && !ack.Duplicate {
-			s.cfg.Metrics.RunSubmitted(strategyLabel(req.MultitaskStrategy))
+			s.cfg.Metrics.RunSubmitted(metrics.StrategyLabel(req.MultitaskStrategy))
 		}
 		if span == nil {
 			return
@@ -85,14 +86,4 @@ func (s *Server) tracePublish(ctx context.Context, req *protocol.RunRequest) (co
 		}
 		span.End()
 	}
-}
-
-func strategyLabel(s string) string {
-	switch s {
-	case "":
-		return protocol.StrategyEnqueue
-	case protocol.StrategyEnqueue, protocol.StrategyReject, protocol.StrategySteer, protocol.StrategyRollback:
-		return s
-	}
-	return "other"
 }

@@ -11,6 +11,8 @@ package metrics
 import (
 	"context"
 	"time"
+
+	"github.com/natsagent/natsagent/internal/protocol"
 )
 
 // Recorder receives measurements. Implementations are safe for concurrent
@@ -106,4 +108,17 @@ func Or(r Recorder) Recorder {
 		return Nop{}
 	}
 	return r
+}
+
+// StrategyLabel is a run's multitask strategy as a label value: the
+// protocol's four (empty is enqueue, the default), anything else "other",
+// so a request cannot add series.
+func StrategyLabel(s string) string {
+	switch s {
+	case "":
+		return protocol.StrategyEnqueue
+	case protocol.StrategyEnqueue, protocol.StrategyReject, protocol.StrategySteer, protocol.StrategyRollback:
+		return s
+	}
+	return "other"
 }

@@ -58,16 +58,6 @@ func (w *Worker) agentLabel(name string) string {
 	return "unknown"
 }
 
-func strategyLabel(s string) string {
-	switch s {
-	case "":
-		return protocol.StrategyEnqueue
-	case protocol.StrategyEnqueue, protocol.StrategyReject, protocol.StrategySteer, protocol.StrategyRollback:
-		return s
-	}
-	return "other"
-}
-
 // ended counts a run whose terminal record this worker just wrote.
 func (w *Worker) ended(rec *protocol.Run) {
 	if rec == nil || !rec.Status.Terminal() {
@@ -110,7 +100,7 @@ func (j *job) started(ctx context.Context, meta *jetstream.MsgMetadata, rec *pro
 		wait = rec.StartedAt.Sub(created)
 	}
 	if rec.Attempt == 1 {
-		w.cfg.Metrics.RunStarted(agent, strategyLabel(j.req.MultitaskStrategy), wait)
+		w.cfg.Metrics.RunStarted(agent, metrics.StrategyLabel(j.req.MultitaskStrategy), wait)
 	}
 	if w.tracer == nil {
 		return ctx
@@ -122,7 +112,7 @@ func (j *job) started(ctx context.Context, meta *jetstream.MsgMetadata, rec *pro
 		telemetry.AttrThreadID.String(j.req.ThreadID),
 		telemetry.AttrTenant.String(j.req.Tenant),
 		telemetry.AttrAttempt.Int(rec.Attempt),
-		telemetry.AttrStrategy.String(strategyLabel(j.req.MultitaskStrategy)),
+		telemetry.AttrStrategy.String(metrics.StrategyLabel(j.req.MultitaskStrategy)),
 		telemetry.AttrQueueWait.Float64(max(wait, 0).Seconds()),
 		telemetry.AttrWorker.String(w.cfg.ID),
 		telemetry.AttrMessagingSystem.String("nats"),
