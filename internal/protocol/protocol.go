@@ -77,6 +77,21 @@ type RunRequest struct {
 	Config            RunConfig      `json:"config,omitempty"`
 	Metadata          map[string]any `json:"metadata,omitempty"`
 	Parent            *Parent        `json:"parent,omitempty"`
+	// Principal is who submitted the run, as authenticated by the submitter
+	// (the gateway, or the submit service for NATS clients). Only trusted
+	// submitters write the runs stream, and each of them replaces whatever a
+	// client put here; a worker takes it as given.
+	Principal *Principal `json:"principal,omitempty"`
+}
+
+// Principal is an authenticated caller: a user of one tenant with roles.
+// The tenant is the request's own (it comes from the subject).
+type Principal struct {
+	// User is the authenticated user: an API key's user, a bearer token's
+	// subject, or the NATS user of the connection.
+	User string `json:"user"`
+	// Roles name the policy entries that apply to the user.
+	Roles []string `json:"roles,omitempty"`
 }
 
 // Input carries the new messages of a run.
