@@ -11,7 +11,9 @@ package middleware
 // successful read of a skill's SKILL.md activates the skill. A skill's
 // dependency tools that the agent's profile does not grant are hidden from
 // the model and refused by name until one skill needing them is active;
-// then they are offered and run from the deployment's tool registry.
+// then they are offered and run from the deployment's tool registry. Only
+// shared skills have dependency tools: a workdir SKILL.md is text for the
+// model, and its tools field is ignored.
 //
 // Activation is a union, never a replacement: parallel reads in one tool
 // batch each write the union they know, and the tool result of every
@@ -68,9 +70,8 @@ type Skills struct {
 	// instructions in the prompt.
 	Preload []string `json:"preload"`
 
-	shared      []*skills.Skill
-	sharedTools map[string]bool
-	registry    *tools.Registry
+	shared   []*skills.Skill
+	registry *tools.Registry
 	// reader is the file tools' read_file, which formats what this
 	// middleware serves; readSpec offers it for skill files only to a run
 	// without a read_file tool.
@@ -84,7 +85,6 @@ type Skills struct {
 // name stops the start with the path at fault.
 func NewSkills(s Skills, registry *tools.Registry) (*Skills, error) {
 	s.registry = registry
-	s.sharedTools = make(map[string]bool)
 	for _, t := range tools.FileTools() {
 		if t.Spec().Name == tools.ToolReadFile {
 			s.reader = t
@@ -105,7 +105,6 @@ func NewSkills(s Skills, registry *tools.Registry) (*Skills, error) {
 				if err := s.checkTool(sk, t); err != nil {
 					return nil, fmt.Errorf("dir: %w", err)
 				}
-				s.sharedTools[t] = true
 			}
 		}
 		s.shared = shared
@@ -188,16 +187,11 @@ func (s *Skills) resolve(ctx context.Context, rt *Runtime, v *runSkills) error {
 		return fmt.Errorf("user skills: %w", err)
 	}
 	for _, sk := range user {
-		for _, t := range sk.Tools {
-			if err := s.checkTool(sk, t); err != nil {
-				return err
-			}
-			// A user's file must not grant tools: it may bring only what
-			// the agent has or what a shared skill of the agent brings.
-			if rt.Tools.Get(t) == nil && !s.sharedTools[t] {
-				return fmt.Errorf("skill %s: tools: %q is not available to agent %q; a user skill can depend only on the agent's tools and those of its shared skills", sk.File, t, rt.Agent)
-			}
-		}
+		// A workdir file is text for the model, written by a user or by
+		// the model itself: whatever tools it names, it never gates,
+		// grants or unlocks one. Only the deployment's shared skills
+		// change which tools a run has.
+		sk.Tools = nil
 	}
 	all, err := skills.Merge(s.shared, user)
 	if err != nil {

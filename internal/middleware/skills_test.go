@@ -312,7 +312,7 @@ func TestSkills_UserSkillsFromWorkdir(t *testing.T) {
 	dir := skillsDir(t, map[string]string{"pdf-reports": pdfSkill})
 	s := newSkills(t, Skills{Dir: dir}, skillRegistry())
 	wd := files.NewMemory()
-	wd.Write(ctx, "/skills/my-notes/SKILL.md", []byte("---\nname: my-notes\ndescription: How I take notes.\ntools: [make_pdf, current_time]\n---\nUse bullet points.\n"))
+	wd.Write(ctx, "/skills/my-notes/SKILL.md", []byte("---\nname: my-notes\ndescription: How I take notes.\ntools: [make_pdf, chart, teleport]\n---\nUse bullet points.\n"))
 	rt, ev := skillRuntime(t, wd)
 	st := &state.State{}
 	if _, err := s.BeforeAgent(ctx, rt, st); err != nil {
@@ -324,8 +324,10 @@ func TestSkills_UserSkillsFromWorkdir(t *testing.T) {
 		t.Errorf("system:\n%s", capture.reqs[0].System)
 	}
 
-	// With a read_file tool, the workdir's tool reads it; the skill
-	// activates, and make_pdf (a shared skill's tool) comes with it.
+	// With a read_file tool, the workdir's tool reads it and the skill
+	// activates; it names make_pdf (a shared skill's gated tool) and chart
+	// (a tool no skill of the agent brings), and neither comes with it: a
+	// workdir file never changes which tools a run has.
 	rf := &readFileTool{}
 	next := &passTool{}
 	env := &tools.Env{Files: wd}
@@ -337,9 +339,19 @@ func TestSkills_UserSkillsFromWorkdir(t *testing.T) {
 	if got := activatedOf(t, st); !reflect.DeepEqual(got, []string{"my-notes"}) || len(ev.ofType(EventSkillsActivated)) != 1 {
 		t.Errorf("activated = %v", got)
 	}
-	res, _ = s.WrapToolCall(ctx, rt, &ToolCall{Call: call("c2", "make_pdf", `{}`), State: st}, next.handle)
-	if res.Message.Content != "make_pdf done" {
-		t.Errorf("make_pdf: %+v", res.Message)
+	for _, name := range []string{"make_pdf", "chart"} {
+		res, _ = s.WrapToolCall(ctx, rt, &ToolCall{Call: call("c2", name, `{}`), State: st}, next.handle)
+		if res.Message.Status != model.ToolStatusError || strings.Contains(res.Message.Content, "done") {
+			t.Errorf("%s after activating the workdir skill: %+v", name, res.Message)
+		}
+	}
+	capture.reqs = nil
+	s.WrapModelCall(ctx, rt, &ModelRequest{Tools: rt.Tools.Specs(), State: st}, capture.handle)
+	if got := specNames(capture.reqs[0].Tools); !reflect.DeepEqual(got, []string{"current_time", "read_file"}) {
+		t.Errorf("tools offered with the workdir skill active = %v", got)
+	}
+	if strings.Contains(capture.reqs[0].System, "my-notes (active):\n  Read /skills/my-notes/SKILL.md (tools:") {
+		t.Errorf("the workdir skill's tools are listed:\n%s", capture.reqs[0].System)
 	}
 
 	// A failed read activates nothing.
@@ -367,8 +379,6 @@ func TestSkills_UserSkillRunErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name, file, text, want string
 	}{
-		{"unknown tool", "/skills/mine/SKILL.md", "---\nname: mine\ndescription: M\ntools: [teleport]\n---\n", `"teleport" is not a tool of this deployment`},
-		{"tool the agent may not use", "/skills/mine/SKILL.md", "---\nname: mine\ndescription: M\ntools: [chart]\n---\n", `"chart" is not available to agent "chatbot"`},
 		{"shadows a shared skill", "/skills/pdf-reports/SKILL.md", "---\nname: pdf-reports\ndescription: M\n---\n", "duplicate skill"},
 		{"same name as a shared skill", "/skills/mine/SKILL.md", "---\nname: pdf-reports\nslug: mine\ndescription: M\n---\n", "duplicate skill"},
 		{"broken front matter", "/skills/mine/SKILL.md", "---\nname: mine\n", "not terminated"},
