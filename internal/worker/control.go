@@ -345,7 +345,7 @@ func (w *Worker) findRequest(ctx context.Context, tenant, thread, run string) (*
 			return nil, err
 		}
 		seq = m.Sequence + 1
-		if id := m.Header.Get(nats.MsgIdHdr); id != "" && id != run {
+		if id := m.Header.Get(nats.MsgIdHdr); id != "" && id != protocol.RunMsgID(tenant, run) {
 			continue
 		}
 		req, err := protocol.DecodeRunRequest(m.Data, w.cfg.Settings.MaxRequestBytes)
