@@ -226,6 +226,11 @@ func (s *Service) submit(ctx context.Context, m *nats.Msg) (*jetstream.PubAck, e
 	}
 	// The service stamps who submitted; what the body says is replaced.
 	req.Principal = principal
+	if principal != nil && req.Parent != nil {
+		// A child run shares its parent's thread workdir: only the
+		// subagent service (in the service account) starts one.
+		return nil, refuse(403, ErrCodeForbidden, "parent: subagent runs are started by the subagent service, not submitted; leave parent out")
+	}
 	if principal != nil {
 		if err := s.cfg.Authorize(ctx, tenant, principal, req); err != nil {
 			return nil, refuse(403, ErrCodeForbidden, "%v", err)

@@ -159,6 +159,7 @@ func TestSubmitRefusals(t *testing.T) {
 		{"invalid thread token", "acme", "h%1", `{}`, []string{intake.HeaderRequestInfo, alice}, 400, intake.ErrCodeInvalid, "thread_id (subject)"},
 		{"undecodable", "acme", "h1", `{"run_id":`, []string{intake.HeaderRequestInfo, alice}, 400, intake.ErrCodeInvalid, ""},
 		{"no input", "acme", "h1", `{"run_id":"x5","thread_id":"h1"}`, []string{intake.HeaderRequestInfo, alice}, 400, intake.ErrCodeInvalid, "input"},
+		{"parent", "acme", "h1", `{"run_id":"x8","thread_id":"h1",` + hi + `,"parent":{"run_id":"p","thread_id":"other","tool_call_id":"c"}}`, []string{intake.HeaderRequestInfo, alice}, 403, intake.ErrCodeForbidden, "parent: subagent runs are started by the subagent service"},
 		{"broken request info", "acme", "h1", `{"run_id":"x6","thread_id":"h1",` + hi + `}`, []string{intake.HeaderRequestInfo, "{"}, 400, intake.ErrCodeInvalid, "Nats-Request-Info"},
 		{"too large", "acme", "h1", `{"run_id":"x7","thread_id":"h1","input":{"messages":[{"role":"user","content":"` + strings.Repeat("a", protocol.DefaultMaxRequestBytes) + `"}]}}`, []string{intake.HeaderRequestInfo, alice}, 400, intake.ErrCodeInvalid, "over the limit"},
 	}
@@ -171,7 +172,7 @@ func TestSubmitRefusals(t *testing.T) {
 	if err != nil || info.State.Msgs != 0 {
 		t.Fatalf("the runs stream holds %d requests (%v), want none", info.State.Msgs, err)
 	}
-	for _, run := range []string{"x1", "x2", "x3", "x4", "x5", "x6", "x7", "r1"} {
+	for _, run := range []string{"x1", "x2", "x3", "x4", "x5", "x6", "x7", "x8", "r1"} {
 		for _, tenant := range []string{"acme", "globex"} {
 			if _, _, err := e.stores.Runs.Get(context.Background(), tenant, run); !errors.Is(err, kv.ErrNotFound) {
 				t.Fatalf("%s.%s has a record: %v", tenant, run, err)
