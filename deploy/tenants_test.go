@@ -5,30 +5,21 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap/zaptest"
 
-	"github.com/natsagent/natsagent/internal/agent"
 	"github.com/natsagent/natsagent/internal/app"
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/config"
-	"github.com/natsagent/natsagent/internal/gateway"
-	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
-	"github.com/natsagent/natsagent/internal/tools"
-	"github.com/natsagent/natsagent/internal/worker"
+	"github.com/natsagent/natsagent/internal/tenancy"
 )
 
 // tenantsConf is the tenant isolation config under test.
@@ -77,35 +68,52 @@ func startTenantsServer(t *testing.T) string {
 	return s.ClientURL()
 }
 
-// natsUser is a connection of one of tenants.conf's users that records
+// passwordConnect connects as one of tenants.conf's users with
+// app.NATSOptions (the binaries' code path for user and password).
+func passwordConnect(url string) func(t *testing.T, user string, opts ...nats.Option) *nats.Conn {
+	return func(t *testing.T, user string, opts ...nats.Option) *nats.Conn {
+		t.Helper()
+		cfg := config.Default()
+		cfg.NATS.URL, cfg.NATS.User, cfg.NATS.Password = url, user, config.Secret(user+"-test-password")
+		base, err := app.NATSOptions(cfg.NATS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := bus.Connect(url, "tenants-test-"+user, append(base, opts...)...)
+		if err != nil {
+			t.Fatalf("connect as %s: %v", user, err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+}
+
+// The shipped tenants.conf is what natsagent renders for tenants acme and
+// globex: `natsagent tenant add` can take it over.
+func TestTenantsConfIsRendered(t *testing.T) {
+	want, err := tenancy.RenderStatic(tenancy.StaticConfig{Prefix: "agent", Tenants: []tenancy.StaticTenant{{Name: "acme"}, {Name: "globex"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := read(t, tenantsConf); !bytes.Equal(got, want) {
+		t.Fatalf("deploy/nats/tenants.conf differs from the rendered layout; regenerate it:\n  natsagent tenant add acme --conf deploy/nats/tenants.conf && natsagent tenant add globex --conf deploy/nats/tenants.conf")
+	}
+}
+
+// TestTenantIsolation runs the attacker suite against a real nats-server
+// with the shipped tenants.conf (static accounts).
+func TestTenantIsolation(t *testing.T) {
+	url := startTenantsServer(t)
+	runAttackerSuite(t, attackDeployment{URL: url, Connect: passwordConnect(url)})
+}
+
+// natsUser is a connection of one of the deployment's users that records
 // the server's asynchronous errors (permission violations).
 type natsUser struct {
 	t    *testing.T
 	name string
 	nc   *nats.Conn
 	errs chan error
-}
-
-// connectAs connects as user with app.Connect's options (the binaries'
-// code path for user and password); tenants use their inbox prefix.
-func connectAs(t *testing.T, url, user string) *natsUser {
-	t.Helper()
-	cfg := config.Default()
-	cfg.NATS.URL, cfg.NATS.User, cfg.NATS.Password = url, user, config.Secret(user+"-test-password")
-	opts, err := app.NATSOptions(cfg.NATS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := &natsUser{t: t, name: user, errs: make(chan error, 100)}
-	opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { u.errs <- err }))
-	if user != "gateway" && user != "worker" {
-		opts = append(opts, nats.CustomInboxPrefix("_INBOX."+user))
-	}
-	if u.nc, err = bus.Connect(url, "tenants-test-"+user, opts...); err != nil {
-		t.Fatalf("connect as %s: %v", user, err)
-	}
-	t.Cleanup(u.nc.Close)
-	return u
 }
 
 // denied waits for the server's permission violation of op ("publish" or
@@ -127,7 +135,8 @@ func (u *natsUser) denied(op, subject string) {
 	}
 }
 
-// publishDenied publishes data to subject and expects the refusal.
+// publishDenied publishes data to subject (as a request, with a reply
+// inbox) and expects the refusal.
 func (u *natsUser) publishDenied(subject string, data []byte) {
 	u.t.Helper()
 	if err := u.nc.PublishRequest(subject, u.nc.NewRespInbox(), data); err != nil {
@@ -136,8 +145,8 @@ func (u *natsUser) publishDenied(subject string, data []byte) {
 	u.denied("publish", subject)
 }
 
-// subscribeDenied subscribes to subject, expects the refusal, and checks
-// that nothing arrives.
+// subscribeDenied subscribes to subject, expects the refusal, and returns
+// the subscription, which must receive nothing.
 func (u *natsUser) subscribeDenied(subject string) *nats.Subscription {
 	u.t.Helper()
 	sub, err := u.nc.SubscribeSync(subject)
@@ -165,30 +174,7 @@ func (u *natsUser) clean() {
 	}
 }
 
-// submit publishes a run request on the tenant's own subject and returns
-// the stream's acknowledgement.
-func (u *natsUser) submit(req protocol.RunRequest) {
-	u.t.Helper()
-	data, _ := json.Marshal(req)
-	m := nats.NewMsg("agent.runs." + u.name + "." + req.ThreadID)
-	m.Data = data
-	m.Header.Set(nats.MsgIdHdr, req.RunID)
-	reply, err := u.nc.RequestMsg(m, 5*time.Second)
-	if err != nil {
-		u.t.Fatalf("%s: submit %s: %v", u.name, req.RunID, err)
-	}
-	var ack struct {
-		Stream string `json:"stream"`
-		Error  *struct {
-			Description string `json:"description"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(reply.Data, &ack); err != nil || ack.Error != nil || ack.Stream != "AGENT_RUNS" {
-		u.t.Fatalf("%s: submit %s: ack %s", u.name, req.RunID, reply.Data)
-	}
-}
-
-// finished reads live events from sub until run's run.finished.
+// finishedOn reads live events from sub until run's run.finished.
 func finishedOn(t *testing.T, sub *nats.Subscription, tenant, run string) protocol.FinishedData {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
@@ -220,240 +206,4 @@ func userInput(text string) *protocol.Input {
 	return &protocol.Input{Messages: []model.Message{{Role: "user", Content: text}}}
 }
 
-// TestTenantIsolation starts nats-server with deploy/nats/tenants.conf,
-// provisions and runs a worker and a gateway with the service users, and
-// proves with real permission violations that tenant acme's user can use
-// its own runs and cannot read, submit to, steer, cancel or approve
-// tenant globex's, nor reach JetStream's API, streams or buckets.
-func TestTenantIsolation(t *testing.T) {
-	url := startTenantsServer(t)
-	ctx := context.Background()
-
-	// The service users: provisioning, a worker, a gateway.
-	workerConn := connectAs(t, url, "worker")
-	gatewayConn := connectAs(t, url, "gateway")
-	settings := bus.Settings{}.WithDefaults()
-	wjs, err := jetstream.New(workerConn.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := bus.Provision(ctx, wjs, settings); err != nil {
-		t.Fatalf("provision as the worker user: %v", err)
-	}
-	var writes struct {
-		sync.Mutex
-		n int
-	}
-	registry := tools.NewRegistry()
-	registry.Register(tools.Func(model.ToolSpec{Name: "write_file", Parameters: json.RawMessage(`{"type":"object"}`)},
-		func(context.Context, json.RawMessage) (string, error) {
-			writes.Lock()
-			defer writes.Unlock()
-			writes.n++
-			return "written", nil
-		}))
-	m := model.NewScripted(func(_ int, req *model.Request) model.Reply {
-		last := req.Messages[len(req.Messages)-1]
-		switch {
-		case last.Role == "tool":
-			return model.Reply{Text: "file written"}
-		case last.Content == "hold":
-			return model.Reply{Text: "held", Delay: 2 * time.Second}
-		case last.Content == "write":
-			return model.Reply{ToolCalls: []model.ToolCall{{ID: "c1", Name: "write_file", Arguments: `{"path":"/a.txt","content":"A"}`}}}
-		}
-		return model.Reply{Text: "hello"}
-	})
-	chatbot := agent.Chatbot()
-	chatbot.Tools = []string{"write_file"}
-	agents, err := agent.NewAgents(m, registry, chatbot)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := worker.New(ctx, workerConn.nc, worker.Config{Settings: settings, Concurrency: 4, Agents: agents,
-		Logger: zaptest.NewLogger(t), WaitPoll: 200 * time.Millisecond, ShutdownGrace: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, stopWorker := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(wctx) }()
-	t.Cleanup(func() {
-		stopWorker()
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			t.Error("worker did not stop")
-		}
-	})
-	gw, err := gateway.New(ctx, gatewayConn.nc, gateway.Config{Settings: settings, Logger: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatalf("gateway as the gateway user: %v", err)
-	}
-	api := httptest.NewServer(gw.Handler())
-	t.Cleanup(api.Close)
-	asGlobex := func(method, path, body string) protocol.Run {
-		t.Helper()
-		req, _ := http.NewRequest(method, api.URL+path, strings.NewReader(body))
-		req.Header.Set("X-Tenant", "globex")
-		resp, err := api.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var buf bytes.Buffer
-		_, _ = buf.ReadFrom(resp.Body)
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, buf.String())
-		}
-		var rec protocol.Run
-		if err := json.Unmarshal(buf.Bytes(), &rec); err != nil {
-			t.Fatal(err)
-		}
-		return rec
-	}
-
-	// Tenant globex (through the gateway): a run waiting for approval, and
-	// a run that stays running for 2s.
-	interrupted := asGlobex("POST", "/threads/gw/runs/wait", `{"run_id":"g-write","input":{"messages":[{"role":"user","content":"write"}]}}`)
-	if interrupted.Status != protocol.StatusInterrupted {
-		t.Fatalf("globex's write run ended %s, want interrupted", interrupted.Status)
-	}
-	asGlobex("POST", "/threads/gh/runs", `{"run_id":"g-hold","input":{"messages":[{"role":"user","content":"hold"}]}}`)
-
-	// Tenant acme uses its own runs with plain NATS.
-	acme := connectAs(t, url, "acme")
-	acmeEvents, err := acme.nc.SubscribeSync("agent.events.acme.>")
-	if err != nil {
-		t.Fatal(err)
-	}
-	acme.submit(protocol.RunRequest{RunID: "a-hi", ThreadID: "ah", Tenant: "acme", Agent: protocol.DefaultAgent, Input: userInput("hi")})
-	if fin := finishedOn(t, acmeEvents, "acme", "a-hi"); fin.Status != protocol.StatusSuccess {
-		t.Fatalf("acme's own run ended %s: %s", fin.Status, fin.Error)
-	}
-	acme.submit(protocol.RunRequest{RunID: "a-hold", ThreadID: "ah2", Tenant: "acme", Agent: protocol.DefaultAgent, Input: userInput("hold")})
-	reply, err := acme.nc.Request("agent.ctl.acme.ah2.a-hold.cancel", nil, 10*time.Second)
-	if err != nil {
-		t.Fatalf("acme cancels its own run: %v", err)
-	}
-	var cancelled protocol.CancelReply
-	if err := json.Unmarshal(reply.Data, &cancelled); err != nil || cancelled.RunID != "a-hold" {
-		t.Fatalf("cancel reply %s", reply.Data)
-	}
-	if fin := finishedOn(t, acmeEvents, "acme", "a-hold"); fin.Status != protocol.StatusCancelled {
-		t.Fatalf("acme's cancelled run ended %s", fin.Status)
-	}
-	acme.clean()
-
-	// Tenant acme cannot read globex's events, nor everyone's, nor
-	// anyone's replies.
-	for _, subject := range []string{"agent.events.globex.>", "agent.events.>", ">", "_INBOX.>", "_INBOX.globex.>", "agent.ctl.>", "agent.runs.>"} {
-		sub := acme.subscribeDenied(subject)
-		defer func() { _ = sub.Unsubscribe() }()
-	}
-	// Nor submit into globex's thread, steer its running run, approve its
-	// interrupted one, or cancel either.
-	run := func(req protocol.RunRequest) []byte {
-		data, _ := json.Marshal(req)
-		return data
-	}
-	acme.publishDenied("agent.runs.globex.gh", run(protocol.RunRequest{RunID: "x-new", ThreadID: "gh", Tenant: "globex", Agent: protocol.DefaultAgent, Input: userInput("hi")}))
-	acme.publishDenied("agent.runs.globex.gh", run(protocol.RunRequest{RunID: "x-steer", ThreadID: "gh", Tenant: "globex", Agent: protocol.DefaultAgent,
-		Input: userInput("stop that"), MultitaskStrategy: protocol.StrategySteer}))
-	approve, _ := json.Marshal(protocol.Resume{Decisions: []protocol.Decision{{Type: protocol.DecisionApprove}}})
-	acme.publishDenied("agent.runs.globex.gw", run(protocol.RunRequest{RunID: "x-approve", ThreadID: "gw", Tenant: "globex", Agent: protocol.DefaultAgent,
-		Command: &protocol.Command{Resume: approve}}))
-	acme.publishDenied("agent.ctl.globex.gh.g-hold.cancel", nil)
-	acme.publishDenied("agent.ctl.globex.gw.g-write.cancel", nil)
-	// Naming globex's run under its own tenant reaches nothing of globex.
-	reply, err = acme.nc.Request("agent.ctl.acme.gh.g-hold.cancel", nil, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var notFound protocol.ErrorReply
-	if err := json.Unmarshal(reply.Data, &notFound); err != nil || notFound.Error.Code != protocol.CodeNotFound {
-		t.Fatalf("cancel of globex's run id under acme answered %s, want not_found", reply.Data)
-	}
-	// Nor use JetStream: streams, consumers, KV and Object Store.
-	for _, subject := range []string{
-		"$JS.API.INFO",
-		"$JS.API.STREAM.INFO.AGENT_EVENTS",
-		"$JS.API.STREAM.MSG.GET.AGENT_EVENTS",
-		"$JS.API.CONSUMER.CREATE.AGENT_EVENTS",
-		"$JS.API.DIRECT.GET.KV_agent_runs.$KV.agent_runs.globex.g-hold",
-		"$JS.API.STREAM.INFO.KV_agent_threads",
-		"$KV.agent_runs.globex.g-hold",
-		"$O.agent_files.M.x",
-		"agent.events.globex.gh.g-hold.x.lifecycle",
-	} {
-		acme.publishDenied(subject, []byte(`{}`))
-	}
-	// The JetStream client fails the same way.
-	ajs, err := jetstream.New(acme.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	jsCtx, cancel := context.WithTimeout(ctx, time.Second)
-	if _, err := ajs.Stream(jsCtx, "AGENT_EVENTS"); err == nil {
-		t.Fatal("acme opened the events stream")
-	}
-	cancel()
-	acme.denied("publish", "$JS.API.STREAM.INFO.AGENT_EVENTS")
-	jsCtx, cancel = context.WithTimeout(ctx, time.Second)
-	if _, err := ajs.KeyValue(jsCtx, "agent_runs"); err == nil {
-		t.Fatal("acme opened the runs bucket")
-	}
-	cancel()
-	acme.denied("publish", "$JS.API.STREAM.INFO.KV_agent_runs")
-	// A request on its own subject naming globex is recorded, if at all,
-	// under acme: the subject's tenant wins.
-	acme.submit(protocol.RunRequest{RunID: "a-forged", ThreadID: "af", Tenant: "globex", Agent: protocol.DefaultAgent, Input: userInput("hi")})
-	if fin := finishedOn(t, acmeEvents, "acme", "a-forged"); fin.Status != protocol.StatusError {
-		t.Fatalf("a request naming another tenant ended %s, want error", fin.Status)
-	}
-
-	// Globex's runs went on untouched: the held run succeeded, the
-	// interrupted one still waits, and nothing was written.
-	if rec := asGlobex("GET", "/threads/gh/runs/g-hold/join", ""); rec.Status != protocol.StatusSuccess {
-		t.Fatalf("globex's held run ended %s (%s)", rec.Status, rec.Error)
-	}
-	if rec := asGlobex("GET", "/threads/gw/runs/g-write", ""); rec.Status != protocol.StatusInterrupted {
-		t.Fatalf("globex's interrupted run is %s", rec.Status)
-	}
-	stores, err := kv.Open(ctx, wjs, settings.Names)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, id := range []string{"x-new", "x-steer", "x-approve", "a-forged"} {
-		if _, _, err := stores.Runs.Get(ctx, "globex", id); !errors.Is(err, kv.ErrNotFound) {
-			t.Fatalf("globex has a run %s: %v", id, err)
-		}
-	}
-	writes.Lock()
-	if writes.n != 0 {
-		t.Fatalf("write_file ran %d times before globex approved", writes.n)
-	}
-	writes.Unlock()
-
-	// Globex itself approves with its own user, and watches its events.
-	globex := connectAs(t, url, "globex")
-	globexEvents, err := globex.nc.SubscribeSync("agent.events.globex.>")
-	if err != nil {
-		t.Fatal(err)
-	}
-	globex.submit(protocol.RunRequest{RunID: "g-approve", ThreadID: "gw", Tenant: "globex", Agent: protocol.DefaultAgent, Command: &protocol.Command{Resume: approve}})
-	if fin := finishedOn(t, globexEvents, "globex", "g-approve"); fin.Status != protocol.StatusSuccess {
-		t.Fatalf("globex's approval ended %s: %s", fin.Status, fin.Error)
-	}
-	writes.Lock()
-	if writes.n != 1 {
-		t.Fatalf("write_file ran %d times after globex approved, want 1", writes.n)
-	}
-	writes.Unlock()
-	globex.clean()
-
-	// The service users had every permission they used.
-	workerConn.clean()
-	gatewayConn.clean()
-	acme.clean()
-}
+var _ = context.Background

@@ -53,6 +53,7 @@ func commands() []command {
 		{name: "runs", summary: "list a thread's runs, newest first", run: runRuns},
 		{name: "threads", summary: "list threads, most recently active first", run: runThreads},
 		{name: "usage", summary: "token usage of a run or a thread", run: runUsage},
+		{name: "tenant", summary: "add a tenant (its own NATS account) to a static accounts file, or list them", run: runTenant},
 		{name: "compact", summary: "summarize an idle thread's older messages (a job on the queue)", run: runCompact},
 		{name: "bench", summary: "measure throughput, latency, steer/cancel, long threads, scaling and memory", run: runBench},
 		{name: "bench-worker", summary: "a worker process started by bench", hidden: true, run: runBenchWorker},

@@ -285,11 +285,11 @@ func request(thread, run, content, strategy string) []byte {
 }
 
 // submit publishes a run request the way any client does (async JetStream
-// publish, Nats-Msg-Id = run id) and stamps its submit time just before.
+// publish, Nats-Msg-Id = "<tenant>.<run id>") and stamps its submit time just before.
 func (d *deployment) submit(thread, run string, data []byte) (*track, error) {
 	m := nats.NewMsg(d.names.RunSubject(protocol.DefaultTenant, thread))
 	m.Data = data
-	m.Header.Set(nats.MsgIdHdr, run)
+	m.Header.Set(nats.MsgIdHdr, protocol.RunMsgID(protocol.DefaultTenant, run))
 	t := d.obs.expect(run)
 	f, err := d.js.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second))
 	if err != nil {

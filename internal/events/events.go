@@ -48,7 +48,10 @@ func NewPublisher(ctx context.Context, js jetstream.JetStream, names bus.Names, 
 }
 
 // Msg builds the NATS message of one event. msgID, when set, makes the
-// publish idempotent within the stream's duplicate window.
+// publish idempotent within the stream's duplicate window; it is stored
+// as "<tenant>.<msgID>" because the stream dedupes over every tenant and
+// run ids are only unique within one (another tenant's run.finished of
+// the same run id must not make this one a duplicate).
 func (p *Publisher) Msg(tenant, thread, run string, attempt int, seq uint64, eventType string, data any, msgID string) (*nats.Msg, error) {
 	raw, err := encodeData(data)
 	if err != nil {
@@ -58,7 +61,7 @@ func (p *Publisher) Msg(tenant, thread, run string, attempt int, seq uint64, eve
 	m := nats.NewMsg(p.names.EventSubject(tenant, thread, run, protocol.KindOf(eventType)))
 	m.Data = AppendEnvelope(make([]byte, 0, 160+len(raw)), &env)
 	if msgID != "" {
-		m.Header.Set(jetstream.MsgIDHeader, msgID)
+		m.Header.Set(jetstream.MsgIDHeader, tenant+"."+msgID)
 	}
 	return m, nil
 }
@@ -519,7 +522,7 @@ func (s *Stream) restore(ctx context.Context, unsure []*nats.Msg, from uint64) e
 	missing := slices.Sorted(maps.Keys(want))
 	for _, seq := range missing {
 		m := want[seq]
-		m.Header.Set(jetstream.MsgIDHeader, resentID(s.run, s.attempt, seq))
+		m.Header.Set(jetstream.MsgIDHeader, s.tenant+"."+resentID(s.run, s.attempt, seq))
 		if _, err := bus.PublishMsg(ctx, s.p.js, m); err != nil {
 			return fmt.Errorf("send run event %d again: %w", seq, err)
 		}

@@ -112,3 +112,32 @@ func TestQueuedOnlyForARunWithoutEvents(t *testing.T) {
 		t.Fatalf("r2 last seq %d (%v)", n, err)
 	}
 }
+
+// The events stream dedupes message ids over every tenant, and run ids
+// are unique only within one: two tenants' runs with the same id each get
+// their lifecycle events stored.
+func TestLifecycleEventsOfTheSameRunIDInTwoTenants(t *testing.T) {
+	srv := natstest.Start(t)
+	nc := srv.Connect()
+	natstest.Provision(t, nc, bus.Settings{})
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	p, err := NewPublisher(ctx, js, bus.DefaultNames(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tenant := range []string{"acme", "globex"} {
+		req := &protocol.RunRequest{RunID: "r1", ThreadID: "t1", Tenant: tenant, Agent: "chatbot", MultitaskStrategy: "enqueue"}
+		if err := p.PublishQueued(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.PublishFinished(ctx, &protocol.Run{RunID: "r1", ThreadID: "t1", Tenant: tenant, Status: protocol.StatusSuccess, Seq: 2}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tenant := range []string{"acme", "globex"} {
+		if n, err := p.LastSeq(ctx, tenant, "t1", "r1"); err != nil || n != 2 {
+			t.Fatalf("%s's r1: last seq %d (%v), want its run.finished (2)", tenant, n, err)
+		}
+	}
+}

@@ -29,8 +29,8 @@ import (
 //  3. reject strategy on a busy thread: the run is recorded rejected and
 //     never published;
 //  4. the request is enqueued as every submitter enqueues (internal/submit:
-//     request with Nats-Msg-Id = run id, run.queued, pending record, run
-//     index).
+//     request with Nats-Msg-Id = "<tenant>.<run id>", run.queued, pending
+//     record, run index); a duplicate of another request is 409.
 func (s *Server) submit(ctx context.Context, req *protocol.RunRequest, ifNotExists string) (*protocol.Run, error) {
 	log := s.log.With(zap.String("tenant", req.Tenant), zap.String("thread_id", req.ThreadID), zap.String("run_id", req.RunID))
 	data, err := json.Marshal(req)
@@ -90,6 +90,11 @@ func (s *Server) submit(ctx context.Context, req *protocol.RunRequest, ifNotExis
 		published(nil, err)
 		if errors.Is(err, submit.ErrMaxPayload) {
 			return nil, errTooLarge(err.Error())
+		}
+		if errors.Is(err, submit.ErrRunIDTaken) {
+			// Never 200 for a run that will not run.
+			log.Warn("run id taken in the runs stream", zap.Error(err))
+			return nil, errConflict(err.Error())
 		}
 		return nil, err
 	}
@@ -157,7 +162,9 @@ func (s *Server) busy(ctx context.Context, th *protocol.Thread) (bool, string, e
 		}
 		seq = m.Sequence + 1
 		run := m.Header.Get(jetstream.MsgIDHeader)
-		if run == "" {
+		if run != "" {
+			run = protocol.RunIDFromMsgID(th.Tenant, run) // "" (invalid) unless this tenant's
+		} else {
 			var probe struct {
 				RunID string `json:"run_id"`
 			}

@@ -138,7 +138,7 @@ func (e *env) submit(thread, run, user, text string) {
 	}
 	m := nats.NewMsg(e.settings.Names.RunSubject(req.Tenant, thread))
 	m.Data = data
-	m.Header.Set(nats.MsgIdHdr, run)
+	m.Header.Set(nats.MsgIdHdr, protocol.RunMsgID(req.Tenant, run))
 	if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
 		e.t.Fatal(err)
 	}

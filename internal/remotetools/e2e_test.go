@@ -274,7 +274,7 @@ func runOnce(t *testing.T, nc *nats.Conn, settings bus.Settings, tenant, agentNa
 	}
 	msg := nats.NewMsg(names.RunSubject(tenant, thread))
 	msg.Data = data
-	msg.Header.Set(nats.MsgIdHdr, run)
+	msg.Header.Set(nats.MsgIdHdr, protocol.RunMsgID(tenant, run))
 	if _, err := js.PublishMsg(context.Background(), msg); err != nil {
 		t.Fatal(err)
 	}

@@ -135,7 +135,7 @@ func (e *env) submitReq(req *protocol.RunRequest) {
 	}
 	m := nats.NewMsg(e.names.RunSubject(req.Tenant, req.ThreadID))
 	m.Data = data
-	m.Header.Set(nats.MsgIdHdr, req.RunID)
+	m.Header.Set(nats.MsgIdHdr, protocol.RunMsgID(req.Tenant, req.RunID))
 	if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
 		e.t.Fatal(err)
 	}

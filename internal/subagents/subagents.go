@@ -309,8 +309,8 @@ func (s *Service) activeRun(ctx context.Context, th *protocol.Thread) (string, e
 			return "", err
 		}
 		seq = m.Sequence + 1
-		run := m.Header.Get(jetstream.MsgIDHeader)
-		if !protocol.ValidToken(run) {
+		run := protocol.RunIDFromMsgID(th.Tenant, m.Header.Get(jetstream.MsgIDHeader))
+		if run == "" {
 			continue
 		}
 		r, _, err := s.stores.Runs.Get(ctx, th.Tenant, run)

@@ -73,7 +73,7 @@ func TestEnqueueWritesRequestEventRecordAndIndexOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if msg.Subject != "agent.runs.acme.th1" || msg.Header.Get(jetstream.MsgIDHeader) != "r1" ||
+	if msg.Subject != "agent.runs.acme.th1" || msg.Header.Get(jetstream.MsgIDHeader) != "acme.r1" ||
 		msg.Header.Get(protocol.HeaderSubmitter) != "test" || !strings.Contains(msg.Header.Get("traceparent"), span.SpanContext().TraceID().String()) {
 		t.Fatalf("stored request: subject %s headers %v", msg.Subject, msg.Header)
 	}
@@ -130,5 +130,103 @@ func TestEnqueueNamesAnOversizedRequest(t *testing.T) {
 	_, err := e.q.Enqueue(context.Background(), req, big)
 	if !errors.Is(err, submit.ErrMaxPayload) {
 		t.Fatalf("error %v, want ErrMaxPayload", err)
+	}
+}
+
+// Run ids are unique per tenant: another tenant's request with the same
+// run id does not make this one a duplicate.
+func TestEnqueueSameRunIDInTwoTenants(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	req, data := request("r1", "hello")
+	if _, err := e.q.Enqueue(ctx, req, data); err != nil {
+		t.Fatal(err)
+	}
+	other := *req
+	other.Tenant = "globex"
+	data, _ = json.Marshal(&other)
+	got, err := e.q.Enqueue(ctx, &other, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Ack.Duplicate {
+		t.Fatalf("globex's r1 was taken for a duplicate of acme's r1: ack %+v", got.Ack)
+	}
+	msg, err := e.runs.GetMsg(ctx, got.Ack.Sequence)
+	if err != nil || msg.Subject != "agent.runs.globex.th1" || msg.Header.Get(jetstream.MsgIDHeader) != "globex.r1" {
+		t.Fatalf("stored request %+v, %v", msg, err)
+	}
+}
+
+// A duplicate answer that points at another request (a message id written
+// by a broken or hostile submitter, or the same run id on another thread)
+// is an error, never a pending record for a run that will not run.
+func TestEnqueueRefusesADuplicateOfAnotherRequest(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := nats.NewMsg("agent.runs.acme.elsewhere")
+	forged.Data = []byte(`{}`)
+	forged.Header.Set(jetstream.MsgIDHeader, "globex.r1")
+	if _, err := js.PublishMsg(ctx, forged); err != nil {
+		t.Fatal(err)
+	}
+	req, data := request("r1", "hello")
+	req.Tenant = "globex"
+	data, _ = json.Marshal(req)
+	_, err = e.q.Enqueue(ctx, req, data)
+	if !errors.Is(err, submit.ErrRunIDTaken) || !strings.Contains(err.Error(), "r1") || strings.Contains(err.Error(), "acme") {
+		t.Fatalf("error %v, want ErrRunIDTaken naming r1 and not acme's subject", err)
+	}
+	if _, _, err := e.q.Stores.Runs.Get(ctx, "globex", "r1"); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("a record of globex's r1 was created: %v", err)
+	}
+
+	// The same run id on another thread of the same tenant.
+	first, data := request("r9", "hello")
+	if _, err := e.q.Enqueue(ctx, first, data); err != nil {
+		t.Fatal(err)
+	}
+	second := *first
+	second.ThreadID = "th2"
+	data, _ = json.Marshal(&second)
+	if _, err := e.q.Enqueue(ctx, &second, data); !errors.Is(err, submit.ErrRunIDTaken) {
+		t.Fatalf("same run id on another thread: %v, want ErrRunIDTaken", err)
+	}
+}
+
+// A duplicate whose request was consumed answers with the run's record;
+// one consumed without a record is an error.
+func TestEnqueueDuplicateOfAConsumedRequest(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	req, data := request("r5", "hello")
+	got, err := e.q.Enqueue(ctx, req, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.runs.DeleteMsg(ctx, got.Ack.Sequence); err != nil {
+		t.Fatal(err)
+	}
+	again, err := e.q.Enqueue(ctx, req, data)
+	if err != nil || !again.Ack.Duplicate || again.Record.RunID != "r5" {
+		t.Fatalf("retry of a consumed request: %+v, %v", again, err)
+	}
+	js, err := jetstream.New(e.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bucket, err := js.KeyValue(ctx, "agent_runs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bucket.Purge(ctx, "acme.r5"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.q.Enqueue(ctx, req, data); !errors.Is(err, submit.ErrRunIDTaken) {
+		t.Fatalf("duplicate of a consumed request without a record: %v, want ErrRunIDTaken", err)
 	}
 }

@@ -225,7 +225,11 @@ func (j *job) head(ctx context.Context) (headState, error) {
 			return headGone, nil
 		}
 		runID := m.Header.Get(nats.MsgIdHdr)
-		if runID == "" {
+		if runID != "" {
+			// Another tenant's id or the old bare form: invalid, and
+			// its worker dead-letters it.
+			runID = protocol.RunIDFromMsgID(j.req.Tenant, runID)
+		} else {
 			var probe struct {
 				RunID string `json:"run_id"`
 			}

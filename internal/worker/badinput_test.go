@@ -119,3 +119,30 @@ func TestDeeplyNestedToolArguments(t *testing.T) {
 		t.Fatalf("the tool ran %d times with arguments it must not get", n)
 	}
 }
+
+// A run request's Nats-Msg-Id must be "<tenant>.<run>": another tenant's
+// id, or the bare run id of old, is dead-lettered with the reason, so a
+// message id can never stand for another tenant's run.
+func TestRunRequestWithAForeignMsgIDIsDeadLettered(t *testing.T) {
+	h := newHarness(t)
+	h.startWorker(textModel("fine", 1, 0), nil)
+	for _, c := range []struct{ run, msgID string }{{"r7", "globex.r7"}, {"r8", "r8"}, {"r9", "default.r1"}} {
+		w := h.watch("default", "t1", c.run)
+		m := nats.NewMsg(h.names.RunSubject("default", "t1"))
+		m.Data = []byte(`{"run_id":"` + c.run + `","thread_id":"t1","input":{"messages":[{"role":"user","content":"hi"}]}}`)
+		m.Header.Set(nats.MsgIdHdr, c.msgID)
+		ack, err := h.js.PublishMsg(context.Background(), m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fin := w.finished(t, 10*time.Second)
+		want := `Nats-Msg-Id: "` + c.msgID + `" does not match the run: it must be "default.` + c.run + `"`
+		if fin.Status != protocol.StatusError || !strings.Contains(fin.Error, want) {
+			t.Fatalf("msg id %s: run ended %s with %q, want error containing %q", c.msgID, fin.Status, fin.Error, want)
+		}
+		if dl := h.deadLetter(t, "default", "t1", ack.Sequence); !strings.Contains(dl.Header.Get(HeaderDLQReason), "Nats-Msg-Id") {
+			t.Fatalf("dead letter reason %q", dl.Header.Get(HeaderDLQReason))
+		}
+	}
+	h.waitRunsStreamEmpty(t)
+}

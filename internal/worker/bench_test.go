@@ -53,7 +53,7 @@ func BenchmarkBurst(b *testing.B) {
 				data, _ := json.Marshal(req)
 				m := nats.NewMsg(h.names.RunSubject(req.Tenant, req.ThreadID))
 				m.Data = data
-				m.Header.Set(nats.MsgIdHdr, req.RunID)
+				m.Header.Set(nats.MsgIdHdr, protocol.RunMsgID(req.Tenant, req.RunID))
 				if _, err := h.js.PublishMsgAsync(m); err != nil {
 					b.Fatal(err)
 				}

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/natsagent/natsagent/internal/intake"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -172,6 +173,11 @@ func (w *Worker) handleControl(m *nats.Msg) {
 // a pending run is cancelled here, a running one by the worker running it
 // (which cancels its model and tool calls), and a running one whose worker
 // is gone by fencing it out and recording the cancel.
+//
+// A tenant in its own account reaches it through its service import, with
+// Nats-Request-Info naming its account: that account must be the
+// subject's tenant. The answer goes only to m.Reply through m.Respond,
+// which the server maps back to the requester of an import.
 func (w *Worker) handleCancel(m *nats.Msg) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -183,6 +189,14 @@ func (w *Worker) handleCancel(m *nats.Msg) {
 	for _, f := range [][2]string{{"tenant", tenant}, {"thread_id", thread}, {"run_id", run}} {
 		if err := protocol.CheckToken(f[0], f[1]); err != nil {
 			respondError(m, protocol.CodeInvalid, err.Error())
+			return
+		}
+	}
+	if raw := m.Header.Get(intake.HeaderRequestInfo); raw != "" {
+		var ci intake.ClientInfo
+		if err := json.Unmarshal([]byte(raw), &ci); err != nil || ci.Account != tenant {
+			w.log.Warn("cancel refused: the requester's account is not the run's tenant", zap.String("tenant", tenant), zap.String("account", ci.Account))
+			respondError(m, codeForbidden, fmt.Sprintf("account %q may not cancel runs of tenant %q", ci.Account, tenant))
 			return
 		}
 	}
@@ -199,6 +213,9 @@ func (w *Worker) handleCancel(m *nats.Msg) {
 	}
 	respondJSON(m, protocol.CancelReply{RunID: run, Status: status})
 }
+
+// codeForbidden refuses a requester who may not act on the run.
+const codeForbidden = "forbidden"
 
 type codedError struct{ code, msg string }
 
@@ -345,7 +362,7 @@ func (w *Worker) findRequest(ctx context.Context, tenant, thread, run string) (*
 			return nil, err
 		}
 		seq = m.Sequence + 1
-		if id := m.Header.Get(nats.MsgIdHdr); id != "" && id != run {
+		if id := m.Header.Get(nats.MsgIdHdr); id != "" && id != protocol.RunMsgID(tenant, run) {
 			continue
 		}
 		req, err := protocol.DecodeRunRequest(m.Data, w.cfg.Settings.MaxRequestBytes)
@@ -360,6 +377,8 @@ func (w *Worker) findRequest(ctx context.Context, tenant, thread, run string) (*
 	return nil, nil
 }
 
+// respondJSON and respondError answer through m.Respond only: never a
+// publish to a subject the request names.
 func respondJSON(m *nats.Msg, v any) {
 	data, _ := json.Marshal(v)
 	_ = m.Respond(data)
@@ -381,6 +400,8 @@ func errorStatus(code string) string {
 		return "404"
 	case protocol.CodeConflict:
 		return "409"
+	case codeForbidden:
+		return "403"
 	case protocol.CodeUnavailable:
 		return "503"
 	}

@@ -49,8 +49,10 @@ func (w *Worker) decode(msg jetstream.Msg) (*protocol.RunRequest, error) {
 	if req.ThreadID != thread {
 		return req, &protocol.ValidationError{Field: "thread_id", Message: fmt.Sprintf("%q does not match the subject's thread %q", req.ThreadID, thread)}
 	}
-	if id := msg.Headers().Get(nats.MsgIdHdr); id != "" && id != req.RunID {
-		return req, &protocol.ValidationError{Field: "run_id", Message: fmt.Sprintf("%q does not match the Nats-Msg-Id header %q", req.RunID, id)}
+	if err := protocol.CheckRunMsgID(tenant, req.RunID, msg.Headers().Get(nats.MsgIdHdr)); err != nil {
+		// Only "<tenant>.<run>" may be deduplicated: any other id could
+		// be another run's (another tenant's) and swallow its request.
+		return req, err
 	}
 	if !w.cfg.Agents.Has(req.Agent) {
 		return req, &protocol.ValidationError{Field: "agent", Message: fmt.Sprintf("unknown agent %q (known agents: %v)", req.Agent, w.cfg.Agents.Names())}
@@ -115,8 +117,10 @@ func (w *Worker) invalidRunID(msg jetstream.Msg, seq uint64) string {
 	if json.Unmarshal(msg.Data(), &probe) == nil && protocol.ValidToken(probe.RunID) {
 		return probe.RunID
 	}
-	if id := msg.Headers().Get(nats.MsgIdHdr); protocol.ValidToken(id) {
-		return id
+	if tenant, _, ok := w.names.ParseRunSubject(msg.Subject()); ok {
+		if id := protocol.RunIDFromMsgID(tenant, msg.Headers().Get(nats.MsgIdHdr)); id != "" {
+			return id
+		}
 	}
 	return "invalid-" + strconv.FormatUint(seq, 10)
 }

@@ -21,7 +21,7 @@ func TestDeadLetterDropsServerHeaders(t *testing.T) {
 	w := h.watch("default", "t1", "hdr")
 	m := nats.NewMsg(h.names.RunSubject("default", "t1"))
 	m.Data = []byte(`{"run_id": "hdr", "thread_id": `)
-	m.Header.Set(nats.MsgIdHdr, "hdr")
+	m.Header.Set(nats.MsgIdHdr, "default.hdr")
 	m.Header.Set("Nats-Expected-Stream", h.names.RunsStream())
 	m.Header.Set("X-Trace", "abc")
 	ack, err := h.js.PublishMsg(context.Background(), m)

@@ -130,6 +130,10 @@ func (h *harness) publishRaw(subject string, data []byte, msgID string) uint64 {
 	m := nats.NewMsg(subject)
 	m.Data = data
 	if msgID != "" {
+		// Every submitter's form: "<tenant>.<run>".
+		if tenant, _, ok := h.names.ParseRunSubject(subject); ok {
+			msgID = protocol.RunMsgID(tenant, msgID)
+		}
 		m.Header.Set(nats.MsgIdHdr, msgID)
 	}
 	ack, err := h.js.PublishMsg(context.Background(), m)

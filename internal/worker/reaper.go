@@ -63,7 +63,7 @@ func (w *Worker) requestStateOf(ctx context.Context, seq uint64, run string, att
 	if err != nil {
 		return 0, nil, err
 	}
-	if id := m.Header.Get(nats.MsgIdHdr); id != "" && id != run {
+	if tenant, _, ok := w.names.ParseRunSubject(m.Subject); !ok || protocol.CheckRunMsgID(tenant, run, m.Header.Get(nats.MsgIdHdr)) != nil {
 		return requestGone, nil, nil // not this run's request (cannot happen: sequences are not reused)
 	}
 	info, err := w.consumer.Info(ctx)

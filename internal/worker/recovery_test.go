@@ -231,7 +231,7 @@ func TestPlainNATSClient(t *testing.T) {
 	body := `{"run_id":"run-1","thread_id":"chat-1","tenant":"acme","agent":"chatbot",
 	  "input":{"messages":[{"role":"user","content":"what time is it?"}]},
 	  "multitask_strategy":"enqueue","config":{"max_steps":5},"metadata":{"source":"raw"}}`
-	if _, err := js.Publish(ctx, "agent.runs.acme.chat-1", []byte(body), jetstream.WithMsgID("run-1")); err != nil {
+	if _, err := js.Publish(ctx, "agent.runs.acme.chat-1", []byte(body), jetstream.WithMsgID("acme.run-1")); err != nil {
 		t.Fatal(err)
 	}
 	var types []string

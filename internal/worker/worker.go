@@ -23,6 +23,7 @@ import (
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/files"
+	"github.com/natsagent/natsagent/internal/intake"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/metrics"
 	"github.com/natsagent/natsagent/internal/protocol"
@@ -74,6 +75,9 @@ type Config struct {
 	// Traces records the runs' spans, each under the span its request
 	// carries; nil traces nothing.
 	Traces trace.TracerProvider
+	// Submit holds the policy hooks of the submit service the worker
+	// serves for tenants in their own NATS accounts (intake.go).
+	Submit intake.Hooks
 }
 
 func (c Config) withDefaults() Config {
@@ -233,6 +237,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	// Stopped after the runs: their waits on children end with them.
 	defer w.subagents.Stop()
+	stopIntake, serr := w.serveIntake()
+	if serr != nil {
+		return serr
+	}
+	defer stopIntake()
 	if w.cfg.Jobs != nil {
 		jobsCtx, stopRunner := context.WithCancel(ctx)
 		runnerDone := make(chan struct{})

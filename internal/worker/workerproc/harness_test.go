@@ -86,7 +86,7 @@ func (d *deployment) submit(thread, run, text string) {
 	})
 	m := nats.NewMsg(d.settings.Names.RunSubject(protocol.DefaultTenant, thread))
 	m.Data = body
-	m.Header.Set(nats.MsgIdHdr, run)
+	m.Header.Set(nats.MsgIdHdr, protocol.RunMsgID(protocol.DefaultTenant, run))
 	if _, err := d.js.PublishMsg(context.Background(), m); err != nil {
 		d.t.Fatal(err)
 	}

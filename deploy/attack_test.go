@@ -1,0 +1,512 @@
+package deploy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/natsagent/natsagent/internal/agent"
+	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/gateway"
+	"github.com/natsagent/natsagent/internal/intake"
+	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/tools"
+	"github.com/natsagent/natsagent/internal/worker"
+)
+
+// attackDeployment is a NATS deployment with natsagent's account layout
+// (internal/tenancy) for prefix "agent": the service account's users
+// "gateway" and "worker", and tenants "acme" and "globex" with one user
+// each, of the same names. The static configuration (TestTenantIsolation)
+// and the JWT mode run the same suite against their servers.
+type attackDeployment struct {
+	URL string
+	// Connect connects as user with opts added to its own.
+	Connect func(t *testing.T, user string, opts ...nats.Option) *nats.Conn
+}
+
+func (d attackDeployment) user(t *testing.T, name string) *natsUser {
+	t.Helper()
+	u := &natsUser{t: t, name: name, errs: make(chan error, 1000)}
+	u.nc = d.Connect(t, name, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		select {
+		case u.errs <- err:
+		default:
+		}
+	}))
+	return u
+}
+
+// submitted is what the submit service saw of a request: the principal
+// it stamped and the user id the body asked for.
+type submitted struct{ user, principal, bodyUserID string }
+
+// runAttackerSuite starts two workers and a gateway with the service
+// users, and tenant acme tries everything an attacker review found or
+// could think of against tenant globex: replies that name globex's
+// buckets, streams and subjects, globex's subjects themselves, the
+// JetStream API, forged Nats-Request-Info headers and body principals,
+// and run id collisions. Every trick must fail, and globex's records and
+// messages must be byte-for-byte what they were. Acme's own runs work over
+// plain NATS and the JetStream client, through its imports.
+func runAttackerSuite(t *testing.T, d attackDeployment) {
+	ctx := context.Background()
+	settings := bus.Settings{}.WithDefaults()
+	svc := d.user(t, "worker")
+	sjs, err := jetstream.New(svc.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.Provision(ctx, sjs, settings); err != nil {
+		t.Fatalf("provision as the worker user: %v", err)
+	}
+
+	// What the submit service stamped, by "<tenant>.<run>".
+	var seen sync.Map
+	hooks := intake.Hooks{Authorize: func(ctx context.Context, tenant string, p *protocol.Principal, req *protocol.RunRequest) error {
+		s := submitted{user: p.User, bodyUserID: req.Config.UserID}
+		if req.Principal != nil {
+			s.principal = req.Principal.User
+		}
+		seen.Store(tenant+"."+req.RunID, s)
+		return intake.DefaultAuthorize(ctx, tenant, p, req)
+	}}
+	var writes struct {
+		sync.Mutex
+		n int
+	}
+	registry := tools.NewRegistry()
+	registry.Register(tools.Func(model.ToolSpec{Name: "write_file", Parameters: json.RawMessage(`{"type":"object"}`)},
+		func(context.Context, json.RawMessage) (string, error) {
+			writes.Lock()
+			defer writes.Unlock()
+			writes.n++
+			return "written", nil
+		}))
+	m := model.NewScripted(func(_ int, req *model.Request) model.Reply {
+		last := req.Messages[len(req.Messages)-1]
+		switch {
+		case last.Role == "tool":
+			return model.Reply{Text: "file written"}
+		case last.Content == "hold":
+			return model.Reply{Text: "held", Delay: 3 * time.Second}
+		case last.Content == "write":
+			return model.Reply{ToolCalls: []model.ToolCall{{ID: "c1", Name: "write_file", Arguments: `{"path":"/a.txt","content":"A"}`}}}
+		}
+		return model.Reply{Text: "hello"}
+	})
+	chatbot := agent.Chatbot()
+	chatbot.Tools = []string{"write_file"}
+	agents, err := agent.NewAgents(m, registry, chatbot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	workers := []*natsUser{svc, d.user(t, "worker")}
+	for _, wc := range workers {
+		w, err := worker.New(ctx, wc.nc, worker.Config{Settings: settings, Concurrency: 4, Agents: agents, Submit: hooks,
+			Logger: zaptest.NewLogger(t), WaitPoll: 200 * time.Millisecond, ShutdownGrace: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- w.Run(wctx) }()
+		t.Cleanup(func() {
+			stop()
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				t.Error("worker did not stop")
+			}
+		})
+	}
+	gwConn := d.user(t, "gateway")
+	gw, err := gateway.New(ctx, gwConn.nc, gateway.Config{Settings: settings, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatalf("gateway as the gateway user: %v", err)
+	}
+	api := httptest.NewServer(gw.Handler())
+	t.Cleanup(api.Close)
+	asGlobex := func(method, path, body string, want int) protocol.Run {
+		t.Helper()
+		req, _ := http.NewRequest(method, api.URL+path, strings.NewReader(body))
+		req.Header.Set("X-Tenant", "globex")
+		resp, err := api.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var buf bytes.Buffer
+		_, _ = buf.ReadFrom(resp.Body)
+		if resp.StatusCode != want {
+			t.Fatalf("globex %s %s: %d %s, want %d", method, path, resp.StatusCode, buf.String(), want)
+		}
+		var rec protocol.Run
+		_ = json.Unmarshal(buf.Bytes(), &rec)
+		return rec
+	}
+	runReq := func(run, thread, tenant, text string) []byte {
+		data, _ := json.Marshal(protocol.RunRequest{RunID: run, ThreadID: thread, Tenant: tenant, Input: userInput(text)})
+		return data
+	}
+
+	// Globex (through the gateway): a run waiting for approval, one done.
+	if rec := asGlobex("POST", "/threads/gw/runs/wait", `{"run_id":"g-write","input":{"messages":[{"role":"user","content":"write"}]}}`, 200); rec.Status != protocol.StatusInterrupted {
+		t.Fatalf("globex's write run ended %s, want interrupted", rec.Status)
+	}
+	if rec := asGlobex("POST", "/threads/gd/runs/wait", `{"run_id":"g-done","input":{"messages":[{"role":"user","content":"hi"}]}}`, 200); rec.Status != protocol.StatusSuccess {
+		t.Fatalf("globex's run ended %s", rec.Status)
+	}
+
+	// Acme uses its own runs over NATS: the JetStream client's Publish
+	// through its import gets the stream's ack, live events arrive, and
+	// cancel works.
+	acme := d.user(t, "acme")
+	acmeEvents, err := acme.nc.SubscribeSync("agent.events.acme.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ajs, err := jetstream.New(acme.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack, err := ajs.Publish(ctx, "agent.runs.acme.ah", runReq("a-hi", "ah", "acme", "hi"), jetstream.WithMsgID("acme.a-hi"))
+	if err != nil || ack.Stream != settings.Names.RunsStream() || ack.Sequence == 0 {
+		t.Fatalf("acme's js.Publish through its import: %+v, %v", ack, err)
+	}
+	if fin := finishedOn(t, acmeEvents, "acme", "a-hi"); fin.Status != protocol.StatusSuccess {
+		t.Fatalf("acme's own run ended %s: %s", fin.Status, fin.Error)
+	}
+	if s, _ := seen.Load("acme.a-hi"); s != (submitted{user: "acme", principal: "acme"}) {
+		t.Fatalf("acme's run was stamped %+v", s)
+	}
+	if _, err := ajs.Publish(ctx, "agent.runs.acme.ah2", runReq("a-hold", "ah2", "acme", "hold")); err != nil {
+		t.Fatal(err)
+	}
+	reply, err := acme.nc.Request("agent.ctl.acme.ah2.a-hold.cancel", nil, 15*time.Second)
+	if err != nil {
+		t.Fatalf("acme cancels its own run: %v", err)
+	}
+	var cancelled protocol.CancelReply
+	if err := json.Unmarshal(reply.Data, &cancelled); err != nil || cancelled.RunID != "a-hold" || cancelled.Status != protocol.StatusCancelled {
+		t.Fatalf("cancel reply %s", reply.Data)
+	}
+	if fin := finishedOn(t, acmeEvents, "acme", "a-hold"); fin.Status != protocol.StatusCancelled {
+		t.Fatalf("acme's cancelled run ended %s", fin.Status)
+	}
+	acme.clean()
+
+	before := stableSnapshot(t, sjs)
+
+	// 1. Replies naming globex's records, events, runs and the JetStream
+	// API, on submissions (valid: answered with the ack; invalid: with an
+	// error) and cancels. The server maps each reply back into acme's own
+	// account, where nobody serves those subjects.
+	replies := []string{
+		"$KV.agent_threads.globex.gw",
+		"$KV.agent_runs.globex.g-write",
+		"agent.events.globex.gw.g-write.lifecycle",
+		"agent.runs.globex.gw",
+		"$JS.API.STREAM.PURGE.AGENT_EVENTS",
+	}
+	var tricks []string
+	for i, r := range replies {
+		run := fmt.Sprintf("a-reply-%d", i)
+		tricks = append(tricks, run)
+		for _, msg := range []*nats.Msg{
+			{Subject: "agent.runs.acme.ar", Reply: r, Data: runReq(run, "ar", "acme", "hi")},
+			{Subject: "agent.runs.acme.ar", Reply: r, Data: runReq(run+"-bad", "elsewhere", "acme", "hi")},
+			{Subject: "agent.ctl.acme.ah.a-hi.cancel", Reply: r},
+			{Subject: "agent.ctl.acme.ar.nope.cancel", Reply: r},
+		} {
+			if err := acme.nc.PublishMsg(msg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// And as plain publishes without a reply: still submitted.
+		if err := acme.nc.Publish("agent.runs.acme.ap", runReq(run+"-plain", "ap", "acme", "hi")); err != nil {
+			t.Fatal(err)
+		}
+		tricks = append(tricks, run+"-plain")
+	}
+	acme.clean()
+
+	// 2. Globex's subjects, the submit service itself, the JetStream API,
+	// KV, Object Store and service discovery: refused by the server.
+	for _, subject := range []string{"agent.events.globex.>", "agent.events.>", ">", "agent.runs.>", "agent.runs.globex.*", "agent.ctl.>",
+		"agent.submit.>", "agent.submit.acme.*", "$JS.>", "$JS.API.>", "$KV.>", "$KV.agent_runs.globex.>", "$O.>", "$SRV.>", "agent.subagent.>", "agent.tools.>"} {
+		sub := acme.subscribeDenied(subject)
+		defer func() { _ = sub.Unsubscribe() }()
+	}
+	approve, _ := json.Marshal(protocol.Resume{Decisions: []protocol.Decision{{Type: protocol.DecisionApprove}}})
+	approval, _ := json.Marshal(protocol.RunRequest{RunID: "x-approve", ThreadID: "gw", Tenant: "globex", Command: &protocol.Command{Resume: approve}})
+	for _, p := range []struct {
+		subject string
+		data    []byte
+	}{
+		{"agent.runs.globex.gw", approval},
+		{"agent.runs.globex.gn", runReq("x-new", "gn", "globex", "hi")},
+		{"agent.ctl.globex.gw.g-write.cancel", nil},
+		{"agent.submit.globex.gw", approval},
+		{"agent.submit.acme.ax", runReq("x-direct", "ax", "acme", "hi")},
+		{"agent.events.globex.gw.g-write.lifecycle", []byte(`{"type":"run.finished"}`)},
+		{"agent.subagent.globex.start", []byte(`{}`)},
+		{"$JS.API.INFO", nil},
+		{"$JS.API.STREAM.INFO.AGENT_EVENTS", nil},
+		{"$JS.API.STREAM.PURGE.AGENT_EVENTS", nil},
+		{"$JS.API.STREAM.MSG.GET.AGENT_RUNS", []byte(`{"seq":1}`)},
+		{"$JS.API.DIRECT.GET.KV_agent_runs.$KV.agent_runs.globex.g-write", nil},
+		{"$JS.API.CONSUMER.CREATE.AGENT_EVENTS", []byte(`{}`)},
+		{"$KV.agent_runs.globex.g-write", []byte(`{}`)},
+		{"$KV.agent_threads.globex.gw", []byte(`{}`)},
+		{"$O.agent_files.M.x", []byte(`{}`)},
+		{"$SRV.PING", nil},
+		{"_INBOX.x", nil},
+	} {
+		acme.publishDenied(p.subject, p.data)
+	}
+	// Requests fail the same way (nats.go reports the violation).
+	if _, err := acme.nc.Request("agent.runs.globex.gw", approval, time.Second); err == nil {
+		t.Fatal("acme's request to globex's runs was answered")
+	}
+	acme.denied("publish", "agent.runs.globex.gw")
+	if _, err := ajs.Stream(ctx, "AGENT_EVENTS"); err == nil {
+		t.Fatal("acme opened the events stream")
+	}
+	acme.denied("publish", "$JS.API.STREAM.INFO.AGENT_EVENTS")
+	if _, err := ajs.KeyValue(ctx, "agent_runs"); err == nil {
+		t.Fatal("acme opened the runs bucket")
+	}
+	acme.denied("publish", "$JS.API.STREAM.INFO.KV_agent_runs")
+	// Globex's replies live in globex's account: acme's _INBOX.> sees none.
+	acmeInbox, err := acme.nc.SubscribeSync("_INBOX.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	globex := d.user(t, "globex")
+	reply, err = globex.nc.Request("agent.ctl.globex.gw.nope.cancel", nil, 15*time.Second)
+	if err != nil || !strings.Contains(string(reply.Data), protocol.CodeNotFound) {
+		t.Fatalf("globex's own cancel of an unknown run: %v %s", err, reply.Data)
+	}
+	if m, err := acmeInbox.NextMsg(300 * time.Millisecond); err == nil {
+		t.Fatalf("acme's _INBOX.> received %s %s", m.Subject, m.Data)
+	}
+	_ = acmeInbox.Unsubscribe()
+
+	// 3. A forged Nats-Request-Info: the server replaces it, and the run is
+	// acme's, stamped with acme's user.
+	forged := nats.NewMsg("agent.runs.acme.af")
+	forged.Header.Set(intake.HeaderRequestInfo, `{"acc":"globex","user":"globex","name_tag":"globex-admin"}`)
+	forged.Data = runReq("a-forged-info", "af", "acme", "hi")
+	reply, err = acme.nc.RequestMsg(forged, 15*time.Second)
+	if err != nil || !strings.Contains(string(reply.Data), `"stream":"AGENT_RUNS"`) {
+		t.Fatalf("acme's request with a forged Nats-Request-Info: %v %s", err, reply.Data)
+	}
+	if s, _ := seen.Load("acme.a-forged-info"); s != (submitted{user: "acme", principal: "acme"}) {
+		t.Fatalf("a forged Nats-Request-Info was stamped %+v, want acme's user", s)
+	}
+	tricks = append(tricks, "a-forged-info")
+
+	// 4. Forged principal, tenant and user id in the body.
+	var body map[string]any
+	_ = json.Unmarshal(runReq("a-forged-principal", "af", "acme", "hi"), &body)
+	body["principal"] = map[string]any{"user": "globex-admin", "roles": []string{"admin"}}
+	data, _ := json.Marshal(body)
+	if _, err := ajs.Publish(ctx, "agent.runs.acme.af", data); err != nil {
+		t.Fatalf("acme's run with a forged body principal: %v", err)
+	}
+	if s, _ := seen.Load("acme.a-forged-principal"); s != (submitted{user: "acme", principal: "acme"}) {
+		t.Fatalf("a forged body principal was stamped %+v", s)
+	}
+	tricks = append(tricks, "a-forged-principal")
+	body["run_id"], body["config"] = "a-forged-user", map[string]any{"user_id": "globex-admin"}
+	data, _ = json.Marshal(body)
+	var apiErr *jetstream.APIError
+	if _, err := ajs.Publish(ctx, "agent.runs.acme.af", data); !errors.As(err, &apiErr) || apiErr.Code != 403 || !strings.Contains(apiErr.Description, "config.user_id") {
+		t.Fatalf("acme's run for another user id: %v, want 403", err)
+	}
+	if _, err := ajs.Publish(ctx, "agent.runs.acme.af", runReq("a-forged-tenant", "af", "globex", "hi")); !errors.As(err, &apiErr) || apiErr.Code != 400 || !strings.Contains(apiErr.Description, "tenant") {
+		t.Fatalf("acme's run naming globex in the body: %v, want 400", err)
+	}
+
+	// Acme's tricks ran as acme's runs, or not at all; then globex's data
+	// is what it was, byte for byte.
+	for _, run := range tricks {
+		waitRunFinished(t, sjs, "acme", run)
+	}
+	after := stableSnapshot(t, sjs)
+	if diff := snapshotDiff(before, after); diff != "" {
+		t.Fatalf("globex's data changed during acme's tricks:\n%s", diff)
+	}
+
+	// 5. Run id collisions: another tenant's message id is refused, and a
+	// run id acme used does not block globex's.
+	if _, err := ajs.Publish(ctx, "agent.runs.acme.ac", runReq("r1", "ac", "acme", "hi"), jetstream.WithMsgID("globex.r1")); !errors.As(err, &apiErr) || apiErr.Code != 400 || !strings.Contains(apiErr.Description, "Nats-Msg-Id") {
+		t.Fatalf("acme's request with globex's message id: %v, want 400", err)
+	}
+	if _, err := ajs.Publish(ctx, "agent.runs.acme.ac", runReq("r1", "ac", "acme", "hi"), jetstream.WithMsgID("r1")); err != nil {
+		t.Fatalf("acme's r1 with the bare message id: %v", err)
+	}
+	if fin := finishedOn(t, acmeEvents, "acme", "r1"); fin.Status != protocol.StatusSuccess {
+		t.Fatalf("acme's r1 ended %s", fin.Status)
+	}
+	if rec := asGlobex("POST", "/threads/gc/runs/wait", `{"run_id":"r1","input":{"messages":[{"role":"user","content":"hi"}]}}`, 200); rec.Status != protocol.StatusSuccess {
+		t.Fatalf("globex's r1 after acme's r1 ended %q, want success", rec.Status)
+	}
+	// Its lifecycle events are stored too, not dropped as duplicates of
+	// acme's r1's.
+	evStream, err := sjs.Stream(ctx, settings.Names.EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		m, err := evStream.GetLastMsgForSubject(ctx, settings.Names.EventSubject("globex", "gc", "r1", protocol.KindLifecycle))
+		if err == nil && strings.Contains(string(m.Data), `"type":"run.finished"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("globex's r1 has no stored run.finished (%v)", err)
+		}
+	}
+
+	// Globex approves its run with its own NATS user; the tool runs once.
+	writes.Lock()
+	if writes.n != 0 {
+		t.Fatalf("write_file ran %d times before globex approved", writes.n)
+	}
+	writes.Unlock()
+	globexEvents, err := globex.nc.SubscribeSync("agent.events.globex.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resume, _ := json.Marshal(protocol.RunRequest{RunID: "g-approve", ThreadID: "gw", Tenant: "globex", Command: &protocol.Command{Resume: approve}})
+	if reply, err := globex.nc.Request("agent.runs.globex.gw", resume, 15*time.Second); err != nil || !strings.Contains(string(reply.Data), `"stream":"AGENT_RUNS"`) {
+		t.Fatalf("globex's approval: %v", err)
+	}
+	if fin := finishedOn(t, globexEvents, "globex", "g-approve"); fin.Status != protocol.StatusSuccess {
+		t.Fatalf("globex's approval ended %s: %s", fin.Status, fin.Error)
+	}
+	writes.Lock()
+	if writes.n != 1 {
+		t.Fatalf("write_file ran %d times after globex approved, want 1", writes.n)
+	}
+	writes.Unlock()
+
+	// The service users had every permission they used.
+	for _, u := range append(workers, gwConn, globex, acme) {
+		u.clean()
+	}
+}
+
+// waitRunFinished waits until tenant's run has a terminal record, read
+// with a service connection.
+func waitRunFinished(t *testing.T, js jetstream.JetStream, tenant, run string) {
+	t.Helper()
+	bucket, err := js.KeyValue(context.Background(), "agent_runs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		e, err := bucket.Get(context.Background(), tenant+"."+run)
+		if err == nil {
+			var rec protocol.Run
+			if json.Unmarshal(e.Value(), &rec) == nil && rec.Status.Terminal() {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's run %s did not finish (%v)", tenant, run, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// globexData lists every stored message of tenant globex: its keys in the
+// buckets (with their history) and its requests and events in the
+// streams, one line each (sequence, subject, headers, data).
+func globexData(t *testing.T, js jetstream.JetStream) []string {
+	t.Helper()
+	ctx := context.Background()
+	var out []string
+	for _, s := range []struct{ stream, filter string }{
+		{"KV_agent_runs", "$KV.agent_runs.globex.>"},
+		{"KV_agent_threads", "$KV.agent_threads.globex.>"},
+		{"KV_agent_checkpoints", "$KV.agent_checkpoints.globex.>"},
+		{"KV_agent_usage", "$KV.agent_usage.globex.>"},
+		{"AGENT_RUNS", "agent.runs.globex.>"},
+		{"AGENT_EVENTS", "agent.events.globex.>"},
+	} {
+		st, err := js.Stream(ctx, s.stream)
+		if err != nil {
+			t.Fatalf("stream %s: %v", s.stream, err)
+		}
+		var seq uint64
+		for {
+			m, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(s.filter))
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("read %s: %v", s.stream, err)
+			}
+			keys := make([]string, 0, len(m.Header))
+			for k := range m.Header {
+				keys = append(keys, k+"="+strings.Join(m.Header[k], ","))
+			}
+			slices.Sort(keys)
+			out = append(out, fmt.Sprintf("%s %d %s %v %q", s.stream, m.Sequence, m.Subject, keys, m.Data))
+			seq = m.Sequence + 1
+		}
+	}
+	return out
+}
+
+// stableSnapshot is globexData once two reads 300ms apart agree (workers
+// finish acking and indexing after a run's last event).
+func stableSnapshot(t *testing.T, js jetstream.JetStream) []string {
+	t.Helper()
+	prev := globexData(t, js)
+	for range 50 {
+		time.Sleep(300 * time.Millisecond)
+		cur := globexData(t, js)
+		if snapshotDiff(prev, cur) == "" {
+			if len(cur) == 0 {
+				t.Fatal("globex has no data to compare")
+			}
+			return cur
+		}
+		prev = cur
+	}
+	t.Fatal("globex's data kept changing")
+	return nil
+}
+
+func snapshotDiff(a, b []string) string {
+	var d []string
+	for _, x := range a {
+		if !slices.Contains(b, x) {
+			d = append(d, "- "+x)
+		}
+	}
+	for _, x := range b {
+		if !slices.Contains(a, x) {
+			d = append(d, "+ "+x)
+		}
+	}
+	return strings.Join(d, "\n")
+}
