@@ -1,0 +1,71 @@
+// Package natsjwttest starts, for tests, a real nats-server that trusts a
+// natsjwt store: the configuration fragment the store renders, included
+// in a server config file and read by server.ProcessConfigFile as
+// nats-server reads it, on a random loopback port with JetStream in a
+// temp dir.
+package natsjwttest
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/natsagent/natsagent/internal/natsjwt"
+)
+
+// StartServer runs a server trusting store, until the test ends. With
+// full, its resolver is full (a temp dir; tenants must be pushed);
+// otherwise MEMORY with every account preloaded.
+func StartServer(t testing.TB, store *natsjwt.Store, full bool) *server.Server {
+	t.Helper()
+	dir := t.TempDir()
+	resolverDir := ""
+	if full {
+		resolverDir = filepath.Join(dir, "jwt")
+	}
+	fragment, err := store.ServerConfig(resolverDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "natsjwt.conf"), []byte(fragment), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	main := filepath.Join(dir, "server.conf")
+	conf := "jetstream {store_dir: \"" + filepath.Join(dir, "js") + "\"}\ninclude natsjwt.conf\n"
+	if err := os.WriteFile(main, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(main)
+	if err != nil {
+		t.Fatalf("server config from natsjwt: %v\n%s", err, fragment)
+	}
+	opts.Host, opts.Port = "127.0.0.1", -1
+	opts.NoLog, opts.NoSigs = true, true
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server trusting the natsjwt operator is not ready")
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	return s
+}
+
+// Connect connects to url as account's user with its creds file from
+// store; the connection is closed when the test ends.
+func Connect(t testing.TB, url string, store *natsjwt.Store, account, user string, opts ...nats.Option) (*nats.Conn, error) {
+	t.Helper()
+	opts = append([]nats.Option{nats.UserCredentials(store.CredsPath(account, user)), nats.Name("natsjwttest-" + account + "-" + user)}, opts...)
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(nc.Close)
+	return nc, nil
+}
