@@ -145,8 +145,20 @@ func TestAccountLayout(t *testing.T) {
 			t.Errorf("acme imports %s", imp.Subject)
 		}
 	}
-	if _, err := s.RemoveTenant("acme"); err != nil {
+	pub, err := s.RemoveTenant("acme")
+	if err != nil {
 		t.Fatal(err)
+	}
+	last, err := os.ReadFile(filepath.Join(s.Dir(), "removed", pub+".jwt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, err := jwt.DecodeAccountClaims(string(last))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gone.Revocations[jwt.All] == 0 || gone.Limits.Conn != 0 || gone.Limits.LeafNodeConn != 0 {
+		t.Errorf("removed acme's last JWT keeps users (revocations %v) or connections (%d, leaf %d)", gone.Revocations, gone.Limits.Conn, gone.Limits.LeafNodeConn)
 	}
 	agent, _ = s.Account(natsjwt.ServiceAccount)
 	for _, e := range agent.Exports {
@@ -278,17 +290,41 @@ func TestPushFullResolver(t *testing.T) {
 		t.Fatalf("app's new creds: %v", err)
 	}
 
-	// Remove: connections closed, creds refused, the account deleted.
+	// Remove: the last JWT alone (every user revoked) closes the
+	// connections and refuses the creds; the push then deletes the
+	// account from the resolver.
 	appCreds := copyFile(t, s.CredsPath("acme", "app"))
-	if _, err := s.RemoveTenant("acme"); err != nil {
+	pub, err := s.RemoveTenant("acme")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if res := push(); len(res.Deleted) != 1 {
-		t.Fatalf("push after the removal deleted %v", res.Deleted)
+	last, err := os.ReadFile(filepath.Join(s.Dir(), "removed", pub+".jwt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sys.nc.Request("$SYS.REQ.CLAIMS.UPDATE", last, 5*time.Second); err != nil {
+		t.Fatal(err)
 	}
 	app.waitClosed(t, "acme was removed")
 	if _, err := nats.Connect(url, nats.UserCredentials(appCreds)); err == nil {
 		t.Fatal("removed tenant acme's user connected")
+	}
+	listed := func() string {
+		t.Helper()
+		m, err := sys.nc.Request("$SYS.REQ.CLAIMS.LIST", nil, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(m.Data)
+	}
+	if !strings.Contains(listed(), pub) {
+		t.Fatalf("the resolver does not list acme %s before the push: %s", pub, listed())
+	}
+	if res := push(); len(res.Deleted) != 1 || res.Deleted[0] != pub {
+		t.Fatalf("push after the removal deleted %v", res.Deleted)
+	}
+	if strings.Contains(listed(), pub) {
+		t.Fatalf("the resolver still lists removed tenant acme: %s", listed())
 	}
 	if res := push(); len(res.Deleted) != 0 {
 		t.Fatalf("a second push deleted %v again", res.Deleted)
