@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,7 +20,9 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/natsagent/natsagent/internal/agent"
+	"github.com/natsagent/natsagent/internal/app"
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/config"
 	"github.com/natsagent/natsagent/internal/gateway"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/natsjwt"
@@ -96,9 +97,22 @@ func jwtAccount(user string) string {
 	return user
 }
 
+// connect connects as user with its creds file the way the binaries do
+// (nats.creds_file through app.NATSOptions).
 func (d *jwtDeployment) connect(user string, opts ...nats.Option) (*nats.Conn, error) {
 	d.t.Helper()
-	return natsjwttest.Connect(d.t, d.url, d.store, jwtAccount(user), user, opts...)
+	cfg := config.Default()
+	cfg.NATS.URL, cfg.NATS.CredsFile = d.url, d.store.CredsPath(jwtAccount(user), user)
+	nopts, err := app.NATSOptions(cfg.NATS)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := bus.Connect(d.url, "jwt-test-"+user, append(nopts, opts...)...)
+	if err != nil {
+		return nil, err
+	}
+	d.t.Cleanup(nc.Close)
+	return nc, nil
 }
 
 // push sends the store's account JWTs to the server, as `natsagent jwt
@@ -225,9 +239,18 @@ func (u *jwtUser) clean() {
 // P.runs.<tenant>.<thread>, and checks the acknowledgement.
 func (u *jwtUser) submit(req protocol.RunRequest) {
 	u.t.Helper()
+	u.submitWith(req, nil)
+}
+
+// submitWith is submit with extra headers.
+func (u *jwtUser) submitWith(req protocol.RunRequest, hdr nats.Header) {
+	u.t.Helper()
 	data, _ := json.Marshal(req)
 	m := nats.NewMsg("agent.runs." + u.name + "." + req.ThreadID)
 	m.Data = data
+	for k, v := range hdr {
+		m.Header[k] = v
+	}
 	m.Header.Set(nats.MsgIdHdr, req.RunID)
 	reply, err := u.nc.RequestMsg(m, 5*time.Second)
 	if err != nil {
@@ -418,6 +441,19 @@ func TestJWTIsolation(t *testing.T) {
 		t.Fatalf("the submit service saw %+v, want subject agent.submit.acme.ah from account %s, user acme", s, acmeAcc.Subject)
 	}
 	if fin := jwtFinished(t, acmeEvents, "acme", "a-hi"); fin.Status != protocol.StatusSuccess {
+		t.Fatalf("acme's run ended %s: %s", fin.Status, fin.Error)
+	}
+	// A Nats-Request-Info the client wrote itself is replaced by the
+	// server's.
+	globexAcc, err := d.store.Account("globex")
+	if err != nil {
+		t.Fatal(err)
+	}
+	acme.submitWith(jwtRun("acme", "ah", "a-info", "hi"), nats.Header{"Nats-Request-Info": {`{"acc":"` + globexAcc.Subject + `","name_tag":"globex"}`}})
+	if s := <-seen; s.info.Account != acmeAcc.Subject || s.info.NameTag != "acme" {
+		t.Fatalf("a client's own Nats-Request-Info reached the submit service: %+v", s.info)
+	}
+	if fin := jwtFinished(t, acmeEvents, "acme", "a-info"); fin.Status != protocol.StatusSuccess {
 		t.Fatalf("acme's run ended %s: %s", fin.Status, fin.Error)
 	}
 	acme.submit(jwtRun("acme", "ah2", "a-hold", "hold"))
@@ -646,25 +682,54 @@ func isClosed(ch chan struct{}) bool {
 }
 
 // TestStartJWTDeployment checks the helper the attacker suite runs
-// against: every user connects, and each is in its own account.
+// against: every user connects, gateway and worker share AGENT, and each
+// tenant is its own account (as the server reports its connections).
 func TestStartJWTDeployment(t *testing.T) {
-	url, connect := startJWTDeployment(t)
-	if url == "" {
-		t.Fatal("no URL")
-	}
-	var mu sync.Mutex
-	accounts := map[string]string{}
-	for _, user := range []string{"gateway", "worker", "acme", "globex", natsjwt.SystemUser} {
+	_, connect := startJWTDeployment(t)
+	users := []string{"gateway", "worker", "acme", "globex", natsjwt.SystemUser}
+	var sys *nats.Conn
+	for _, user := range users {
 		nc := connect(user)
-		rtt, err := nc.RTT()
-		if err != nil || rtt <= 0 {
+		if err := nc.Flush(); err != nil {
 			t.Fatalf("%s: %v", user, err)
 		}
-		mu.Lock()
-		accounts[user] = jwtAccount(user)
-		mu.Unlock()
+		if user == natsjwt.SystemUser {
+			sys = nc
+		}
 	}
-	if len(accounts) != 5 {
-		t.Fatal(accounts)
+	m, err := sys.Request("$SYS.REQ.SERVER.PING.CONNZ", []byte(`{"auth":true}`), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var connz struct {
+		Data struct {
+			Conns []struct {
+				Name    string `json:"name"`
+				Account string `json:"account"`
+				NameTag string `json:"name_tag"`
+			} `json:"connections"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(m.Data, &connz); err != nil {
+		t.Fatal(err)
+	}
+	account := map[string]string{}
+	for _, c := range connz.Data.Conns {
+		account[strings.TrimPrefix(c.Name, "jwt-test-")] = c.Account
+	}
+	for _, u := range users {
+		if account[u] == "" {
+			t.Fatalf("the server has no connection of %s: %s", u, m.Data)
+		}
+	}
+	if account["gateway"] != account["worker"] {
+		t.Error("gateway and worker are in different accounts")
+	}
+	distinct := map[string]bool{}
+	for _, u := range []string{"gateway", "acme", "globex", natsjwt.SystemUser} {
+		distinct[account[u]] = true
+	}
+	if len(distinct) != 4 {
+		t.Errorf("AGENT, acme, globex and SYS are not four accounts: %v", account)
 	}
 }

@@ -145,6 +145,38 @@ func TestAccountLayout(t *testing.T) {
 			t.Errorf("acme imports %s", imp.Subject)
 		}
 	}
+	// Users: a tenant's confined to its subjects, the service users'
+	// those of tenants.conf's NATSAGENT_SERVICE and the replies of imports.
+	if _, err := s.AddUser("acme", "app"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ account, user, pub, sub string }{
+		{"acme", "app", "agent.runs.acme.* agent.ctl.acme.*.*.cancel", "agent.events.acme.> _INBOX.>"},
+		{natsjwt.ServiceAccount, "worker", "$JS.API.> $JS.ACK.> $JS.FC.> $KV.> $O.> $SRV.> agent.> _INBOX.> _R_.>", "agent.> _INBOX.> $JS.EVENT.ADVISORY.> $SRV.>"},
+	} {
+		data, err := os.ReadFile(s.CredsPath(c.account, c.user))
+		if err != nil {
+			t.Fatal(err)
+		}
+		token, err := jwt.ParseDecoratedJWT(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		uc, err := jwt.DecodeUserClaims(token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		acc, _ := s.Account(c.account)
+		if uc.Issuer != acc.Subject || uc.Name != c.user {
+			t.Errorf("%s of %s: issued by %s as %q", c.user, c.account, uc.Issuer, uc.Name)
+		}
+		if got := strings.Join(uc.Pub.Allow, " "); got != c.pub || len(uc.Pub.Deny) > 0 {
+			t.Errorf("%s of %s publishes to %s (deny %v), want %s", c.user, c.account, got, uc.Pub.Deny, c.pub)
+		}
+		if got := strings.Join(uc.Sub.Allow, " "); got != c.sub || len(uc.Sub.Deny) > 0 {
+			t.Errorf("%s of %s subscribes to %s (deny %v), want %s", c.user, c.account, got, uc.Sub.Deny, c.sub)
+		}
+	}
 	pub, err := s.RemoveTenant("acme")
 	if err != nil {
 		t.Fatal(err)
