@@ -378,3 +378,51 @@ func TestPushMemoryResolver(t *testing.T) {
 		t.Fatalf("push to a MEMORY resolver: %v", err)
 	}
 }
+
+// TestMemoryResolverReload: with resolver MEMORY, a change reaches a
+// running server when the configuration is rendered again and the server
+// reloaded: a tenant added, a user revoked (disconnected, refused), a
+// tenant removed (disconnected, refused).
+func TestMemoryResolverReload(t *testing.T) {
+	s := initStore(t)
+	srv := natsjwttest.StartServer(t, s, false)
+	url := srv.ClientURL()
+	if err := s.AddTenant("acme"); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{"app", "ops"} {
+		if _, err := s.AddUser("acme", u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := connect(t, url, s, "acme", "app"); err == nil {
+		t.Fatal("acme connected before the reload")
+	}
+	natsjwttest.Reload(t, srv, s)
+	app, err := connect(t, url, s, "acme", "app")
+	if err != nil {
+		t.Fatalf("acme after the reload: %v", err)
+	}
+	ops, err := connect(t, url, s, "acme", "ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opsCreds := copyFile(t, s.CredsPath("acme", "ops"))
+	if err := s.RevokeUser("acme", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	natsjwttest.Reload(t, srv, s)
+	ops.waitClosed(t, "ops was revoked and the server reloaded")
+	if _, err := nats.Connect(url, nats.UserCredentials(opsCreds)); err == nil {
+		t.Fatal("revoked user ops connected")
+	}
+	appCreds := copyFile(t, s.CredsPath("acme", "app"))
+	if _, err := s.RemoveTenant("acme"); err != nil {
+		t.Fatal(err)
+	}
+	natsjwttest.Reload(t, srv, s)
+	app.waitClosed(t, "acme was removed and the server reloaded")
+	if _, err := nats.Connect(url, nats.UserCredentials(appCreds)); err == nil {
+		t.Fatal("removed tenant acme's user connected")
+	}
+}

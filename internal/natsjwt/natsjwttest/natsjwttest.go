@@ -6,8 +6,10 @@
 package natsjwttest
 
 import (
+	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -46,6 +48,7 @@ func StartServer(t testing.TB, store *natsjwt.Store, full bool) *server.Server {
 	opts.Host, opts.Port = "127.0.0.1", -1
 	opts.NoLog, opts.NoSigs = true, true
 	s, err := server.NewServer(opts)
+	configs.Store(s, main)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,4 +71,36 @@ func Connect(t testing.TB, url string, store *natsjwt.Store, account, user strin
 	}
 	t.Cleanup(nc.Close)
 	return nc, nil
+}
+
+// configs maps a server StartServer started to its config file.
+var configs sync.Map
+
+// Reload renders store's server configuration again (MEMORY resolver:
+// every account preloaded) into srv's config and reloads srv, as
+// `nats-server --signal reload` does after an operator rendered the
+// fragment again.
+func Reload(t testing.TB, srv *server.Server, store *natsjwt.Store) {
+	t.Helper()
+	v, ok := configs.Load(srv)
+	if !ok {
+		t.Fatal("natsjwttest.Reload: the server was not started by StartServer")
+	}
+	main := v.(string)
+	fragment, err := store.ServerConfig("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(filepath.Dir(main), "natsjwt.conf"), []byte(fragment), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(main)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Host, opts.Port = "127.0.0.1", srv.Addr().(*net.TCPAddr).Port
+	opts.NoLog, opts.NoSigs = true, true
+	if err := srv.ReloadOptions(opts); err != nil {
+		t.Fatalf("reload with the rendered config: %v", err)
+	}
 }
