@@ -151,6 +151,9 @@ already holds an operator). Give the gateway and the workers their creds files (
 		return err
 	}
 	fmt.Fprintf(std.out, "operator made in %s (prefix %s)\n", store.Dir(), store.Prefix())
+	if agent, err := store.Account(natsjwt.ServiceAccount); err == nil {
+		fmt.Fprintf(std.out, "service account %s: %s (the account of the streams: KEDA's and monitoring's account)\n", natsjwt.ServiceAccount, agent.Subject)
+	}
 	for _, u := range natsjwt.ServiceUsers {
 		fmt.Fprintf(std.out, "service user %s: %s\n", u, store.CredsPath(natsjwt.ServiceAccount, u))
 	}
@@ -168,7 +171,11 @@ func jwtTenantAdd(ctx context.Context, store *natsjwt.Store, f *jwtFlags, std st
 	if err := store.AddTenant(f.tenant); err != nil {
 		return err
 	}
-	fmt.Fprintf(std.out, "tenant %s added\n", f.tenant)
+	acc, err := store.Account(f.tenant)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(std.out, "tenant %s added: account %s\n", f.tenant, acc.Subject)
 	if f.user != "" {
 		path, err := store.AddUser(f.tenant, f.user)
 		if err != nil {
