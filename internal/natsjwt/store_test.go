@@ -426,3 +426,68 @@ func TestMemoryResolverReload(t *testing.T) {
 		t.Fatal("removed tenant acme's user connected")
 	}
 }
+
+// TestPushCluster: in a 3-node cluster with the full resolver, a push to
+// one node reaches the others: a tenant added there connects to another
+// node, a rotation pushed there closes the old key's connection on
+// another node, and a removal closes and refuses the tenant everywhere.
+func TestPushCluster(t *testing.T) {
+	s := initStore(t)
+	nodes := natsjwttest.StartCluster(t, s, 3)
+	if err := s.AddTenant("acme"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AddUser("acme", "app"); err != nil {
+		t.Fatal(err)
+	}
+	sys, err := connect(t, nodes[0].ClientURL(), s, natsjwt.SystemAccount, natsjwt.SystemUser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	push := func() {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := s.Push(ctx, sys.nc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// eventually connects as acme's app to node i, within 5s.
+	eventually := func(i int) *conn {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			c, err := connect(t, nodes[i].ClientURL(), s, "acme", "app")
+			if err == nil {
+				return c
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("acme's app on node %d: %v", i+1, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	push()
+	app := eventually(2)
+	oldApp := copyFile(t, s.CredsPath("acme", "app"))
+	if _, err := s.RotateUser("acme", "app"); err != nil {
+		t.Fatal(err)
+	}
+	push()
+	app.waitClosed(t, "app was rotated on another node")
+	app = eventually(1)
+	if _, err := nats.Connect(nodes[2].ClientURL(), nats.UserCredentials(oldApp)); err == nil {
+		t.Fatal("app's old creds connected to node 3 after the rotation")
+	}
+	appCreds := copyFile(t, s.CredsPath("acme", "app"))
+	if _, err := s.RemoveTenant("acme"); err != nil {
+		t.Fatal(err)
+	}
+	push()
+	app.waitClosed(t, "acme was removed")
+	for _, n := range nodes {
+		if _, err := nats.Connect(n.ClientURL(), nats.UserCredentials(appCreds)); err == nil {
+			t.Fatalf("removed tenant acme's user connected to %s", n.Name())
+		}
+	}
+}

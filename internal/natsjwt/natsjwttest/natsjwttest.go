@@ -6,9 +6,11 @@
 package natsjwttest
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -103,4 +105,66 @@ func Reload(t testing.TB, srv *server.Server, store *natsjwt.Store) {
 	if err := srv.ReloadOptions(opts); err != nil {
 		t.Fatalf("reload with the rendered config: %v", err)
 	}
+}
+
+// StartCluster runs n clustered servers trusting store, each with its
+// own full resolver directory, on loopback, until the test ends.
+func StartCluster(t testing.TB, store *natsjwt.Store, n int) []*server.Server {
+	t.Helper()
+	ports := make([]int, n)
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+		l.Close()
+	}
+	var routes []string
+	for _, p := range ports {
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", p))
+	}
+	servers := make([]*server.Server, n)
+	for i := range servers {
+		dir := t.TempDir()
+		fragment, err := store.ServerConfig(filepath.Join(dir, "jwt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "natsjwt.conf"), []byte(fragment), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		main := filepath.Join(dir, "server.conf")
+		conf := fmt.Sprintf("server_name: n%d\njetstream {store_dir: %q}\ncluster {name: natsjwt, listen: \"127.0.0.1:%d\", routes: [%s]}\ninclude natsjwt.conf\n",
+			i+1, filepath.Join(dir, "js"), ports[i], strings.Join(routes, ", "))
+		if err := os.WriteFile(main, []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		opts, err := server.ProcessConfigFile(main)
+		if err != nil {
+			t.Fatalf("cluster node config: %v", err)
+		}
+		opts.Host, opts.Port = "127.0.0.1", -1
+		opts.NoLog, opts.NoSigs = true, true
+		s, err := server.NewServer(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go s.Start()
+		t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+		servers[i] = s
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, s := range servers {
+		if !s.ReadyForConnections(time.Until(deadline)) {
+			t.Fatal("a cluster node trusting the natsjwt operator is not ready")
+		}
+		for s.NumRoutes() < n-1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("node %s has %d routes, want %d", s.Name(), s.NumRoutes(), n-1)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return servers
 }
