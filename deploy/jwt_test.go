@@ -435,6 +435,16 @@ func TestJWTIsolation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Every reply in globex's account, which has its own _INBOX
+	// namespace: it must see none of acme's.
+	snoop := d.user("globex")
+	globexInboxes, err := snoop.nc.SubscribeSync("_INBOX.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := snoop.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	acme.submit(jwtRun("acme", "ah", "a-hi", "hi"))
 	s := <-seen
 	if s.subject != "agent.submit.acme.ah" || s.info.Account != acmeAcc.Subject || s.info.NameTag != "acme" || !nkeys.IsValidPublicUserKey(s.info.User) {
@@ -504,6 +514,23 @@ func TestJWTIsolation(t *testing.T) {
 		t.Fatalf("a globex request naming acme ended %s, want error", fin.Status)
 	}
 	globex.clean()
+	own := globex.nc.NewRespInbox()
+	own = own[:strings.LastIndex(own, ".")+1]
+	replies := 0
+	for {
+		m, err := globexInboxes.NextMsg(200 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		if !strings.HasPrefix(m.Subject, own) {
+			t.Fatalf("globex's account received a reply that is not globex's: %s %s", m.Subject, m.Data)
+		}
+		replies++
+	}
+	if replies == 0 {
+		t.Fatal("globex's _INBOX.> subscription saw not even globex's own replies")
+	}
+	snoop.clean()
 
 	// Globex's account forged to import acme's exports, and a user of
 	// globex with every permission in its account (signed by globex's
