@@ -84,6 +84,9 @@ func TestStoreFiles(t *testing.T) {
 			t.Errorf("a user was added to account %q", bad)
 		}
 	}
+	if err := s.RevokeUser(natsjwt.SystemAccount, natsjwt.SystemUser); err == nil || !strings.Contains(err.Error(), "user-rotate") {
+		t.Errorf("revoking the user that pushes: %v", err)
+	}
 	if _, err := s.AddUser("nobody", "x"); !errors.Is(err, natsjwt.ErrNotFound) {
 		t.Errorf("user of an unknown tenant: %v", err)
 	}

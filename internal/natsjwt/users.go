@@ -146,6 +146,9 @@ func (s *Store) RotateUser(account, user string) (string, error) {
 // creds file. Once the account JWT is pushed, the server refuses the user
 // and closes its connections.
 func (s *Store) RevokeUser(account, user string) error {
+	if account == SystemAccount && user == SystemUser {
+		return fmt.Errorf("user %s of %s pushes every change, this one too: rotate it (user-rotate) instead of revoking it", user, account)
+	}
 	pub, err := s.userKey(account, user)
 	if err != nil {
 		return err
