@@ -364,6 +364,23 @@ func TestPushFullResolver(t *testing.T) {
 	if res := push(); len(res.Deleted) != 0 {
 		t.Fatalf("a second push deleted %v again", res.Deleted)
 	}
+
+	// The name can be used again: a new account key (how a tenant's
+	// account key is replaced), whose users connect; the old creds stay
+	// refused.
+	if err := s.AddTenant("acme"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AddUser("acme", "app"); err != nil {
+		t.Fatal(err)
+	}
+	push()
+	if _, err := connect(t, url, s, "acme", "app"); err != nil {
+		t.Fatalf("the new acme's app: %v", err)
+	}
+	if _, err := nats.Connect(url, nats.UserCredentials(appCreds)); err == nil {
+		t.Fatal("the removed acme's creds connected after acme was added again")
+	}
 }
 
 // TestPushMemoryResolver: a server with resolver MEMORY takes no pushes,
