@@ -83,7 +83,16 @@ func TestJWTCommands(t *testing.T) {
 		t.Fatalf("new creds after user-rotate: %v", err)
 	}
 	defer nc2.Close()
-	mustRun("user-add", "--dir", dir, "--account", "acme", "--user", "ops")
+	// A new user needs no push: the server checks its JWT against the
+	// account key it knows.
+	if out := mustRun("user-add", "--dir", dir, "--account", "acme", "--user", "ops"); strings.Contains(out, "push") {
+		t.Fatalf("user-add asked for a push: %s", out)
+	}
+	ops, err := nats.Connect(url, nats.UserCredentials(filepath.Join(dir, "creds", "acme", "ops.creds")))
+	if err != nil {
+		t.Fatalf("a user added without a push: %v", err)
+	}
+	ops.Close()
 	mustRun("user-revoke", "--dir", dir, "--account", "acme", "--user", "app", "--server", url)
 	if _, err := nats.Connect(url, nats.UserCredentials(oldCreds)); err == nil {
 		t.Fatal("revoked creds connected")
