@@ -153,9 +153,10 @@ func TestAccountLayout(t *testing.T) {
 	if _, err := s.AddUser("acme", "app"); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct{ account, user, pub, sub string }{
-		{"acme", "app", "agent.runs.acme.* agent.ctl.acme.*.*.cancel", "agent.events.acme.> _INBOX.>"},
-		{natsjwt.ServiceAccount, "worker", "$JS.API.> $JS.ACK.> $JS.FC.> $KV.> $O.> $SRV.> agent.> _INBOX.> _R_.>", "agent.> _INBOX.> $JS.EVENT.ADVISORY.> $SRV.>"},
+	const tenantDeny = "$JS.> $KV.> $O.> $SRV.> $SYS.>"
+	for _, c := range []struct{ account, user, pub, sub, deny string }{
+		{"acme", "app", "agent.runs.acme.* agent.ctl.acme.*.*.cancel", "agent.events.acme.> _INBOX.>", tenantDeny},
+		{natsjwt.ServiceAccount, "worker", "$JS.API.> $JS.ACK.> $JS.FC.> $KV.> $O.> $SRV.> agent.> _INBOX.> _R_.>", "agent.> _INBOX.> $JS.EVENT.ADVISORY.> $SRV.>", ""},
 	} {
 		data, err := os.ReadFile(s.CredsPath(c.account, c.user))
 		if err != nil {
@@ -173,11 +174,11 @@ func TestAccountLayout(t *testing.T) {
 		if uc.Issuer != acc.Subject || uc.Name != c.user {
 			t.Errorf("%s of %s: issued by %s as %q", c.user, c.account, uc.Issuer, uc.Name)
 		}
-		if got := strings.Join(uc.Pub.Allow, " "); got != c.pub || len(uc.Pub.Deny) > 0 {
-			t.Errorf("%s of %s publishes to %s (deny %v), want %s", c.user, c.account, got, uc.Pub.Deny, c.pub)
+		if got, deny := strings.Join(uc.Pub.Allow, " "), strings.Join(uc.Pub.Deny, " "); got != c.pub || deny != c.deny {
+			t.Errorf("%s of %s publishes to %s, denied %s; want %s, denied %s", c.user, c.account, got, deny, c.pub, c.deny)
 		}
-		if got := strings.Join(uc.Sub.Allow, " "); got != c.sub || len(uc.Sub.Deny) > 0 {
-			t.Errorf("%s of %s subscribes to %s (deny %v), want %s", c.user, c.account, got, uc.Sub.Deny, c.sub)
+		if got, deny := strings.Join(uc.Sub.Allow, " "), strings.Join(uc.Sub.Deny, " "); got != c.sub || deny != c.deny {
+			t.Errorf("%s of %s subscribes to %s, denied %s; want %s, denied %s", c.user, c.account, got, deny, c.sub, c.deny)
 		}
 	}
 	pub, err := s.RemoveTenant("acme")

@@ -34,8 +34,16 @@ func (s *Store) permissions(account string) jwt.Permissions {
 	var p jwt.Permissions
 	p.Pub.Allow.Add(s.TenantPublish(account)...)
 	p.Sub.Allow.Add(s.TenantSubscribe(account)...)
+	// Implied by the allow lists; explicit so that a wider allow entry
+	// added one day still leaves the system and JetStream APIs out.
+	p.Pub.Deny.Add(tenantDeny...)
+	p.Sub.Deny.Add(tenantDeny...)
 	return p
 }
+
+// tenantDeny are the subjects a tenant's users never get: JetStream's API,
+// KV and Object Store subjects, service discovery and the system account.
+var tenantDeny = []string{"$JS.>", "$KV.>", "$O.>", "$SRV.>", "$SYS.>"}
 
 // AddUser issues a new user of account (a tenant, AGENT or SYS) with the
 // account's permissions and writes its creds file, whose path it returns.
