@@ -133,6 +133,9 @@ func TestAccountLayout(t *testing.T) {
 	if acme.Limits.IsJSEnabled() {
 		t.Error("acme has JetStream")
 	}
+	if acme.Limits.LeafNodeConn != 0 {
+		t.Errorf("acme may connect %d leaf nodes", acme.Limits.LeafNodeConn)
+	}
 	if len(acme.Imports) != 3 {
 		t.Fatalf("acme imports %d", len(acme.Imports))
 	}

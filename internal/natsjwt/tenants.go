@@ -69,6 +69,9 @@ func (s *Store) AddTenant(tenant string) error {
 	// No JetStream (zero limits disable it): whoever can call the API can
 	// read every stream. A user issued without permissions can do nothing.
 	acc.Limits.JetStreamLimits = jwt.JetStreamLimits{}
+	// No leaf node connections: a tenant's creds connect clients, not
+	// servers that would bridge its subjects to another network.
+	acc.Limits.LeafNodeConn = 0
 	denyAll(&acc.DefaultPermissions)
 	for _, sh := range s.shares(tenant) {
 		removeExport(agent, sh.remote)
