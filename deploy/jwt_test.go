@@ -86,7 +86,7 @@ func newJWTDeployment(t *testing.T) *jwtDeployment {
 	return d
 }
 
-// account is the account of startJWTDeployment's user.
+// jwtAccount is the account of startJWTDeployment's user.
 func jwtAccount(user string) string {
 	switch user {
 	case "gateway", "worker":
@@ -119,22 +119,16 @@ func (d *jwtDeployment) connect(user string, opts ...nats.Option) (*nats.Conn, e
 // push` does.
 func (d *jwtDeployment) push() {
 	d.t.Helper()
-	if err := d.tryPush(); err != nil {
-		d.t.Fatal(err)
-	}
-}
-
-func (d *jwtDeployment) tryPush() error {
-	d.t.Helper()
 	sys, err := d.connect(natsjwt.SystemUser)
 	if err != nil {
-		return err
+		d.t.Fatal(err)
 	}
 	defer sys.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err = d.store.Push(ctx, sys)
-	return err
+	if _, err := d.store.Push(ctx, sys); err != nil {
+		d.t.Fatal(err)
+	}
 }
 
 // pushJWT sends one account JWT as the system user and returns the
