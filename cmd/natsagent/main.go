@@ -58,6 +58,7 @@ func commands() []command {
 		{name: "bench", summary: "measure throughput, latency, steer/cancel, long threads, scaling and memory", run: runBench},
 		{name: "bench-worker", summary: "a worker process started by bench", hidden: true, run: runBenchWorker},
 		{name: "soak", summary: "run runs under node, worker and model faults and audit every one", run: runSoak},
+		{name: "jwt", summary: "NATS JWT auth: operator, tenant accounts and users, server config, push", run: runJWT},
 		{name: "help", summary: "show the commands, or a command's flags (help <command>)"},
 	}
 }
