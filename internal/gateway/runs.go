@@ -48,6 +48,9 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		if err != nil {
 			return err
 		}
+		if err := s.authorize(r, tenant, req); err != nil {
+			return err
+		}
 		ifNotExists := body.IfNotExists
 		if stateless {
 			ifNotExists = ifNotExistsCreate
