@@ -212,6 +212,7 @@ func (s *Service) StartSubagent(ctx context.Context, tenant string, req *protoco
 		Input:             &protocol.Input{Messages: []model.Message{{Role: model.RoleUser, Content: req.Task}}},
 		MultitaskStrategy: protocol.StrategyEnqueue,
 		Config:            req.Config,
+		Principal:         req.Principal,
 		Metadata:          map[string]any{MetaSubagent: req.Subagent},
 		Parent:            &protocol.Parent{RunID: req.Parent.RunID, ThreadID: req.Parent.ThreadID, ToolCallID: req.Parent.ToolCallID},
 	}
