@@ -21,6 +21,8 @@ import (
 	"github.com/MicahParks/jwkset"
 	"github.com/golang-jwt/jwt/v5"
 	"go.uber.org/zap/zaptest"
+
+	"github.com/natsagent/natsagent/internal/protocol"
 )
 
 const (
@@ -314,5 +316,50 @@ func TestJWTSharedKey(t *testing.T) {
 	if _, err := newAuthenticatorWith(nil, &JWT{Issuer: testIssuer, Audience: testAudience, Algorithms: []string{"HS256", "RS256"},
 		Keys: SharedKey(key), Tenant: "acme", UserClaim: "sub", RolesClaim: "roles"}); err == nil {
 		t.Fatal("HMAC and RSA algorithms mixed")
+	}
+}
+
+// FuzzBearerClaims: whatever claims a correctly signed token carries, and
+// whatever a bearer value is, the gateway either refuses it or yields a
+// principal whose tenant, user and roles are valid ids.
+func FuzzBearerClaims(f *testing.F) {
+	f.Add(`{"sub":"alice","org":"acme","roles":["a","b"]}`, "")
+	f.Add(`{"sub":"alice","org":"acme","roles":"a b,c"}`, "x.y.z")
+	f.Add(`{"sub":"a.b","org":"acme>","roles":[1,null]}`, "eyJhbGciOiJub25lIn0.e30.")
+	f.Add(`{"sub":"alice","org":{"x":1},"roles":{"r":"admin"},"exp":"soon"}`, "..")
+	key := []byte(strings.Repeat("k", 32))
+	a, err := newAuthenticatorWith(nil, &JWT{Issuer: testIssuer, Audience: testAudience, Algorithms: []string{"HS256"},
+		Keys: SharedKey(key), TenantClaim: "org", UserClaim: "sub", RolesClaim: "roles"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, payload, raw string) {
+		var extra map[string]any
+		if json.Unmarshal([]byte(payload), &extra) == nil {
+			c := claims("org", nil, "sub", nil)
+			for k, v := range extra {
+				c[k] = v
+			}
+			tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, c).SignedString(key)
+			if err == nil {
+				checkPrincipal(t, a, tok)
+			}
+		}
+		checkPrincipal(t, a, raw)
+	})
+}
+
+func checkPrincipal(t *testing.T, a *authenticator, cred string) {
+	p, err := a.credential(context.Background(), cred, true)
+	if err != nil {
+		return
+	}
+	if !protocol.ValidToken(p.tenant) || !protocol.ValidToken(p.p.User) {
+		t.Fatalf("principal %+v from %q", p, cred)
+	}
+	for _, r := range p.p.Roles {
+		if !protocol.ValidToken(r) {
+			t.Fatalf("role %q from %q", r, cred)
+		}
 	}
 }
