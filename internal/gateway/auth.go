@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/policy"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -261,3 +262,70 @@ func Loopback(addr net.Addr) bool {
 // defaultUser is the user of a run that names none on an open gateway, as
 // the worker's (memory is keyed by it).
 const defaultUser = "default"
+
+// ownerOf is the owner of a thread the request creates: its
+// authenticated user ("" on an open gateway, where no one is known).
+func ownerOf(r *http.Request) string {
+	if p, ok := principalOf(r); ok {
+		return p.p.User
+	}
+	return ""
+}
+
+// mayUse reports whether the request may see and use a thread: its own,
+// one created unauthenticated, or any with a role that reads all threads.
+// On an open gateway every thread of the tenant.
+func (s *Server) mayUse(r *http.Request, th *protocol.Thread) bool {
+	p, ok := principalOf(r)
+	if !ok || th.Owner == "" || th.Owner == p.p.User {
+		return true
+	}
+	return s.cfg.Policy.ReadAllThreads(&p.p)
+}
+
+// checkOwner answers 404, as for another tenant's, a request naming a
+// thread of another user (state, history, runs, files, usage, cancel,
+// steer, resume, streams): its id tells nothing about it. A thread that
+// does not exist is the handler's to answer.
+func (s *Server) checkOwner(r *http.Request, tenant string) error {
+	id := r.PathValue("thread_id")
+	if _, ok := principalOf(r); !ok || id == "" || !protocol.ValidToken(id) {
+		return nil
+	}
+	th, _, err := s.stores.Threads.Get(r.Context(), tenant, id)
+	switch {
+	case errors.Is(err, kv.ErrNotFound):
+		return nil
+	case err != nil:
+		return err
+	case !s.mayUse(r, th):
+		return errNotFound(fmt.Sprintf("thread %s not found", id))
+	}
+	return nil
+}
+
+// claimThread creates the thread of a run, owned by the request's user,
+// unless it exists; if another user created it meanwhile, it is not
+// found. submit creates it too when missing (an open gateway).
+func (s *Server) claimThread(r *http.Request, tenant, thread string) error {
+	owner := ownerOf(r)
+	if owner == "" {
+		return nil
+	}
+	th := newThread(tenant, thread, nil)
+	th.Owner = owner
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.submitTimeout)
+	defer cancel()
+	_, err := s.stores.Threads.Put(ctx, th, 0)
+	if !errors.Is(err, kv.ErrExists) {
+		return err
+	}
+	th, _, err = s.stores.Threads.GetLatest(ctx, tenant, thread)
+	if err != nil {
+		return err
+	}
+	if !s.mayUse(r, th) {
+		return errNotFound(fmt.Sprintf("thread %s not found", thread))
+	}
+	return nil
+}

@@ -258,6 +258,9 @@ func (s *Server) tenanted(h tenantHandler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		tenant, err := tenantOf(r)
 		if err == nil {
+			err = s.checkOwner(r, tenant)
+		}
+		if err == nil {
 			err = h(w, r, tenant)
 		}
 		if err == nil {

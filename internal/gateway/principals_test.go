@@ -245,3 +245,78 @@ func TestToolPolicyTrimsTheModelsTools(t *testing.T) {
 		t.Fatalf("current_time result for alice: %q", result)
 	}
 }
+
+// TestThreadsAreOwned: a thread belongs to the user who created it;
+// another user of the tenant finds none of it, as if it were another
+// tenant's, unless a role reads all threads.
+func TestThreadsAreOwned(t *testing.T) {
+	e := newPolicyEnv(t)
+	ctx := context.Background()
+	rec := e.do("POST", "/threads/a1/runs/wait", input("hello"), bearer(aliceKey)...).expect(t, http.StatusOK).run(t)
+	e.do("POST", "/threads", map[string]any{"thread_id": "a2"}, bearer(aliceKey)...).expect(t, http.StatusOK)
+	for _, id := range []string{"a1", "a2"} {
+		th, _, err := e.stores.Threads.Get(ctx, "acme", id)
+		if err != nil || th.Owner != "alice" {
+			t.Fatalf("thread %s: %+v %v", id, th, err)
+		}
+	}
+
+	run := "/threads/a1/runs/" + rec.RunID
+	for _, c := range []struct{ method, path string }{
+		{"GET", "/threads/a1"}, {"GET", "/threads/a1/state"}, {"GET", "/threads/a1/history"}, {"POST", "/threads/a1/history"},
+		{"GET", "/threads/a1/runs"}, {"GET", run}, {"GET", run + "/stream"}, {"GET", run + "/join"}, {"POST", run + "/cancel"},
+		{"GET", run + "/usage"}, {"GET", "/threads/a1/usage"}, {"POST", "/threads/a1/compact"},
+	} {
+		r := e.do(c.method, c.path, nil, bearer(bobKey)...).expect(t, http.StatusNotFound)
+		if er := r.apiError(t); strings.Contains(er.Message, "alice") {
+			t.Errorf("%s %s tells the owner: %s", c.method, c.path, er.Message)
+		}
+		e.do(c.method, c.path, nil, bearer(opsKey)...) // an admin may; answered as the route answers
+	}
+	// Runs on it, whatever their strategy, are refused and never queued.
+	for _, body := range []map[string]any{input("mine now"), with(input("steer"), "multitask_strategy", "steer"),
+		{"command": map[string]any{"resume": "yes"}}} {
+		e.do("POST", "/threads/a1/runs", body, bearer(bobKey)...).expect(t, http.StatusNotFound)
+	}
+	if ids, err := e.stores.Threads.RunIDs(ctx, "acme", "a1"); err != nil || len(ids) != 1 {
+		t.Fatalf("runs of a1: %v %v", ids, err)
+	}
+	e.do("POST", "/threads", map[string]any{"thread_id": "a2", "if_exists": "do_nothing"}, bearer(bobKey)...).expect(t, http.StatusConflict)
+
+	var list []map[string]any
+	e.do("GET", "/threads", nil, bearer(bobKey)...).expect(t, http.StatusOK).decode(t, &list)
+	if len(list) != 0 {
+		t.Fatalf("bob lists %v", list)
+	}
+	e.do("GET", "/threads", nil, bearer(opsKey)...).expect(t, http.StatusOK).decode(t, &list)
+	if len(list) != 2 {
+		t.Fatalf("the admin lists %d threads", len(list))
+	}
+	e.do("GET", "/threads/a1/state", nil, bearer(opsKey)...).expect(t, http.StatusOK)
+	e.do("GET", run, nil, bearer(aliceKey)...).expect(t, http.StatusOK)
+}
+
+// TestFirstRunOwnsANewThread: a run a trusted submitter other than the
+// gateway queued (as the submit service for NATS clients does) makes its
+// principal's user the owner of the thread it creates.
+func TestFirstRunOwnsANewThread(t *testing.T) {
+	e := newPolicyEnv(t)
+	ctx := context.Background()
+	req := &protocol.RunRequest{RunID: "n1", ThreadID: "n1", Tenant: "acme", Agent: protocol.DefaultAgent,
+		Input:     &protocol.Input{Messages: []model.Message{{Role: model.RoleUser, Content: "from NATS"}}},
+		Principal: &protocol.Principal{User: "carol"}}
+	req.Normalize()
+	data, err := json.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.gw.queue.Enqueue(ctx, req, data); err != nil {
+		t.Fatal(err)
+	}
+	e.do("GET", "/threads/n1/runs/n1/join", nil, bearer(opsKey)...).expect(t, http.StatusOK)
+	th, _, err := e.stores.Threads.Get(ctx, "acme", "n1")
+	if err != nil || th.Owner != "carol" {
+		t.Fatalf("thread n1: %+v %v", th, err)
+	}
+	e.do("GET", "/threads/n1", nil, bearer(aliceKey)...).expect(t, http.StatusNotFound)
+}

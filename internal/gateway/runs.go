@@ -55,6 +55,11 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		if stateless {
 			ifNotExists = ifNotExistsCreate
 		}
+		if ifNotExists != ifNotExistsReject {
+			if err := s.claimThread(r, tenant, thread); err != nil {
+				return err
+			}
+		}
 
 		// The feed exists before the request is published: nothing the
 		// run emits can be missed.
