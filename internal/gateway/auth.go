@@ -277,10 +277,7 @@ func ownerOf(r *http.Request) string {
 // On an open gateway every thread of the tenant.
 func (s *Server) mayUse(r *http.Request, th *protocol.Thread) bool {
 	p, ok := principalOf(r)
-	if !ok || th.Owner == "" || th.Owner == p.p.User {
-		return true
-	}
-	return s.cfg.Policy.ReadAllThreads(&p.p)
+	return !ok || s.cfg.Policy.MayUseThread(th, &p.p)
 }
 
 // checkOwner answers 404, as for another tenant's, a request naming a

@@ -213,6 +213,16 @@ func (p *Policy) ReadAllThreads(pr *protocol.Principal) bool {
 	return slices.ContainsFunc(p.held(p.Roles(pr)), func(r *role) bool { return r.readAllThreads })
 }
 
+// MayUseThread reports whether principal pr may use thread th: its own,
+// one created unauthenticated (no owner), or any when a role of pr has
+// read_all_threads. The gateway and the submit service decide with it.
+func (p *Policy) MayUseThread(th *protocol.Thread, pr *protocol.Principal) bool {
+	if th.Owner == "" || pr != nil && th.Owner == pr.User {
+		return true
+	}
+	return p.ReadAllThreads(pr)
+}
+
 // ToolFilter returns which tools a run of principal pr may be offered, or
 // nil when every tool may: a tool is offered when one of the principal's
 // roles allows it and none denies it. A run without a principal (from a

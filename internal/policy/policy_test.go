@@ -142,3 +142,20 @@ func TestNATSRoles(t *testing.T) {
 		t.Errorf("tags: %v", got)
 	}
 }
+
+func TestMayUseThread(t *testing.T) {
+	p := testPolicy(t)
+	alice, bob := &protocol.Principal{User: "alice"}, &protocol.Principal{User: "bob"}
+	admin := &protocol.Principal{User: "root", Roles: []string{"admin"}}
+	owned, open := &protocol.Thread{Owner: "alice"}, &protocol.Thread{}
+	if !p.MayUseThread(owned, alice) || p.MayUseThread(owned, bob) || p.MayUseThread(owned, nil) || !p.MayUseThread(owned, admin) {
+		t.Error("an owned thread")
+	}
+	if !p.MayUseThread(open, bob) || !p.MayUseThread(open, nil) {
+		t.Error("a thread without owner")
+	}
+	var none *Policy
+	if none.MayUseThread(owned, bob) || !none.MayUseThread(owned, alice) {
+		t.Error("unconfigured policy")
+	}
+}
