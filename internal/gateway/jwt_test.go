@@ -388,3 +388,26 @@ func BenchmarkCredential(b *testing.B) {
 		})
 	}
 }
+
+// TestJWKSSilentDoesNotHang: a provider that accepts the connection and
+// never answers holds the start for the fetch timeout (5s), no longer.
+func TestJWKSSilentDoesNotHang(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	began := time.Now()
+	if _, err := JWKS(t.Context(), srv.URL, time.Hour, zaptest.NewLogger(t)); err != nil {
+		t.Fatal(err)
+	}
+	d := time.Since(began)
+	if d > 7*time.Second {
+		t.Fatalf("start took %v", d)
+	}
+	t.Logf("start with a silent JWKS took %v", d)
+}
