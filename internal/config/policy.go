@@ -113,6 +113,11 @@ func (p *Policy) validate(keys []APIKey, bad func(path, format string, args ...a
 			bad(path, "must be \"<tenant>/<user>\", each %s", strings.TrimPrefix(roleRule, "use "))
 		}
 		validateRoleNames(path, p.NATSUsers[u], bad)
+		for j, r := range p.NATSUsers[u] {
+			if _, ok := p.Roles[r]; p.Configured() && !ok {
+				bad(fmt.Sprintf("%s[%d]", path, j), "%q is not in policy.roles", r)
+			}
+		}
 	}
 }
 

@@ -73,6 +73,7 @@ func TestPolicyAndJWTValidationNamesTheField(t *testing.T) {
 		"policy:\n  nats_users:\n    alice: [a]\n":                                                                  "policy.nats_users[\"alice\"]",
 		"policy:\n  nats_users:\n    acme/al.ice: [a]\n":                                                            "policy.nats_users[\"acme/al.ice\"]",
 		"policy:\n  roles:\n    a: {always_trsut: true}\n":                                                          "always_trsut",
+		"policy:\n  roles:\n    a: {}\n  nats_users:\n    acme/bot: [b]\n":                                          "policy.nats_users[\"acme/bot\"][0]: \"b\" is not in policy.roles",
 	}
 	for text, want := range cases {
 		_, err := Load(writeConfig(t, text))
