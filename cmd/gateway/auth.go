@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -20,17 +22,44 @@ func apiKeys(cfg config.Config) ([]gateway.APIKey, error) {
 		if err != nil {
 			return nil, fmt.Errorf("gateway.api_keys[%d] (%s): %w", i, k.Name, err)
 		}
-		out = append(out, gateway.APIKey{Name: k.Name, Tenant: k.Tenant, SHA256: sum})
+		out = append(out, gateway.APIKey{Name: k.Name, Tenant: k.Tenant, User: k.UserOrName(), Roles: k.Roles, SHA256: sum})
 	}
 	return out, nil
 }
 
-// warnIfOpen says loudly that an API without keys is reachable from other
-// machines: anyone who can connect acts for any tenant.
-func warnIfOpen(log *zap.Logger, addr net.Addr, keys []gateway.APIKey) {
-	if len(keys) > 0 || gateway.Loopback(addr) {
+// bearerJWT resolves gateway.jwt: the shared key is read now, and a JWKS
+// is fetched now (bounded; a provider that cannot be reached is logged and
+// retried, it does not stop the start) and refreshed until ctx ends. Nil
+// when JWTs are not configured.
+func bearerJWT(ctx context.Context, cfg config.Config, log *zap.Logger) (*gateway.JWT, error) {
+	if cfg.Gateway.JWT == nil {
+		return nil, nil
+	}
+	j := cfg.Gateway.JWT.WithDefaults()
+	out := &gateway.JWT{Issuer: j.Issuer, Audience: j.Audience, Algorithms: j.Algorithms, Tenant: j.Tenant,
+		TenantClaim: j.TenantClaim, UserClaim: j.UserClaim, RolesClaim: j.RolesClaim, Leeway: time.Duration(j.Leeway)}
+	if j.JWKSURL != "" {
+		keys, err := gateway.JWKS(ctx, j.JWKSURL, time.Duration(j.JWKSRefresh), log)
+		if err != nil {
+			return nil, err
+		}
+		out.Keys = keys
+		return out, nil
+	}
+	key, err := j.SharedKey()
+	if err != nil {
+		return nil, err
+	}
+	out.Keys = gateway.SharedKey(key)
+	return out, nil
+}
+
+// warnIfOpen says loudly that an API without credentials is reachable
+// from other machines: anyone who can connect acts for any tenant.
+func warnIfOpen(log *zap.Logger, addr net.Addr, authenticated bool) {
+	if authenticated || gateway.Loopback(addr) {
 		return
 	}
-	log.Warn("the HTTP API has no API keys and listens beyond this machine: anyone who reaches it acts for any tenant (X-Tenant); configure gateway.api_keys or listen on 127.0.0.1",
+	log.Warn("the HTTP API has no API keys or JWT configuration and listens beyond this machine: anyone who reaches it acts for any tenant (X-Tenant) and any user (config.user_id); configure gateway.api_keys or gateway.jwt, or listen on 127.0.0.1",
 		zap.String("http", addr.String()))
 }

@@ -32,17 +32,16 @@ func TestAPIKeysResolved(t *testing.T) {
 }
 
 func TestWarnIfOpen(t *testing.T) {
-	key := []gateway.APIKey{{Name: "k", Tenant: "t"}}
 	for _, c := range []struct {
 		addr string
-		keys []gateway.APIKey
+		keys bool
 		warn bool
 	}{
-		{"127.0.0.1:8080", nil, false},
-		{"[::1]:8080", nil, false},
-		{"0.0.0.0:8080", nil, true},
-		{"10.1.2.3:8080", nil, true},
-		{"0.0.0.0:8080", key, false},
+		{"127.0.0.1:8080", false, false},
+		{"[::1]:8080", false, false},
+		{"0.0.0.0:8080", false, true},
+		{"10.1.2.3:8080", false, true},
+		{"0.0.0.0:8080", true, false},
 	} {
 		core, logs := observer.New(zapcore.WarnLevel)
 		addr, err := net.ResolveTCPAddr("tcp", c.addr)
@@ -51,7 +50,25 @@ func TestWarnIfOpen(t *testing.T) {
 		}
 		warnIfOpen(zap.New(core), addr, c.keys)
 		if got := logs.Len() == 1; got != c.warn {
-			t.Errorf("%s with %d keys: warned %v", c.addr, len(c.keys), got)
+			t.Errorf("%s authenticated %v: warned %v", c.addr, c.keys, got)
 		}
+	}
+}
+
+func TestBearerJWTResolved(t *testing.T) {
+	cfg := config.Default()
+	if j, err := bearerJWT(t.Context(), cfg, zap.NewNop()); j != nil || err != nil {
+		t.Fatalf("no jwt section: %v %v", j, err)
+	}
+	cfg.Gateway.JWT = &config.JWT{Issuer: "https://id.example.com/", Audience: "natsagent", KeyEnv: "TEST_JWT_KEY", Tenant: "acme"}
+	t.Setenv("TEST_JWT_KEY", "")
+	if _, err := bearerJWT(t.Context(), cfg, zap.NewNop()); err == nil || !strings.Contains(err.Error(), "gateway.jwt.key_env") {
+		t.Fatalf("unset key: %v", err)
+	}
+	t.Setenv("TEST_JWT_KEY", strings.Repeat("s", 32))
+	var j *gateway.JWT
+	j, err := bearerJWT(t.Context(), cfg, zap.NewNop())
+	if err != nil || j.Keys == nil || strings.Join(j.Algorithms, ",") != "HS256" || j.UserClaim != "sub" || j.Leeway != config.DefaultJWTLeeway {
+		t.Fatalf("resolved %+v, %v", j, err)
 	}
 }

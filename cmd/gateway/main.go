@@ -26,6 +26,7 @@ import (
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/config"
 	"github.com/natsagent/natsagent/internal/gateway"
+	"github.com/natsagent/natsagent/internal/policy"
 	"github.com/natsagent/natsagent/internal/worker"
 )
 
@@ -77,6 +78,14 @@ func run() error {
 		return err
 	}
 	keys, err := apiKeys(cfg)
+	if err != nil {
+		return err
+	}
+	bearer, err := bearerJWT(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	pol, err := policy.New(cfg.Policy)
 	if err != nil {
 		return err
 	}
@@ -158,7 +167,7 @@ func run() error {
 		return err
 	}
 	gw, err := gateway.New(ctx, nc, gateway.Config{Settings: settings, MaxBodyBytes: cfg.Gateway.MaxBodyBytes, Logger: log,
-		Files: workdirs, MaxFileBytes: cfg.Files.MaxFileBytes, APIKeys: keys,
+		Files: workdirs, MaxFileBytes: cfg.Files.MaxFileBytes, APIKeys: keys, JWT: bearer, Policy: pol,
 		Metrics: tel.Metrics, MetricsHandler: tel.InlineMetrics(), Traces: tel.TracerProvider})
 	if err != nil {
 		return err
@@ -180,8 +189,8 @@ func run() error {
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	log.Info("natsagent gateway", zap.String("http", "http://"+ln.Addr().String()), zap.String("console", "http://"+ln.Addr().String()+"/console/"),
-		zap.Bool("dev", o.dev), zap.Int("api_keys", len(keys)))
-	warnIfOpen(log, ln.Addr(), keys)
+		zap.Bool("dev", o.dev), zap.Int("api_keys", len(keys)), zap.Bool("jwt", bearer != nil))
+	warnIfOpen(log, ln.Addr(), cfg.Gateway.Authenticated())
 	if o.dev {
 		fmt.Fprintf(os.Stderr, "\nOpen the console at http://%s/console/ or try it from a shell:\n  curl -N http://%s/threads/demo/runs/stream -H 'Content-Type: application/json' \\\n    -d '{\"input\":{\"messages\":[{\"role\":\"user\",\"content\":\"What time is it?\"}]}}'\n\n", ln.Addr(), ln.Addr())
 	}

@@ -75,6 +75,8 @@ type Agents struct {
 	selections map[string]toolSelection
 	// subagents lists, per lead profile, the subagents it may start.
 	subagents map[string][]middleware.SubagentInfo
+	// toolPolicy narrows a run's tools to its principal's (nil: none).
+	toolPolicy func(tenant string, p *protocol.Principal) func(name string) bool
 }
 
 // NewAgents checks every profile and assembles its chain, so a profile
@@ -99,6 +101,9 @@ type Resources struct {
 	// ContextWindows are the configured context windows by model name
 	// (config models[]), consulted before the built-in table.
 	ContextWindows map[string]int
+	// ToolPolicy returns which tools a run of a principal may use (nil
+	// func, or a nil result: every tool); see policy.Policy.ToolFilter.
+	ToolPolicy func(tenant string, p *protocol.Principal) func(name string) bool
 }
 
 // NewAgentsWith is NewAgents with every shared resource.
@@ -108,7 +113,7 @@ func NewAgentsWith(res Resources, profiles ...Profile) (*Agents, error) {
 		return nil, errors.New("agents need a model")
 	}
 	a := &Agents{profiles: make(map[string]Profile), chains: make(map[string]*middleware.Chain), model: m, tools: reg,
-		source: res.Source, selections: make(map[string]toolSelection)}
+		source: res.Source, selections: make(map[string]toolSelection), toolPolicy: res.ToolPolicy}
 	if err := checkNamespace(reg, res.Source); err != nil {
 		return nil, err
 	}
@@ -189,6 +194,20 @@ func (a *Agents) Prepare(req *protocol.RunRequest) (*Prepared, error) {
 		return nil, err
 	}
 	chain := a.chains[p.Name]
+	// The principal's tool policy is the last word on the run's tools:
+	// the prepared set loses what it may not use (so no middleware lists
+	// it), and the chain is held by the policy's gate and trim (so no
+	// middleware's own tool escapes it).
+	if a.toolPolicy != nil {
+		if allow := a.toolPolicy(req.Tenant, req.Principal); allow != nil {
+			if set, err = filterTools(set, allow); err != nil {
+				return nil, err
+			}
+			if chain, err = middleware.WithToolPolicy(chain, allow); err != nil {
+				return nil, err
+			}
+		}
+	}
 	maxSteps := p.MaxSteps
 	if maxSteps == 0 {
 		maxSteps = DefaultMaxSteps
@@ -201,4 +220,15 @@ func (a *Agents) Prepare(req *protocol.RunRequest) (*Prepared, error) {
 		name = req.Config.Model
 	}
 	return &Prepared{Profile: p, Model: a.model, ModelName: name, Tools: set, Chain: chain, MaxSteps: maxSteps}, nil
+}
+
+// filterTools returns the tools of set that allow keeps, in order.
+func filterTools(set *tools.Set, allow func(name string) bool) (*tools.Set, error) {
+	var keep []tools.Tool
+	for _, n := range set.Names() {
+		if allow(n) {
+			keep = append(keep, set.Get(n))
+		}
+	}
+	return tools.NewSet(keep...)
 }

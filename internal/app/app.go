@@ -19,6 +19,7 @@ import (
 	"github.com/natsagent/natsagent/internal/config"
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/policy"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/tools"
 )
@@ -75,8 +76,12 @@ func Agents(cfg config.Config, m model.Model, opts ...AgentsOption) (*agent.Agen
 			return nil, err
 		}
 	}
+	pol, err := policy.New(cfg.Policy)
+	if err != nil {
+		return nil, err
+	}
 	return agent.NewAgentsWith(agent.Resources{Model: m, Tools: b.registry, Memory: b.memory, Source: b.source,
-		ContextWindows: cfg.ContextWindows()}, b.profiles...)
+		ContextWindows: cfg.ContextWindows(), ToolPolicy: pol.ToolFilter}, b.profiles...)
 }
 
 // Profiles converts the configured agents into profiles.

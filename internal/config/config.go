@@ -35,6 +35,8 @@ type Config struct {
 	RemoteTools RemoteTools `yaml:"remote_tools"`
 	// Telemetry configures metrics and traces.
 	Telemetry Telemetry `yaml:"telemetry"`
+	// Policy gives roles their permissions (policy.go).
+	Policy Policy `yaml:"policy"`
 }
 
 // Agent is an agent profile.
@@ -121,9 +123,15 @@ type Gateway struct {
 	Listen       string `yaml:"listen"`
 	MaxBodyBytes int64  `yaml:"max_body_bytes"`
 	// APIKeys, when any is configured, are required on every endpoint
-	// but the health checks; each maps to one tenant.
+	// but the health checks; each maps to one tenant, user and roles.
 	APIKeys []APIKey `yaml:"api_keys"`
+	// JWT, when set, accepts bearer JWTs of an identity provider
+	// (security.go); with API keys, both are accepted.
+	JWT *JWT `yaml:"jwt"`
 }
+
+// Authenticated reports whether the HTTP API requires a credential.
+func (g *Gateway) Authenticated() bool { return len(g.APIKeys) > 0 || g.JWT != nil }
 
 // Duration is a time.Duration written as "30s", "5m" in YAML.
 type Duration time.Duration
@@ -269,7 +277,9 @@ func (c *Config) Validate() error {
 	c.RemoteTools.validate(bad)
 	c.NATS.validateAuth(bad)
 	c.Gateway.validateAPIKeys(bad)
-	c.Telemetry.validate(len(c.Gateway.APIKeys) > 0, bad)
+	c.Gateway.JWT.validate(bad)
+	c.Policy.validate(c.Gateway.APIKeys, bad)
+	c.Telemetry.validate(c.Gateway.Authenticated(), bad)
 	seen := make(map[string]bool)
 	for i, a := range c.Agents {
 		path := fmt.Sprintf("agents[%d]", i)

@@ -136,7 +136,7 @@ func TestAPIKeysNeverLogged(t *testing.T) {
 		switch entry.Message {
 		case "http request":
 			requestLines++
-		case "request refused: no valid API key":
+		case "request refused: no valid credential":
 			refusals++
 		}
 	}

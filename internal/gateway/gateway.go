@@ -29,6 +29,7 @@ import (
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/metrics"
+	"github.com/natsagent/natsagent/internal/policy"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/submit"
 	"github.com/natsagent/natsagent/internal/telemetry"
@@ -57,8 +58,13 @@ type Config struct {
 	// bounds each file.
 	MaxFileBytes int64
 	// APIKeys, when any is set, are required on every route but the
-	// health checks, and a request acts for its key's tenant (auth.go).
+	// health checks, and a request acts as its key's principal (auth.go).
 	APIKeys []APIKey
+	// JWT, when set, accepts bearer JWTs too (jwt.go).
+	JWT *JWT
+	// Policy decides what a principal may submit (nil: no role is
+	// configured; see policy.Policy).
+	Policy *policy.Policy
 	// Metrics receives the gateway's measurements (nil: none).
 	Metrics metrics.Recorder
 	// MetricsHandler, when set, is served at GET /metrics, open like the
@@ -116,7 +122,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Server, error) {
 	if !protocol.ValidToken(cfg.DefaultAgent) {
 		return nil, fmt.Errorf("gateway: default agent %q is not valid: use A-Z, a-z, 0-9, '_' and '-'", cfg.DefaultAgent)
 	}
-	auth, err := newAuthenticator(cfg.APIKeys)
+	auth, err := newAuthenticatorWith(cfg.APIKeys, cfg.JWT)
 	if err != nil {
 		return nil, err
 	}
@@ -251,6 +257,9 @@ type tenantHandler func(w http.ResponseWriter, r *http.Request, tenant string) e
 func (s *Server) tenanted(h tenantHandler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		tenant, err := tenantOf(r)
+		if err == nil {
+			err = s.checkOwner(r, tenant)
+		}
 		if err == nil {
 			err = h(w, r, tenant)
 		}

@@ -48,9 +48,17 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		if err != nil {
 			return err
 		}
+		if err := s.authorize(r, tenant, req); err != nil {
+			return err
+		}
 		ifNotExists := body.IfNotExists
 		if stateless {
 			ifNotExists = ifNotExistsCreate
+		}
+		if ifNotExists != ifNotExistsReject {
+			if err := s.claimThread(r, tenant, thread); err != nil {
+				return err
+			}
 		}
 
 		// The feed exists before the request is published: nothing the

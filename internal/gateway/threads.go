@@ -31,12 +31,14 @@ type threadView struct {
 	// ActiveRunID is the run holding the thread, if any.
 	ActiveRunID string `json:"active_run_id,omitempty"`
 	LastRunID   string `json:"last_run_id,omitempty"`
+	// Owner is the user who created the thread, if authenticated.
+	Owner string `json:"owner,omitempty"`
 }
 
 func viewThread(t *protocol.Thread) threadView {
 	v := threadView{
 		ThreadID: t.ThreadID, CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt, Metadata: t.Metadata,
-		Status: t.Status, Title: t.Title, CheckpointID: t.Head, LastRunID: t.LastRunID,
+		Status: t.Status, Title: t.Title, CheckpointID: t.Head, LastRunID: t.LastRunID, Owner: t.Owner,
 	}
 	if v.Metadata == nil {
 		v.Metadata = map[string]any{}
@@ -80,12 +82,18 @@ func (s *Server) createThread(w http.ResponseWriter, r *http.Request, tenant str
 		return err
 	}
 	th := newThread(tenant, body.ThreadID, body.Metadata)
+	th.Owner = ownerOf(r)
 	_, err := s.stores.Threads.Put(r.Context(), th, 0)
 	if errors.Is(err, kv.ErrExists) {
-		if body.IfExists != "do_nothing" {
+		th, _, err = s.stores.Threads.GetLatest(r.Context(), tenant, body.ThreadID)
+		if err == nil && !s.mayUse(r, th) {
+			// Another user's thread is as absent as another tenant's:
+			// a create names it taken without showing it.
+			body.IfExists = "raise"
+		}
+		if err == nil && body.IfExists != "do_nothing" {
 			return errConflict(fmt.Sprintf("thread %s already exists; send \"if_exists\": \"do_nothing\" to get it instead", body.ThreadID))
 		}
-		th, _, err = s.stores.Threads.Get(r.Context(), tenant, body.ThreadID)
 	}
 	if err != nil {
 		return err
@@ -133,7 +141,7 @@ func (s *Server) listThreads(w http.ResponseWriter, r *http.Request, tenant stri
 	sort.SliceStable(all, func(i, j int) bool { return all[i].CreatedAt.After(all[j].CreatedAt) })
 	out := []threadView{}
 	for _, th := range all {
-		if status != "" && th.Status != status {
+		if status != "" && th.Status != status || !s.mayUse(r, th) {
 			continue
 		}
 		out = append(out, viewThread(th))

@@ -163,6 +163,9 @@ type Runtime struct {
 	Resume []byte
 	// User owns per-user data (memory); "default" when the run names none.
 	User string
+	// Principal is who submitted the run (nil: a submitter that names
+	// none); a subagent run inherits its lead's.
+	Principal *protocol.Principal
 	// Files is the thread's workdir, nil when the deployment has none.
 	Files files.Workdir
 	// Step counts the model calls of this run so far.

@@ -300,8 +300,9 @@ func (s *Subagents) delegate(ctx context.Context, rt *Runtime, call *ToolCall, w
 		Task:     d.Description,
 		ThreadID: d.ThreadID,
 		// The child acts for the same person with the same approval
-		// mode; its model and limits are its profile's.
-		Config: protocol.RunConfig{UserID: rt.Config.UserID, ToolApprovalMode: rt.Config.ToolApprovalMode},
+		// mode and tool policy; its model and limits are its profile's.
+		Config:    protocol.RunConfig{UserID: rt.Config.UserID, ToolApprovalMode: rt.Config.ToolApprovalMode},
+		Principal: rt.Principal,
 	}
 	started, err := rt.Subagents.StartSubagent(ctx, rt.Tenant, req)
 	if err != nil {

@@ -195,6 +195,10 @@ type Thread struct {
 	Preempt []Preemption `json:"preempt,omitempty"`
 	// LastRunID is the most recent run that held the lease.
 	LastRunID string `json:"last_run_id,omitempty"`
+	// Owner is the user of the principal that created the thread ("":
+	// created unauthenticated, any user of the tenant may use it). Over
+	// HTTP, another user's thread is not found unless a role reads all.
+	Owner string `json:"owner,omitempty"`
 }
 
 // Lease names the run that currently owns a thread.

@@ -54,6 +54,9 @@ type SubagentStart struct {
 	// are the parent's permissions; model, max_steps and timeout_seconds
 	// default to the subagent profile's).
 	Config RunConfig `json:"config,omitzero"`
+	// Principal is the lead run's: the child acts for the same
+	// authenticated caller, with the same tool policy.
+	Principal *Principal `json:"principal,omitempty"`
 }
 
 // Check validates a start request.

@@ -212,6 +212,7 @@ func (s *Service) StartSubagent(ctx context.Context, tenant string, req *protoco
 		Input:             &protocol.Input{Messages: []model.Message{{Role: model.RoleUser, Content: req.Task}}},
 		MultitaskStrategy: protocol.StrategyEnqueue,
 		Config:            req.Config,
+		Principal:         req.Principal,
 		Metadata:          map[string]any{MetaSubagent: req.Subagent},
 		Parent:            &protocol.Parent{RunID: req.Parent.RunID, ThreadID: req.Parent.ThreadID, ToolCallID: req.Parent.ToolCallID},
 	}
@@ -242,6 +243,9 @@ func (s *Service) createThread(ctx context.Context, tenant, thread string, req *
 	now := time.Now().UTC()
 	th := &protocol.Thread{ThreadID: thread, Tenant: tenant, CreatedAt: now, UpdatedAt: now, Status: protocol.ThreadIdle,
 		Metadata: map[string]any{MetaSubagent: req.Subagent, MetaParentThread: req.Parent.ThreadID, MetaParentRun: req.Parent.RunID, MetaToolCallID: req.Parent.ToolCallID}}
+	if req.Principal != nil {
+		th.Owner = req.Principal.User // the lead's user owns the child's thread
+	}
 	_, err := s.stores.Threads.Put(ctx, th, 0)
 	if errors.Is(err, kv.ErrExists) {
 		// An earlier attempt of this start (the id is derived from it).

@@ -169,6 +169,10 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 		if len(t.Preempt) > 0 && t.Preempt[0].RunID != req.RunID && !takeover {
 			return errRetryAdmit
 		}
+		if t.Epoch == 0 && t.Owner == "" && req.Principal != nil && req.Parent == nil {
+			// The first run of a thread no submitter created owns it.
+			t.Owner = req.Principal.User
+		}
 		t.Epoch++
 		t.Lease = &protocol.Lease{RunID: req.RunID, Worker: w.cfg.ID, Epoch: t.Epoch, MsgSeq: j.seq, AcquiredAt: now, RenewedAt: now}
 		t.Status = protocol.ThreadBusy

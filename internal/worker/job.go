@@ -527,6 +527,7 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 	if req.Command != nil {
 		rt.Resume = req.Command.Resume
 	}
+	rt.Principal = req.Principal
 	run := &agent.Run{
 		ToolEnv:   tools.Env{User: rt.User, Files: rt.Files},
 		Runtime:   rt,
