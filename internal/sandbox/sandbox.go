@@ -11,6 +11,7 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,11 +19,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Isolation modes.
@@ -228,9 +232,37 @@ func (s *Sandbox) Run(ctx context.Context, dir, command string, timeout time.Dur
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	// A process holding the output open must not hold the tool.
 	cmd.WaitDelay = time.Second
-	err := cmd.Run()
-	if cmd.Process != nil {
+	var info *os.File
+	if s.isolation != None {
+		// bwrap tells the host pid of the sandbox's init on --info-fd 3.
+		r, w, err := os.Pipe()
+		if err != nil {
+			return Result{ExitCode: -1, Err: fmt.Errorf("the command could not run: %w", err)}
+		}
+		defer r.Close()
+		info = r
+		cmd.ExtraFiles = []*os.File{w}
+		cmd.Args = slices.Insert(cmd.Args, 1, "--info-fd", "3")
+		defer w.Close()
+	}
+	if err := cmd.Start(); err != nil {
+		return Result{ExitCode: -1, Err: fmt.Errorf("the command could not run: %w", err)}
+	}
+	var init *sandboxInit
+	if info != nil {
+		_ = cmd.ExtraFiles[0].Close()
+		init = watchInit(runCtx, info, cmd.Process.Pid)
+	}
+	err := cmd.Wait()
+	if s.isolation == None {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
+	if init != nil {
+		// Whatever the command left running dies with the namespace's
+		// init; the call returns once it has.
+		if err := init.kill(5 * time.Second); err != nil {
+			return Result{ExitCode: -1, Err: err}
+		}
 	}
 	var exit *exec.ExitError
 	switch {
@@ -340,4 +372,65 @@ func RemoveAll(dir string) error {
 		return nil
 	})
 	return os.RemoveAll(dir)
+}
+
+// sandboxInit is the init process of a sandbox's pid namespace, held by a
+// pidfd so its pid cannot name another process later.
+type sandboxInit struct{ pidfd int }
+
+// watchInit reads the host pid of the sandbox's init from bwrap's info
+// fd and opens a pidfd on it. It is called before bwrap is reaped: while
+// bwrap (pid parent) is unreaped, no other process can be its child, so
+// checking the parent proves the pidfd names the sandbox's init. nil when
+// bwrap ended before telling or the init has gone already.
+func watchInit(ctx context.Context, info *os.File, bwrap int) *sandboxInit {
+	pid := make(chan int, 1)
+	go func() {
+		var v struct {
+			ChildPID int `json:"child-pid"`
+		}
+		_ = json.NewDecoder(info).Decode(&v)
+		pid <- v.ChildPID
+	}()
+	var p int
+	select {
+	case p = <-pid:
+	case <-ctx.Done():
+		return nil
+	}
+	if p <= 0 {
+		return nil
+	}
+	fd, err := unix.PidfdOpen(p, 0)
+	if err != nil {
+		return nil
+	}
+	status, err := os.ReadFile("/proc/" + strconv.Itoa(p) + "/status")
+	if err != nil || !strings.Contains(string(status), "\nPPid:\t"+strconv.Itoa(bwrap)+"\n") {
+		_ = unix.Close(fd)
+		return nil
+	}
+	return &sandboxInit{pidfd: fd}
+}
+
+// kill kills the sandbox's init, which makes the kernel kill every
+// process of its pid namespace, and waits until it has exited: by then
+// they all have.
+func (i *sandboxInit) kill(wait time.Duration) error {
+	defer unix.Close(i.pidfd)
+	if err := unix.PidfdSendSignal(i.pidfd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("stop the command's processes: %w", err)
+	}
+	fds := []unix.PollFd{{Fd: int32(i.pidfd), Events: unix.POLLIN}}
+	deadline := time.Now().Add(wait)
+	for {
+		n, err := unix.Poll(fds, int(time.Until(deadline).Milliseconds()))
+		if n > 0 {
+			return nil
+		}
+		if err != nil && errors.Is(err, unix.EINTR) && time.Now().Before(deadline) {
+			continue
+		}
+		return fmt.Errorf("the command's processes did not stop within %s", wait)
+	}
 }

@@ -208,7 +208,9 @@ func TestWallTimeKillsEverything(t *testing.T) {
 	s := sandboxtest.New(t, sandbox.Config{})
 	m := marker(t)
 	start := time.Now()
-	res, out, _ := run(t, s, fmt.Sprintf("sleep %s & setsid sleep %s & echo started; sleep %s", m, m, m), time.Second)
+	// One of them lets go of the output, so the call cannot wait for it
+	// through the pipe: only the pid namespace's end stops it.
+	res, out, _ := run(t, s, fmt.Sprintf("sleep %s & setsid sleep %s & setsid sh -c 'exec >/dev/null 2>&1; while :; do :; done # %s' & echo started; sleep %s", m, m, m, m), time.Second)
 	if !res.TimedOut || !strings.Contains(out, "started") {
 		t.Errorf("result %+v, output %q", res, out)
 	}
