@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -223,5 +224,52 @@ func TestExecute_NoSandboxRefuses(t *testing.T) {
 	}
 	if _, err := os.Stat(marker); err == nil {
 		t.Error("the command ran without a sandbox")
+	}
+}
+
+// BenchmarkExecute measures one call: copy in, sandbox, write back.
+// go test -run '^$' -bench Execute ./internal/tools
+func BenchmarkExecute(b *testing.B) {
+	sb := sandboxtest.New(b, sandbox.Config{})
+	exe := tools.Execute(tools.ExecuteConfig{Sandbox: sb, Timeout: 10 * time.Second})
+	srv := natstest.Start(b)
+	nc := srv.Connect()
+	natstest.Provision(b, nc, bus.Settings{})
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	store, err := js.ObjectStore(context.Background(), bus.DefaultNames().FilesBucket())
+	if err != nil {
+		b.Fatal(err)
+	}
+	index, err := js.KeyValue(context.Background(), bus.DefaultNames().ThreadsBucket())
+	if err != nil {
+		b.Fatal(err)
+	}
+	full := files.NewObjectStore(store, index, "default", "full")
+	for i := range 100 {
+		if err := full.Write(context.Background(), fmt.Sprintf("/data/f%03d.txt", i), make([]byte, 10<<10)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		name, command string
+		w             files.Workdir
+	}{
+		{"memory-empty-true", "true", files.NewMemory()},
+		{"objectstore-empty-true", "true", files.NewObjectStore(store, index, "default", "empty")},
+		{"objectstore-100x10KiB-true", "true", full},
+		{"objectstore-100x10KiB-touch1", "date > data/f000.txt", full},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			a := json.RawMessage(args("command", c.command))
+			for b.Loop() {
+				res, err := exe.Call(context.Background(), &tools.Call{Name: tools.ToolExecute, Args: a, Env: &tools.Env{Files: c.w}})
+				if err != nil || res.Error {
+					b.Fatal(err, res)
+				}
+			}
+		})
 	}
 }
