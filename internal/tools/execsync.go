@@ -120,10 +120,10 @@ func syncBack(ctx context.Context, w files.Workdir, dir string, m manifest, lim 
 		return rep, err
 	}
 	defer root.Close()
-	type change struct {
-		path string
-		data []byte
-	}
+	// Only the names are kept while walking; each file is read again when
+	// it is written, so memory holds one file at a time (the command's
+	// processes are gone: nothing changes in between).
+	type change struct{ path, rel string }
 	var writes []change
 	seen := make(map[string]bool) // paths of m still there, changed or not
 	var total int64
@@ -178,7 +178,7 @@ func syncBack(ctx context.Context, w files.Workdir, dir string, m manifest, lim 
 			total -= int64(len(data))
 			return nil
 		}
-		writes = append(writes, change{p, data})
+		writes = append(writes, change{p, filepath.ToSlash(rel)})
 		return nil
 	})
 	if err != nil {
@@ -201,7 +201,12 @@ func syncBack(ctx context.Context, w files.Workdir, dir string, m manifest, lim 
 		rep.removed = append(rep.removed, p)
 	}
 	for _, c := range writes {
-		if err := w.Write(ctx, c.path, c.data); err != nil {
+		data, err := readRegular(root, c.rel, lim.maxFile)
+		if err != nil {
+			rep.skipped = append(rep.skipped, fmt.Sprintf("%s (%v)", c.path, err))
+			continue
+		}
+		if err := w.Write(ctx, c.path, data); err != nil {
 			if ctx.Err() != nil {
 				return rep, err
 			}
