@@ -22,7 +22,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -115,7 +114,6 @@ type Sandbox struct {
 	isolation string
 	limits    Limits
 	bwrap     string
-	etc       string // a directory holding the sandbox's passwd and group
 }
 
 // New checks that commands can be confined here, by running a trivial one
@@ -140,9 +138,6 @@ func New(ctx context.Context, cfg Config) (*Sandbox, error) {
 		return nil, fmt.Errorf("%w: %s is not installed or not on PATH: %s", ErrUnavailable, name, Enable)
 	}
 	s.bwrap = bwrap
-	if s.etc, err = etcDir(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
-	}
 	trial, err := s.TempDir()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
@@ -160,28 +155,13 @@ func New(ctx context.Context, cfg Config) (*Sandbox, error) {
 	return s, nil
 }
 
-// etcDir returns a directory holding the passwd and group files the
-// sandbox sees: only nobody, so programs that look the user up work and
-// nothing of the host's users shows. It is written once per process.
-var etcDir = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "natsagent-sandbox-etc-")
-	if err != nil {
-		return "", fmt.Errorf("create the sandbox's /etc files: %w", err)
-	}
-	files := map[string]string{
-		"passwd": "nobody:x:" + sandboxUID + ":" + sandboxUID + ":nobody:" + Workdir + ":/bin/sh\n",
-		"group":  "nogroup:x:" + sandboxUID + ":\n",
-	}
-	for name, content := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
-			return "", fmt.Errorf("create the sandbox's /etc files: %w", err)
-		}
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return "", err
-	}
-	return dir, nil
-})
+// etcFiles are the passwd and group the sandbox sees: only nobody, so
+// programs that look the user up work and nothing of the host's users
+// shows. bwrap copies them in from pipes (--ro-bind-data).
+var etcFiles = []struct{ path, content string }{
+	{"/etc/passwd", "nobody:x:" + sandboxUID + ":" + sandboxUID + ":nobody:" + Workdir + ":/bin/sh\n"},
+	{"/etc/group", "nogroup:x:" + sandboxUID + ":\n"},
+}
 
 // Isolation is the mode commands run in.
 func (s *Sandbox) Isolation() string { return s.isolation }
@@ -234,23 +214,36 @@ func (s *Sandbox) Run(ctx context.Context, dir, command string, timeout time.Dur
 	cmd.WaitDelay = time.Second
 	var info *os.File
 	if s.isolation != None {
-		// bwrap tells the host pid of the sandbox's init on --info-fd 3.
+		// Extra files: bwrap tells the host pid of the sandbox's init on
+		// fd 3 (--info-fd); fds 4 and up carry etcFiles.
 		r, w, err := os.Pipe()
 		if err != nil {
 			return Result{ExitCode: -1, Err: fmt.Errorf("the command could not run: %w", err)}
 		}
 		defer r.Close()
+		defer w.Close()
 		info = r
 		cmd.ExtraFiles = []*os.File{w}
-		cmd.Args = slices.Insert(cmd.Args, 1, "--info-fd", "3")
-		defer w.Close()
+		extra := []string{"--info-fd", "3"}
+		for i, f := range etcFiles {
+			data, err := dataPipe(f.content)
+			if err != nil {
+				return Result{ExitCode: -1, Err: fmt.Errorf("the command could not run: %w", err)}
+			}
+			defer data.Close()
+			cmd.ExtraFiles = append(cmd.ExtraFiles, data)
+			extra = append(extra, "--ro-bind-data", strconv.Itoa(4+i), f.path)
+		}
+		cmd.Args = slices.Insert(cmd.Args, 1, extra...)
 	}
 	if err := cmd.Start(); err != nil {
 		return Result{ExitCode: -1, Err: fmt.Errorf("the command could not run: %w", err)}
 	}
+	for _, f := range cmd.ExtraFiles {
+		_ = f.Close() // bwrap has its copies
+	}
 	var init *sandboxInit
 	if info != nil {
-		_ = cmd.ExtraFiles[0].Close()
 		init = watchInit(runCtx, info, cmd.Process.Pid)
 	}
 	err := cmd.Wait()
@@ -316,8 +309,6 @@ func (s *Sandbox) args(dir, command string) []string {
 		a = append(a, "--ro-bind-try", f, f)
 	}
 	a = append(a,
-		"--ro-bind", filepath.Join(s.etc, "passwd"), "/etc/passwd",
-		"--ro-bind", filepath.Join(s.etc, "group"), "/etc/group",
 		"--proc", "/proc",
 		"--dev", "/dev",
 		"--size", strconv.FormatInt(l.TmpBytes, 10), "--tmpfs", "/tmp",
@@ -372,6 +363,24 @@ func RemoveAll(dir string) error {
 		return nil
 	})
 	return os.RemoveAll(dir)
+}
+
+// dataPipe returns the read end of a pipe that holds content and is closed
+// for writing. content must fit the pipe's buffer (64 KiB on Linux).
+func dataPipe(content string) (*os.File, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	_, err = w.WriteString(content)
+	if cerr := w.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = r.Close()
+		return nil, err
+	}
+	return r, nil
 }
 
 // sandboxInit is the init process of a sandbox's pid namespace, held by a
