@@ -163,12 +163,6 @@ var etcFiles = []struct{ path, content string }{
 	{"/etc/group", "nogroup:x:" + sandboxUID + ":\n"},
 }
 
-// Isolation is the mode commands run in.
-func (s *Sandbox) Isolation() string { return s.isolation }
-
-// Limits are the limits commands run under.
-func (s *Sandbox) Limits() Limits { return s.limits }
-
 // Result is how a command ended.
 type Result struct {
 	// ExitCode is the command's exit status (128+n when signal n killed
