@@ -114,6 +114,7 @@ type Sandbox struct {
 	isolation string
 	limits    Limits
 	bwrap     string
+	seccomp   []byte // the filter bwrap loads (seccompFilter)
 }
 
 // New checks that commands can be confined here, by running a trivial one
@@ -138,6 +139,9 @@ func New(ctx context.Context, cfg Config) (*Sandbox, error) {
 		return nil, fmt.Errorf("%w: %s is not installed or not on PATH: %s", ErrUnavailable, name, Enable)
 	}
 	s.bwrap = bwrap
+	if s.seccomp, err = seccompFilter(); err != nil {
+		return nil, fmt.Errorf("%w: build the seccomp filter: %v", ErrUnavailable, err)
+	}
 	trial, err := s.TempDir()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
@@ -209,7 +213,8 @@ func (s *Sandbox) Run(ctx context.Context, dir, command string, timeout time.Dur
 	var info *os.File
 	if s.isolation != None {
 		// Extra files: bwrap tells the host pid of the sandbox's init on
-		// fd 3 (--info-fd); fds 4 and up carry etcFiles.
+		// fd 3 (--info-fd); fds 4 and up carry etcFiles and the seccomp
+		// filter.
 		r, w, err := os.Pipe()
 		if err != nil {
 			return Result{ExitCode: -1, Err: fmt.Errorf("the command could not run: %w", err)}
@@ -219,14 +224,32 @@ func (s *Sandbox) Run(ctx context.Context, dir, command string, timeout time.Dur
 		info = r
 		cmd.ExtraFiles = []*os.File{w}
 		extra := []string{"--info-fd", "3"}
-		for i, f := range etcFiles {
-			data, err := dataPipe(f.content)
+		pass := func(flag, content, dest string) error {
+			data, err := dataPipe(content)
 			if err != nil {
-				return Result{ExitCode: -1, Err: fmt.Errorf("the command could not run: %w", err)}
+				return fmt.Errorf("the command could not run: %w", err)
 			}
-			defer data.Close()
 			cmd.ExtraFiles = append(cmd.ExtraFiles, data)
-			extra = append(extra, "--ro-bind-data", strconv.Itoa(4+i), f.path)
+			extra = append(extra, flag, strconv.Itoa(2+len(cmd.ExtraFiles)))
+			if dest != "" {
+				extra = append(extra, dest)
+			}
+			return nil
+		}
+		defer func() {
+			for _, f := range cmd.ExtraFiles {
+				_ = f.Close()
+			}
+		}()
+		for _, f := range etcFiles {
+			if err := pass("--ro-bind-data", f.content, f.path); err != nil {
+				return Result{ExitCode: -1, Err: err}
+			}
+		}
+		if s.seccomp != nil {
+			if err := pass("--seccomp", string(s.seccomp), ""); err != nil {
+				return Result{ExitCode: -1, Err: err}
+			}
 		}
 		cmd.Args = slices.Insert(cmd.Args, 1, extra...)
 	}

@@ -8,11 +8,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/natsagent/natsagent/internal/sandbox"
 	"github.com/natsagent/natsagent/internal/sandbox/sandboxtest"
@@ -310,4 +313,27 @@ func tmpBytes(out string) int {
 	line, _, _ := strings.Cut(rest, "\n")
 	n, _ := strconv.Atoi(line)
 	return n
+}
+
+// The kernel interfaces a command has no use for fail with EPERM; the
+// others work. perl (perl-base, always on Debian) makes the raw calls:
+// io_uring_setup with no parameters, keyctl(KEYCTL_GET_KEYRING_ID,
+// KEY_SPEC_SESSION_KEYRING), getpid.
+func TestSeccompDenies(t *testing.T) {
+	if auditArch := map[string]bool{"amd64": true, "arm64": true}; !auditArch[runtime.GOARCH] {
+		t.Skipf("no seccomp filter on %s", runtime.GOARCH)
+	}
+	s := sandboxtest.New(t, sandbox.Config{})
+	perl := func(nr uintptr, args string) string {
+		return fmt.Sprintf(`perl -e '$r = syscall(%d%s); print $r == -1 ? "$!\n" : "ok\n"'`, nr, args)
+	}
+	cmd := strings.Join([]string{
+		perl(unix.SYS_IO_URING_SETUP, ", 1, 0"),
+		perl(unix.SYS_KEYCTL, ", 0, -3, 0"),
+		perl(unix.SYS_GETPID, ""),
+	}, "; ")
+	_, out, _ := run(t, s, cmd, 10*time.Second)
+	if out != "Operation not permitted\nOperation not permitted\nok\n" {
+		t.Errorf("io_uring_setup, keyctl, getpid: %q", out)
+	}
 }
