@@ -2,8 +2,8 @@
 // environment built with bubblewrap (bwrap): new user, pid, network, ipc,
 // uts and (where available) cgroup namespaces, an unprivileged uid, the
 // system read only, one host directory writable at /workdir, a private
-// size-limited /tmp, resource limits, and a wall time that kills every
-// process of the sandbox. It owns how a command is confined; it knows
+// size-limited /tmp, resource limits, a seccomp filter, and a wall time
+// that kills every process of the sandbox. It owns how a command is confined; it knows
 // nothing of workdirs, runs or tools (internal/tools/execute.go decides
 // what directory to give it).
 package sandbox
