@@ -370,15 +370,20 @@ func chownTree(dir string, uid int) error {
 }
 
 // RemoveAll removes a directory a command worked in, even where the
-// command took the permission to enter or change it away.
+// command took the permission to enter or change it away. Permissions are
+// restored through an os.Root, so a link planted in the directory never
+// makes it change anything outside.
 func RemoveAll(dir string) error {
-	// WalkDir calls fn on a directory before reading it.
-	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && d.IsDir() {
-			_ = os.Chmod(p, 0o700)
-		}
-		return nil
-	})
+	if r, err := os.OpenRoot(dir); err == nil {
+		// WalkDir calls fn on a directory before reading it.
+		_ = fs.WalkDir(r.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				_ = r.Chmod(p, 0o700)
+			}
+			return nil
+		})
+		_ = r.Close()
+	}
 	return os.RemoveAll(dir)
 }
 

@@ -337,3 +337,31 @@ func TestSeccompDenies(t *testing.T) {
 		t.Errorf("io_uring_setup, keyctl, getpid: %q", out)
 	}
 }
+
+// What a command leaves behind is removed, a directory it closed included,
+// and a link it planted changes nothing outside.
+func TestRemoveAll(t *testing.T) {
+	s := sandboxtest.New(t, sandbox.Config{})
+	outside := t.TempDir()
+	if err := os.Chmod(outside, 0o751); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := s.TempDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	res := s.Run(context.Background(), dir, "mkdir -p a/b && echo x > a/b/f && chmod 000 a/b a && ln -s "+outside+" link", 10*time.Second, &out)
+	if res.Err != nil || res.ExitCode != 0 {
+		t.Fatalf("%+v %s", res, out.String())
+	}
+	if err := sandbox.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(dir); !os.IsNotExist(err) {
+		t.Errorf("the directory is still there: %v", err)
+	}
+	if fi, err := os.Stat(outside); err != nil || fi.Mode().Perm() != 0o751 {
+		t.Errorf("the linked directory outside changed: %v, %v", fi.Mode(), err)
+	}
+}
