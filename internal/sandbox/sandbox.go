@@ -104,7 +104,8 @@ var ErrUnavailable = errors.New("the command sandbox is not available")
 
 // Enable says how to make the sandbox available; it ends New's errors.
 const Enable = "install bubblewrap (Debian: apt-get install bubblewrap; 0.8 or newer) and allow unprivileged user " +
-	"namespaces (sysctl kernel.unprivileged_userns_clone=1; in a container, a seccomp profile that permits them), " +
+	"namespaces (sysctl user.max_user_namespaces above 0, and kernel.unprivileged_userns_clone=1 where it exists; " +
+	"in a container, a seccomp profile that permits them), " +
 	"or set files.sandbox.isolation: none where the worker is itself a disposable container, " +
 	"or turn files.sandbox.enabled off"
 
