@@ -222,6 +222,9 @@ func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config
 		return err
 	}
 	log.Info("model", zap.String("model", label))
+	if w := app.SandboxWarning(cfg); w != "" {
+		log.Warn(w)
+	}
 	for i := range n {
 		nc, err := connect(fmt.Sprintf("natsagent-worker-%d", i+1))
 		if err != nil {

@@ -85,6 +85,9 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	if w := app.SandboxWarning(cfg); w != "" {
+		log.Warn(w)
+	}
 	workdirs, err := app.Files(ctx, cfg, nc, settings)
 	if err != nil {
 		return err

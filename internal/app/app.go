@@ -70,7 +70,9 @@ func Agents(cfg config.Config, m model.Model, opts ...AgentsOption) (*agent.Agen
 		return nil, err
 	}
 	b := &agentsBuild{registry: tools.NewRegistry(), profiles: profiles}
-	registerExecute(cfg, b.registry)
+	if err := registerExecute(cfg, b.registry); err != nil {
+		return nil, err
+	}
 	for _, o := range opts {
 		if err := o(b); err != nil {
 			return nil, err

@@ -13,6 +13,7 @@ import (
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/config"
 	"github.com/natsagent/natsagent/internal/files"
+	"github.com/natsagent/natsagent/internal/sandbox"
 	"github.com/natsagent/natsagent/internal/tools"
 )
 
@@ -59,11 +60,47 @@ func Files(ctx context.Context, cfg config.Config, nc *nats.Conn, settings bus.S
 }
 
 // registerExecute adds the execute tool to reg when the configuration
-// offers a sandbox; without one the tool does not exist at all.
-func registerExecute(cfg config.Config, reg *tools.Registry) {
-	if cfg.Files.Sandbox.Enabled {
-		reg.Register(tools.Execute(tools.ExecuteConfig{Timeout: time.Duration(cfg.Files.Sandbox.TimeoutSeconds) * time.Second}))
+// enables the sandbox; without it the tool does not exist at all. With
+// isolation bubblewrap it first runs a trial command in the sandbox and
+// fails, naming files.sandbox and saying how to fix it, when bubblewrap is
+// missing or cannot create namespaces: a worker never offers execute it
+// cannot confine.
+func registerExecute(cfg config.Config, reg *tools.Registry) error {
+	sc := cfg.Files.Sandbox
+	if !sc.Enabled {
+		return nil
 	}
+	sb, err := sandbox.New(context.Background(), sandbox.Config{
+		Isolation: sc.Isolation,
+		Limits: sandbox.Limits{
+			Processes:   sc.MaxProcesses,
+			MemoryBytes: sc.MaxMemoryBytes,
+			OpenFiles:   sc.MaxOpenFiles,
+			FileBytes:   cfg.Files.MaxFileBytes,
+			TmpBytes:    sc.MaxTmpBytes,
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("files.sandbox.enabled: %w", err)
+	}
+	reg.Register(tools.Execute(tools.ExecuteConfig{
+		Sandbox:         sb,
+		Timeout:         time.Duration(sc.TimeoutSeconds) * time.Second,
+		MaxFileBytes:    cfg.Files.MaxFileBytes,
+		MaxWorkdirBytes: sc.MaxWorkdirBytes,
+	}))
+	return nil
+}
+
+// SandboxWarning is the warning a process that runs agents logs at start
+// when execute runs commands unconfined (files.sandbox.isolation: none),
+// or "" when it does not.
+func SandboxWarning(cfg config.Config) string {
+	if !cfg.Files.Sandbox.Enabled || cfg.Files.Sandbox.Isolation != config.IsolationNone {
+		return ""
+	}
+	return "files.sandbox.isolation is none: the execute tool runs the model's commands as this process's user, " +
+		"with its files, its network and its credentials; use it only in a disposable container that holds nothing else"
 }
 
 // chatbotTools adapts the built-in chatbot's tools to the files section:

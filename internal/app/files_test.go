@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/natsagent/natsagent/internal/bus"
@@ -93,7 +94,8 @@ func TestFiles_ChatbotTools(t *testing.T) {
 	if slices.Contains(got, tools.ToolExecute) {
 		t.Error("execute without a sandbox")
 	}
-	cfg.Files.Backend, cfg.Files.LocalDir, cfg.Files.Sandbox.Enabled = config.FilesLocal, t.TempDir(), true
+	// Isolation none: this test is about tool lists, not bubblewrap.
+	cfg.Files.Sandbox.Enabled, cfg.Files.Sandbox.Isolation = true, config.IsolationNone
 	if got := chatbotTools(cfg); !slices.Contains(got, tools.ToolExecute) {
 		t.Errorf("sandbox on, chatbot tools %v", got)
 	}
@@ -107,5 +109,40 @@ func TestFiles_ChatbotTools(t *testing.T) {
 	cfg.Agents = []config.Agent{{Name: "coder", Tools: []string{tools.ToolExecute}}}
 	if _, err := Agents(cfg, demo); err == nil {
 		t.Error("execute selected without a sandbox")
+	}
+}
+
+// A worker with the sandbox enabled where bubblewrap cannot run refuses to
+// start, naming the setting and saying how to fix it; it never offers an
+// unconfined execute instead. Isolation none is the explicit way out, and
+// is warned about.
+func TestFiles_SandboxRequiredAtStart(t *testing.T) {
+	demo := model.NewDemo(model.DemoOptions{})
+	t.Setenv("PATH", t.TempDir()) // no bwrap
+	cfg := config.Default()
+	cfg.Files.Sandbox.Enabled = true
+	for name, check := range map[string]func() error{
+		"Agents":        func() error { _, err := Agents(cfg, demo); return err },
+		"CheckProfiles": func() error { return CheckProfiles(cfg) },
+	} {
+		err := check()
+		if err == nil {
+			t.Fatalf("%s: the sandbox enabled without bubblewrap was accepted", name)
+		}
+		for _, want := range []string{"files.sandbox.enabled", "bwrap is not installed", "apt-get install bubblewrap", "isolation: none"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: %q does not say %q", name, err, want)
+			}
+		}
+	}
+	if w := SandboxWarning(cfg); w != "" {
+		t.Errorf("a warning for bubblewrap: %q", w)
+	}
+	cfg.Files.Sandbox.Isolation = config.IsolationNone
+	if _, err := Agents(cfg, demo); err != nil {
+		t.Fatal(err)
+	}
+	if w := SandboxWarning(cfg); !strings.Contains(w, "isolation is none") {
+		t.Errorf("no warning for isolation none: %q", w)
 	}
 }

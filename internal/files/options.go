@@ -46,8 +46,10 @@ func (o options) checkSize(p string, n int) error {
 	return nil
 }
 
-// HostDir returns the directory on this machine that holds w's files, for
-// tools that run programs in it (execute). Only local workdirs have one.
+// HostDir returns the directory on this machine that holds w's files.
+// Only local workdirs have one. execute does not use it (it works on a
+// copy of any workdir); tests use it to plant what a program could leave
+// in the directory.
 func HostDir(w Workdir) (string, bool) {
 	l, ok := w.(*Local)
 	if !ok {

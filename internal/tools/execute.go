@@ -5,13 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os/exec"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/sandbox"
 )
 
 // Limits of execute.
@@ -21,27 +20,44 @@ const (
 	// MaxExecuteOutputBytes caps what a command's output contributes to
 	// the transcript; the start and the end are kept.
 	MaxExecuteOutputBytes = 30 << 10
+	// DefaultMaxWorkdirBytes bounds the copy of a workdir a command works
+	// on, in and out.
+	DefaultMaxWorkdirBytes = 256 << 20
 )
 
 // ExecuteConfig configures the execute tool.
 type ExecuteConfig struct {
+	// Sandbox runs the commands (sandbox.New). Without one, execute
+	// refuses every command: it never runs one unconfined by accident.
+	Sandbox *sandbox.Sandbox
 	// Timeout is the time limit of a command that sets none (default 60
 	// s); a command may ask for up to MaxExecuteTimeout.
 	Timeout time.Duration
+	// MaxFileBytes bounds a file the command writes back (default
+	// files.DefaultMaxFileBytes); the workdir's own limit applies too.
+	MaxFileBytes int64
+	// MaxWorkdirBytes bounds the workdir copied in for the command and
+	// what it writes back (default DefaultMaxWorkdirBytes).
+	MaxWorkdirBytes int64
 }
 
-// Execute returns the execute tool: it runs `sh -c command` in the
-// thread's local directory, with a scrubbed environment (PATH=/usr/bin:/bin
-// and HOME=the directory, nothing else), under a time limit that kills the
-// command's whole process group, and returns its output (stdout and stderr
-// together), capped. It works only on a local workdir. It is not an
-// isolation boundary: the command runs as the worker's user; deploy it
-// only where that is acceptable (a container per worker).
+// Execute returns the execute tool: it copies the thread's workdir, from
+// whatever backend, into a fresh directory, runs `sh -c command` there in
+// the sandbox (sandbox.Sandbox: namespaces, an unprivileged user, no
+// network, limits, a wall time that ends every process of the command),
+// writes back what the command created, changed or removed, and returns
+// the exit code and the output (stdout and stderr together), capped.
 func Execute(cfg ExecuteConfig) Tool {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultExecuteTimeout
 	}
 	cfg.Timeout = min(cfg.Timeout, MaxExecuteTimeout)
+	if cfg.MaxFileBytes <= 0 {
+		cfg.MaxFileBytes = files.DefaultMaxFileBytes
+	}
+	if cfg.MaxWorkdirBytes <= 0 {
+		cfg.MaxWorkdirBytes = DefaultMaxWorkdirBytes
+	}
 	return executeTool{cfg: cfg}
 }
 
@@ -50,11 +66,13 @@ type executeTool struct{ cfg ExecuteConfig }
 func (t executeTool) Spec() model.ToolSpec {
 	return model.ToolSpec{
 		Name: ToolExecute,
-		Description: fmt.Sprintf("Run a shell command (sh -c) in the workdir's directory, which holds the same files as "+
-			"ls and read_file show (a file /notes/a.md is notes/a.md here). Only PATH=/usr/bin:/bin and HOME are set. "+
-			"The command is stopped after timeout_seconds (default %d, at most %d). Returns the exit code and the "+
-			"output (stdout and stderr together; long output keeps its start and end). Do not start programs that "+
-			"keep running in the background.", int(t.cfg.Timeout/time.Second), int(MaxExecuteTimeout/time.Second)),
+		Description: fmt.Sprintf("Run a shell command (sh -c) in a sandbox whose directory /workdir holds a copy of the workdir: "+
+			"the same files as ls and read_file show (a file /notes/a.md is notes/a.md here). Files the command creates, "+
+			"changes or deletes there are written back to the workdir when it ends; symbolic links, empty directories and "+
+			"anything outside /workdir are not kept (/tmp is private and discarded). There is no network. Only PATH=/usr/bin:/bin "+
+			"and HOME=/workdir are set. The command and everything it started are stopped after timeout_seconds (default %d, "+
+			"at most %d), and when it exits. Returns the exit code and the output (stdout and stderr together; long output "+
+			"keeps its start and end).", int(t.cfg.Timeout/time.Second), int(MaxExecuteTimeout/time.Second)),
 		Parameters: json.RawMessage(fmt.Sprintf(`{"type":"object","properties":{`+
 			`"command":{"type":"string","description":"The shell command, e.g. wc -l uploads/*.csv"},`+
 			`"timeout_seconds":{"type":"integer","minimum":1,"maximum":%d,"description":"Time limit in seconds. Defaults to %d."}},`+
@@ -66,9 +84,8 @@ func (t executeTool) Call(ctx context.Context, call *Call) (*Result, error) {
 	if call.Env == nil || call.Env.Files == nil {
 		return nil, ErrNoWorkdir
 	}
-	dir, ok := files.HostDir(call.Env.Files)
-	if !ok {
-		return nil, refuse(nil, "execute is not available: this deployment keeps files in the object store, not in a local directory.")
+	if t.cfg.Sandbox == nil {
+		return nil, refuse(nil, "execute is not available: this worker has no command sandbox (files.sandbox).")
 	}
 	var in struct {
 		Command        string `json:"command"`
@@ -87,47 +104,40 @@ func (t executeTool) Call(ctx context.Context, call *Call) (*Result, error) {
 		}
 		timeout = time.Duration(*s) * time.Second
 	}
-	return run(ctx, dir, in.Command, timeout), nil
-}
-
-// run executes the command and describes how it ended.
-func run(ctx context.Context, dir, command string, timeout time.Duration) *Result {
-	runCtx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+	dir, err := t.cfg.Sandbox.TempDir()
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sandbox.RemoveAll(dir) }()
+	lim := syncLimits{maxFile: t.cfg.MaxFileBytes, maxTotal: t.cfg.MaxWorkdirBytes}
+	m, err := materialize(ctx, call.Env.Files, dir, lim)
+	if err != nil {
+		if errors.Is(err, errWorkdirTooLarge) {
+			return nil, refuse(nil, "%v.", err)
+		}
+		return nil, err
+	}
 	out := &headTail{max: MaxExecuteOutputBytes}
-	cmd := exec.CommandContext(runCtx, "/bin/sh", "-c", command)
-	cmd.Dir = dir
-	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + dir}
-	cmd.Stdout, cmd.Stderr = out, out
-	// Its own process group, so the limit stops everything it started.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	// A background child holding the output open must not hold the tool.
-	cmd.WaitDelay = time.Second
-	start := time.Now()
-	err := cmd.Run()
-	if cmd.Process != nil {
-		// Whatever the command left running goes with it.
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	res := t.cfg.Sandbox.Run(ctx, dir, in.Command, timeout, out)
+	if ctx.Err() != nil {
+		// The run was stopped: nothing is written back.
+		return &Result{Error: true, Content: "The command was stopped because the run was stopped."}, nil
+	}
+	if res.Err != nil {
+		return &Result{Error: true, Content: fmt.Sprintf("The command could not run: %v.", res.Err)}, nil
+	}
+	rep, err := syncBack(ctx, call.Env.Files, dir, m, lim)
+	if err != nil {
+		return &Result{Error: true, Content: fmt.Sprintf("The command ran, but its files could not be written back to the workdir: %v.", err)}, nil
 	}
 	output := out.String()
 	if output == "" {
 		output = "(no output)"
 	}
-	var exit *exec.ExitError
-	switch {
-	case errors.Is(runCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil:
-		return &Result{Error: true, Content: fmt.Sprintf("The command was stopped after %s (time limit). Output so far:\n%s", timeout, output)}
-	case ctx.Err() != nil:
-		return &Result{Error: true, Content: "The command was stopped because the run was stopped."}
-	case err == nil:
-		return Text("Exit code 0.\n" + output)
-	case errors.As(err, &exit):
-		return Text(fmt.Sprintf("Exit code %d.\n%s", exit.ExitCode(), output))
-	case errors.Is(err, exec.ErrWaitDelay):
-		return Text(fmt.Sprintf("Exit code 0 after %s; a background process it started was stopped.\n%s", time.Since(start).Round(time.Millisecond), output))
+	if res.TimedOut {
+		return &Result{Error: true, Content: fmt.Sprintf("The command was stopped after %s (time limit). Output so far:\n%s%s", timeout, output, rep)}, nil
 	}
-	return &Result{Error: true, Content: fmt.Sprintf("The command could not run: %v.", err)}
+	return Text(fmt.Sprintf("Exit code %d.\n%s%s", res.ExitCode, output, rep)), nil
 }
 
 // headTail keeps the first and the last max/2 bytes written to it.

@@ -5,12 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/tools"
@@ -417,88 +414,4 @@ func TestGrep_Caps(t *testing.T) {
 	if !strings.Contains(out, "TARGET") || len(out) > 600 || !strings.Contains(out, "[99900 characters]...") {
 		t.Errorf("long line excerpt (%d bytes): %q", len(out), out)
 	}
-}
-
-func TestExecute(t *testing.T) {
-	if _, err := os.Stat("/bin/sh"); err != nil {
-		t.Skip("no /bin/sh")
-	}
-	w, err := files.NewLocal(t.TempDir(), "default", "h1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, _ := files.HostDir(w)
-	write(t, w, "/uploads/data.csv", "a\nb\nc\n")
-	t.Setenv("NATSAGENT_TEST_SECRET", "leak")
-	exe := tools.Execute(tools.ExecuteConfig{Timeout: 5 * time.Second})
-	run := func(a string) *tools.Result {
-		t.Helper()
-		res, err := exe.Call(context.Background(), &tools.Call{Name: "execute", Args: json.RawMessage(a), Env: &tools.Env{Files: w}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res
-	}
-	res := run(args("command", "wc -l < uploads/data.csv; pwd; echo \"$HOME\"; env; echo made > out.txt; exit 3"))
-	if res.Error || !strings.HasPrefix(res.Content, "Exit code 3.\n") {
-		t.Fatalf("result %+v", res)
-	}
-	if !strings.Contains(res.Content, "\n3\n"+dir+"\n"+dir+"\n") {
-		t.Errorf("wrong directory or HOME: %q", res.Content)
-	}
-	if strings.Contains(res.Content, "NATSAGENT_TEST_SECRET") || !strings.Contains(res.Content, "PATH=/usr/bin:/bin") {
-		t.Errorf("environment not scrubbed: %q", res.Content)
-	}
-	if got, err := w.Read(context.Background(), "/out.txt"); err != nil || string(got) != "made\n" {
-		t.Errorf("file written by the command: %q, %v", got, err)
-	}
-
-	// The time limit kills the whole process group, background children
-	// included.
-	pidFile := filepath.Join(dir, "child.pid")
-	start := time.Now()
-	res = run(args("command", "sleep 30 & echo $! > child.pid; echo started; sleep 30", "timeout_seconds", 1))
-	if !res.Error || !strings.Contains(res.Content, "stopped after 1s") || !strings.Contains(res.Content, "started") {
-		t.Errorf("timeout result %+v", res)
-	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Errorf("timeout took %s", d)
-	}
-	data, err := os.ReadFile(pidFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid := strings.TrimSpace(string(data))
-	waitGone(t, pid)
-
-	res = run(args("command", "head -c 200000 /dev/zero | tr '\\0' x; echo; echo THE-END"))
-	if len(res.Content) > tools.MaxExecuteOutputBytes+200 || !strings.Contains(res.Content, "bytes of output left out") || !strings.Contains(res.Content, "THE-END") {
-		t.Errorf("output not capped to head and tail: %d bytes", len(res.Content))
-	}
-
-	for _, bad := range []string{args("command", " "), args("command", "true", "timeout_seconds", 601), args("command", "true", "timeout_seconds", 0)} {
-		if _, err := exe.Call(context.Background(), &tools.Call{Name: "execute", Args: json.RawMessage(bad), Env: &tools.Env{Files: w}}); err == nil {
-			t.Errorf("%s accepted", bad)
-		}
-	}
-	_, err = exe.Call(context.Background(), &tools.Call{Name: "execute", Args: json.RawMessage(args("command", "true")), Env: &tools.Env{Files: files.NewMemory()}})
-	if err == nil || !strings.Contains(err.Error(), "object store") {
-		t.Errorf("execute without a local directory: %v", err)
-	}
-}
-
-// waitGone waits until no process has the pid.
-func waitGone(t *testing.T, pid string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if _, err := os.Stat("/proc/" + pid); os.IsNotExist(err) {
-			return
-		}
-		if data, err := os.ReadFile("/proc/" + pid + "/stat"); err == nil && strings.Contains(string(data), ") Z ") {
-			return // a zombie waiting for its reaper is dead
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Errorf("background process %s survived the time limit", pid)
 }
