@@ -221,6 +221,10 @@ func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config
 	if err != nil {
 		return err
 	}
+	submitHooks, err := app.SubmitHooks(cfg)
+	if err != nil {
+		return err
+	}
 	log.Info("model", zap.String("model", label))
 	if w := app.SandboxWarning(cfg); w != "" {
 		log.Warn(w)
@@ -262,6 +266,7 @@ func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config
 			Files:         workdirs,
 			Metrics:       tel.Metrics,
 			Traces:        tel.TracerProvider,
+			Submit:        submitHooks,
 		})
 		if err != nil {
 			nc.Close()

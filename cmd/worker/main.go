@@ -81,6 +81,10 @@ func run() error {
 		return err
 	}
 	defer remote.Stop()
+	submitHooks, err := app.SubmitHooks(cfg)
+	if err != nil {
+		return err
+	}
 	agents, err := app.Agents(cfg, m, app.WithMCP(mcpServers), app.WithMemory(mem), app.WithRemoteTools(remote))
 	if err != nil {
 		return err
@@ -116,6 +120,7 @@ func run() error {
 		Files:         workdirs,
 		Metrics:       tel.Metrics,
 		Traces:        tel.TracerProvider,
+		Submit:        submitHooks,
 	})
 	if err != nil {
 		return err

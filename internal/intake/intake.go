@@ -74,6 +74,19 @@ type Hooks struct {
 	Authorize Authorize
 	// Roles gives the roles of a NATS user of a tenant (nil: none).
 	Roles func(tenant string, info ClientInfo) []string
+	// MayUseThread decides whether the principal may run on an existing
+	// thread another user may own (nil: only the thread's owner, or any
+	// principal on a thread without one).
+	MayUseThread func(th *protocol.Thread, p *protocol.Principal) bool
+}
+
+// Principal is the user a request info names: the user JWT's name when
+// the server knows it, else the user.
+func (c ClientInfo) Principal() string {
+	if c.NameTag != "" {
+		return c.NameTag
+	}
+	return c.User
 }
 
 // Config configures the service.
@@ -149,6 +162,7 @@ const (
 	ErrCodeConflict    = 10902
 	ErrCodeTooLarge    = 10903
 	ErrCodeUnavailable = 10904
+	ErrCodeNotFound    = 10905
 )
 
 // refusal is an answer with an error.
@@ -266,10 +280,7 @@ func (s *Service) principal(tenant string, h nats.Header) (*protocol.Principal, 
 	if info.Account != tenant {
 		return nil, refuse(403, ErrCodeForbidden, "account %q may not submit runs of tenant %q", clip(info.Account), tenant)
 	}
-	user := info.NameTag
-	if user == "" {
-		user = info.User
-	}
+	user := info.Principal()
 	if user == "" {
 		return nil, refuse(403, ErrCodeForbidden, "the request names no NATS user; connect with a user of account %q", tenant)
 	}
@@ -296,14 +307,20 @@ func (s *Service) enqueue(ctx context.Context, req *protocol.RunRequest, data []
 	case !errors.Is(err, kv.ErrNotFound):
 		return nil, err
 	}
-	if _, _, err := s.cfg.Stores.Threads.Get(ctx, req.Tenant, req.ThreadID); errors.Is(err, kv.ErrNotFound) {
+	th, _, err := s.cfg.Stores.Threads.Get(ctx, req.Tenant, req.ThreadID)
+	switch {
+	case errors.Is(err, kv.ErrNotFound):
 		now := time.Now().UTC()
-		th := &protocol.Thread{ThreadID: req.ThreadID, Tenant: req.Tenant, CreatedAt: now, UpdatedAt: now, Status: protocol.ThreadIdle}
+		th := &protocol.Thread{ThreadID: req.ThreadID, Tenant: req.Tenant, CreatedAt: now, UpdatedAt: now, Status: protocol.ThreadIdle,
+			Owner: principalUser(req.Principal)}
 		if _, err := s.cfg.Stores.Threads.Put(ctx, th, 0); err != nil && !errors.Is(err, kv.ErrExists) {
 			return nil, fmt.Errorf("create thread %s: %w", req.ThreadID, err)
 		}
-	} else if err != nil {
+	case err != nil:
 		return nil, err
+	case !s.mayUseThread(th, req.Principal):
+		// As for another tenant's thread: nothing says it exists.
+		return nil, refuse(404, ErrCodeNotFound, "thread %s not found", req.ThreadID)
 	}
 	out, err := s.cfg.Queue.Enqueue(ctx, req, data)
 	switch {
@@ -317,6 +334,18 @@ func (s *Service) enqueue(ctx context.Context, req *protocol.RunRequest, data []
 	s.log.Info("run submitted", zap.String("tenant", req.Tenant), zap.String("thread_id", req.ThreadID), zap.String("run_id", req.RunID),
 		zap.String("user", principalUser(req.Principal)), zap.Uint64("msg_seq", out.Ack.Sequence), zap.Bool("duplicate", out.Ack.Duplicate))
 	return out.Ack, nil
+}
+
+// mayUseThread applies the MayUseThread hook; a submission from inside the
+// service account (no principal) may use any thread.
+func (s *Service) mayUseThread(th *protocol.Thread, p *protocol.Principal) bool {
+	if p == nil {
+		return true
+	}
+	if s.cfg.MayUseThread != nil {
+		return s.cfg.MayUseThread(th, p)
+	}
+	return th.Owner == "" || th.Owner == p.User
 }
 
 func principalUser(p *protocol.Principal) string {
