@@ -87,6 +87,10 @@ type NATS struct {
 	EventsMaxAge    Duration `yaml:"events_max_age"`
 	DuplicateWindow Duration `yaml:"duplicate_window"`
 	MaxRequestBytes int      `yaml:"max_request_bytes"`
+	// DLQMaxBytes and DLQMaxAge bound the dead-letter stream; when it is
+	// full the oldest dead letters are dropped.
+	DLQMaxBytes int64    `yaml:"dlq_max_bytes"`
+	DLQMaxAge   Duration `yaml:"dlq_max_age"`
 	// CredsFile is a NATS credentials file (user JWT and nkey seed).
 	CredsFile string `yaml:"creds_file"`
 	// User and Password, Token and NkeySeedFile are the other ways to
@@ -169,6 +173,8 @@ func Default() Config {
 			EventsMaxAge:    Duration(24 * time.Hour),
 			DuplicateWindow: Duration(10 * time.Minute),
 			MaxRequestBytes: 256 << 10,
+			DLQMaxBytes:     1 << 30,
+			DLQMaxAge:       Duration(7 * 24 * time.Hour),
 		},
 		Worker: Worker{
 			Concurrency:   8,
@@ -256,6 +262,12 @@ func (c *Config) Validate() error {
 	}
 	if c.NATS.MaxRequestBytes < 1024 {
 		bad("nats.max_request_bytes", "must be at least 1024")
+	}
+	if c.NATS.DLQMaxBytes < 1<<20 {
+		bad("nats.dlq_max_bytes", "must be at least 1048576 (1 MiB), not %d", c.NATS.DLQMaxBytes)
+	}
+	if time.Duration(c.NATS.DLQMaxAge) < time.Minute {
+		bad("nats.dlq_max_age", "must be at least 1m, not %s", time.Duration(c.NATS.DLQMaxAge))
 	}
 	if c.Worker.Concurrency < 1 {
 		bad("worker.concurrency", "must be at least 1")
