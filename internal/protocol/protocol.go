@@ -390,6 +390,9 @@ const (
 	CodeConflict    = "conflict"
 	CodeUnavailable = "unavailable"
 	CodeInternal    = "internal"
+	// CodeRateLimited: the tenant is over one of its limits (HTTP 429);
+	// try again later.
+	CodeRateLimited = "rate_limited"
 )
 
 // ErrorBody describes an error to a client.

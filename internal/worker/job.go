@@ -879,7 +879,9 @@ func (w *Worker) progressConfirmed(m *nats.Msg) {
 // runTimeout is the wall time req's run may take.
 func (w *Worker) runTimeout(req *protocol.RunRequest) time.Duration {
 	if s := req.Config.TimeoutSeconds; s > 0 {
-		return time.Duration(s) * time.Second
+		// Validation bounds s; the cap keeps the conversion from
+		// overflowing whatever reaches here.
+		return time.Duration(min(s, protocol.MaxTimeoutSeconds)) * time.Second
 	}
 	return w.cfg.RunTimeout
 }
