@@ -223,7 +223,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, s Settings) error {
 	}); err != nil {
 		return err
 	}
-	for _, b := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket(), n.MemoryBucket()} {
+	for _, b := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket(), n.MemoryBucket(), n.LimitsBucket()} {
 		if err := ensureBucket(ctx, js, jetstream.KeyValueConfig{
 			Bucket:   b,
 			History:  1,

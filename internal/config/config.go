@@ -35,6 +35,8 @@ type Config struct {
 	RemoteTools RemoteTools `yaml:"remote_tools"`
 	// Telemetry configures metrics and traces.
 	Telemetry Telemetry `yaml:"telemetry"`
+	// Limits bounds each tenant's runs (limits.go).
+	Limits Limits `yaml:"limits"`
 }
 
 // Agent is an agent profile.
@@ -190,6 +192,7 @@ func Default() Config {
 		Files:       defaultFiles(),
 		RemoteTools: defaultRemoteTools(),
 		Telemetry:   defaultTelemetry(),
+		Limits:      defaultLimits(),
 	}
 }
 
@@ -282,6 +285,7 @@ func (c *Config) Validate() error {
 	c.NATS.validateAuth(bad)
 	c.Gateway.validateAPIKeys(bad)
 	c.Telemetry.validate(len(c.Gateway.APIKeys) > 0, bad)
+	c.Limits.validate(bad)
 	seen := make(map[string]bool)
 	for i, a := range c.Agents {
 		path := fmt.Sprintf("agents[%d]", i)

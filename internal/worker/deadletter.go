@@ -70,6 +70,13 @@ func (w *Worker) decode(msg jetstream.Msg) (*protocol.RunRequest, error) {
 	if !w.cfg.Agents.Has(req.Agent) {
 		return req, &protocol.ValidationError{Field: "agent", Message: fmt.Sprintf("unknown agent %q (known agents: %v)", req.Agent, w.cfg.Agents.Names())}
 	}
+	if w.cfg.Limits != nil {
+		// A submitter that checked the limits already agrees; a plain
+		// NATS publish is checked here.
+		if err := w.cfg.Limits.For(req.Tenant).CheckRequest(req); err != nil {
+			return req, err
+		}
+	}
 	return req, nil
 }
 

@@ -691,6 +691,7 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		recErr <- err
 	}()
 	relErr := lease.release(ctx, &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: errors.Is(out.Stopped, ErrRolledBack), head: head, title: title})
+	j.releaseTenantSlot(ctx)
 	err := <-recErr
 	switch {
 	case errors.Is(err, agent.ErrLeaseLost):

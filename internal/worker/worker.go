@@ -24,6 +24,7 @@ import (
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/limits"
 	"github.com/natsagent/natsagent/internal/metrics"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/subagents"
@@ -74,6 +75,9 @@ type Config struct {
 	// Traces records the runs' spans, each under the span its request
 	// carries; nil traces nothing.
 	Traces trace.TracerProvider
+	// Limits enforces the tenants' limits (run time, steps, running runs);
+	// nil enforces none beyond the protocol's bounds.
+	Limits *limits.Limiter
 }
 
 func (c Config) withDefaults() Config {
