@@ -157,7 +157,11 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	gw, err := gateway.New(ctx, nc, gateway.Config{Settings: settings, MaxBodyBytes: cfg.Gateway.MaxBodyBytes, Logger: log,
+	lim, err := app.Limiter(ctx, js, cfg, settings)
+	if err != nil {
+		return err
+	}
+	gw, err := gateway.New(ctx, nc, gateway.Config{Settings: settings, MaxBodyBytes: cfg.Gateway.MaxBodyBytes, Logger: log, Limits: lim,
 		Files: workdirs, MaxFileBytes: cfg.Files.MaxFileBytes, APIKeys: keys,
 		Metrics: tel.Metrics, MetricsHandler: tel.InlineMetrics(), Traces: tel.TracerProvider})
 	if err != nil {
@@ -238,8 +242,14 @@ func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config
 			nc.Close()
 			return err
 		}
+		lim, err := app.Limiter(ctx, wjs, cfg, settings)
+		if err != nil {
+			nc.Close()
+			return err
+		}
 		w, err := worker.New(ctx, nc, worker.Config{
 			Settings:      settings,
+			Limits:        lim,
 			ID:            fmt.Sprintf("dev-%d-%d", os.Getpid(), i+1),
 			Concurrency:   cfg.Worker.Concurrency,
 			RunTimeout:    time.Duration(cfg.Worker.RunTimeout),

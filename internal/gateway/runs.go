@@ -48,6 +48,9 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		if err != nil {
 			return err
 		}
+		if err := s.admitRun(r.Context(), w, req); err != nil {
+			return err
+		}
 		ifNotExists := body.IfNotExists
 		if stateless {
 			ifNotExists = ifNotExistsCreate
