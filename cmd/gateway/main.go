@@ -162,7 +162,7 @@ func run() error {
 		return err
 	}
 	gw, err := gateway.New(ctx, nc, gateway.Config{Settings: settings, MaxBodyBytes: cfg.Gateway.MaxBodyBytes, Logger: log, Limits: lim,
-		Files: workdirs, MaxFileBytes: cfg.Files.MaxFileBytes, APIKeys: keys,
+		Files: app.QuotaFiles(workdirs, lim), MaxFileBytes: cfg.Files.MaxFileBytes, APIKeys: keys,
 		Metrics: tel.Metrics, MetricsHandler: tel.InlineMetrics(), Traces: tel.TracerProvider})
 	if err != nil {
 		return err
@@ -257,7 +257,7 @@ func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config
 			Agents:        agents,
 			Logger:        log,
 			Jobs:          jobRunner,
-			Files:         workdirs,
+			Files:         app.QuotaFiles(workdirs, lim),
 			Metrics:       tel.Metrics,
 			Traces:        tel.TracerProvider,
 		})

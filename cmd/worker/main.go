@@ -115,7 +115,7 @@ func run() error {
 		Agents:        agents,
 		Logger:        log,
 		Jobs:          jobRunner,
-		Files:         workdirs,
+		Files:         app.QuotaFiles(workdirs, lim),
 		Metrics:       tel.Metrics,
 		Traces:        tel.TracerProvider,
 	})

@@ -8,6 +8,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/config"
+	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/limits"
 )
 
@@ -16,7 +17,7 @@ import (
 func LimitsPolicy(cfg config.Limits) limits.Policy {
 	conv := func(t config.TenantLimits) limits.Tenant {
 		return limits.Tenant{MaxConcurrentRuns: t.MaxConcurrentRuns, RunsPerMinute: t.RunsPerMinute,
-			MaxRunTime: time.Duration(t.MaxRunTime), MaxSteps: t.MaxSteps}
+			MaxRunTime: time.Duration(t.MaxRunTime), MaxSteps: t.MaxSteps, MaxFileBytes: t.MaxFileBytes}
 	}
 	p := limits.Policy{Default: conv(cfg.Default), Tenants: make(map[string]limits.Tenant, len(cfg.Tenants))}
 	for name := range cfg.Tenants {
@@ -29,4 +30,13 @@ func LimitsPolicy(cfg config.Limits) limits.Policy {
 // gateways, submitters and workers each open one.
 func Limiter(ctx context.Context, js jetstream.JetStream, cfg config.Config, settings bus.Settings) (*limits.Limiter, error) {
 	return limits.Open(ctx, js, settings.Names, LimitsPolicy(cfg.Limits))
+}
+
+// QuotaFiles wraps a workdir factory (Files) with the tenants' file
+// quotas; nil stays nil (no workdirs).
+func QuotaFiles(open func(tenant, thread string) files.Workdir, l *limits.Limiter) func(tenant, thread string) files.Workdir {
+	if open == nil || l == nil {
+		return open
+	}
+	return func(tenant, thread string) files.Workdir { return l.Files(open(tenant, thread), tenant) }
 }

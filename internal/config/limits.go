@@ -31,6 +31,9 @@ type TenantLimits struct {
 	// MaxSteps bounds a run's config.max_steps (default 1000, at most
 	// 10000).
 	MaxSteps int `yaml:"max_steps"`
+	// MaxFileBytes bounds the tenant's workdir files, all threads
+	// together; a write that would pass it is refused.
+	MaxFileBytes int64 `yaml:"max_file_bytes"`
 }
 
 // Defaults of a tenant's limits.
@@ -61,6 +64,9 @@ func (l Limits) For(tenant string) TenantLimits {
 	}
 	if o.MaxSteps != 0 {
 		out.MaxSteps = o.MaxSteps
+	}
+	if o.MaxFileBytes != 0 {
+		out.MaxFileBytes = o.MaxFileBytes
 	}
 	return out
 }
@@ -93,6 +99,9 @@ func (t TenantLimits) validate(path string, bad func(path, format string, args .
 		bad(path+".max_run_time", "%s is out of range: use 1s to 168h (7 days)", d)
 	} else if d != 0 && d < time.Second {
 		bad(path+".max_run_time", "%s is too short: use at least 1s", d)
+	}
+	if t.MaxFileBytes < 0 {
+		bad(path+".max_file_bytes", "must not be negative (0: unlimited)")
 	}
 	if t.MaxSteps < 0 || t.MaxSteps > protocol.MaxRunSteps {
 		bad(path+".max_steps", "%d is out of range: use 1 to %d", t.MaxSteps, protocol.MaxRunSteps)

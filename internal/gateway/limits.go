@@ -31,3 +31,9 @@ func (s *Server) admitRun(ctx context.Context, w http.ResponseWriter, req *proto
 	}
 	return err
 }
+
+// errQuota refuses what would take a tenant's stored data over its quota
+// (507 Insufficient Storage, code quota_exceeded).
+func errQuota(msg string) *apiError {
+	return &apiError{status: http.StatusInsufficientStorage, code: protocol.CodeQuotaExceeded, msg: msg}
+}

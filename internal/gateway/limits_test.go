@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/limits"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -100,4 +101,27 @@ func TestRunsPerMinuteAcrossGateways(t *testing.T) {
 		t.Error("a refused run created its thread")
 	}
 	e.do("POST", "/threads/g1/runs", input("other tenant"), "X-Tenant", "globex").expect(t, http.StatusOK)
+}
+
+// An upload that would take the tenant's files over max_file_bytes is
+// refused with 507 and nothing is stored.
+func TestFileQuotaOverHTTP(t *testing.T) {
+	var lim *limits.Limiter
+	e := newEnvWith(t, nil, func(s *Server) {
+		l, err := limits.Open(context.Background(), s.js, s.names, limits.Policy{Default: limits.Tenant{MaxFileBytes: 10}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lim = l
+		s.cfg.Files = func(tenant, thread string) files.Workdir {
+			return lim.Files(objectStoreFiles(t, s.js, s.names)(tenant, thread), tenant)
+		}
+	})
+	e.do("POST", "/threads", map[string]any{"thread_id": "t1"}).expect(t, http.StatusOK)
+	e.raw("PUT", "/threads/t1/files/a.txt", "", []byte("12345678")).expect(t, http.StatusCreated)
+	r := e.raw("PUT", "/threads/t1/files/b.txt", "", []byte("12345")).expect(t, http.StatusInsufficientStorage)
+	if got := r.apiError(t); got.Code != protocol.CodeQuotaExceeded || !strings.Contains(got.Message, "quota of 10 bytes") {
+		t.Fatalf("refusal %+v", got)
+	}
+	e.do("GET", "/threads/t1/files/b.txt", nil).expect(t, http.StatusNotFound)
 }

@@ -27,6 +27,8 @@ type Tenant struct {
 	RunsPerMinute     int
 	MaxRunTime        time.Duration
 	MaxSteps          int
+	// MaxFileBytes bounds the tenant's workdir files in total (files.go).
+	MaxFileBytes int64
 }
 
 // Policy maps a tenant to its limits.
