@@ -17,7 +17,7 @@ import (
 func LimitsPolicy(cfg config.Limits) limits.Policy {
 	conv := func(t config.TenantLimits) limits.Tenant {
 		return limits.Tenant{MaxConcurrentRuns: t.MaxConcurrentRuns, RunsPerMinute: t.RunsPerMinute,
-			MaxRunTime: time.Duration(t.MaxRunTime), MaxSteps: t.MaxSteps, MaxFileBytes: t.MaxFileBytes}
+			MaxRunTime: time.Duration(t.MaxRunTime), MaxSteps: t.MaxSteps, MaxFileBytes: t.MaxFileBytes, MaxEventBytes: t.MaxEventBytes}
 	}
 	p := limits.Policy{Default: conv(cfg.Default), Tenants: make(map[string]limits.Tenant, len(cfg.Tenants))}
 	for name := range cfg.Tenants {
@@ -29,7 +29,7 @@ func LimitsPolicy(cfg config.Limits) limits.Policy {
 // Limiter opens the tenants' limiter over the deployment's limits bucket;
 // gateways, submitters and workers each open one.
 func Limiter(ctx context.Context, js jetstream.JetStream, cfg config.Config, settings bus.Settings) (*limits.Limiter, error) {
-	return limits.Open(ctx, js, settings.Names, LimitsPolicy(cfg.Limits))
+	return limits.Open(ctx, js, settings, LimitsPolicy(cfg.Limits))
 }
 
 // QuotaFiles wraps a workdir factory (Files) with the tenants' file

@@ -34,6 +34,9 @@ type TenantLimits struct {
 	// MaxFileBytes bounds the tenant's workdir files, all threads
 	// together; a write that would pass it is refused.
 	MaxFileBytes int64 `yaml:"max_file_bytes"`
+	// MaxEventBytes bounds the events the tenant's runs stored within
+	// nats.events_max_age; at it, new runs are refused.
+	MaxEventBytes int64 `yaml:"max_event_bytes"`
 }
 
 // Defaults of a tenant's limits.
@@ -67,6 +70,9 @@ func (l Limits) For(tenant string) TenantLimits {
 	}
 	if o.MaxFileBytes != 0 {
 		out.MaxFileBytes = o.MaxFileBytes
+	}
+	if o.MaxEventBytes != 0 {
+		out.MaxEventBytes = o.MaxEventBytes
 	}
 	return out
 }
@@ -102,6 +108,9 @@ func (t TenantLimits) validate(path string, bad func(path, format string, args .
 	}
 	if t.MaxFileBytes < 0 {
 		bad(path+".max_file_bytes", "must not be negative (0: unlimited)")
+	}
+	if t.MaxEventBytes < 0 {
+		bad(path+".max_event_bytes", "must not be negative (0: unlimited)")
 	}
 	if t.MaxSteps < 0 || t.MaxSteps > protocol.MaxRunSteps {
 		bad(path+".max_steps", "%d is out of range: use 1 to %d", t.MaxSteps, protocol.MaxRunSteps)

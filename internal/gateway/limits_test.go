@@ -18,7 +18,7 @@ import (
 
 func openLimiter(t *testing.T, e *env, p limits.Policy) *limits.Limiter {
 	t.Helper()
-	l, err := limits.Open(context.Background(), e.js, e.settings.Names, p)
+	l, err := limits.Open(context.Background(), e.js, e.settings, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestRunsPerMinuteAcrossGateways(t *testing.T) {
 func TestFileQuotaOverHTTP(t *testing.T) {
 	var lim *limits.Limiter
 	e := newEnvWith(t, nil, func(s *Server) {
-		l, err := limits.Open(context.Background(), s.js, s.names, limits.Policy{Default: limits.Tenant{MaxFileBytes: 10}})
+		l, err := limits.Open(context.Background(), s.js, s.cfg.Settings, limits.Policy{Default: limits.Tenant{MaxFileBytes: 10}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -124,4 +124,22 @@ func TestFileQuotaOverHTTP(t *testing.T) {
 		t.Fatalf("refusal %+v", got)
 	}
 	e.do("GET", "/threads/t1/files/b.txt", nil).expect(t, http.StatusNotFound)
+}
+
+// A tenant at its max_event_bytes gets 507 for a new run; nothing stored
+// is touched, and other tenants submit as before.
+func TestEventQuotaOverHTTP(t *testing.T) {
+	e := newEnv(t, nil)
+	lim := openLimiter(t, e, limits.Policy{Tenants: map[string]limits.Tenant{"acme": {MaxEventBytes: 100}}})
+	e.gw.cfg.Limits = lim
+	e.do("POST", "/threads/a1/runs", input("1"), "X-Tenant", "acme").expect(t, http.StatusOK)
+	if err := lim.AddEventBytes(context.Background(), "acme", 100); err != nil {
+		t.Fatal(err)
+	}
+	r := e.do("POST", "/threads/a1/runs", input("2"), "X-Tenant", "acme").expect(t, http.StatusInsufficientStorage)
+	if got := r.apiError(t); got.Code != protocol.CodeQuotaExceeded || !strings.Contains(got.Message, "max_event_bytes") {
+		t.Fatalf("refusal %+v", got)
+	}
+	e.do("GET", "/threads/a1/runs", nil, "X-Tenant", "acme").expect(t, http.StatusOK)
+	e.do("POST", "/threads/g1/runs", input("other"), "X-Tenant", "globex").expect(t, http.StatusOK)
 }

@@ -29,6 +29,9 @@ type Tenant struct {
 	MaxSteps          int
 	// MaxFileBytes bounds the tenant's workdir files in total (files.go).
 	MaxFileBytes int64
+	// MaxEventBytes bounds the events the tenant's runs stored within the
+	// events' max age; at it, new runs are refused (events.go).
+	MaxEventBytes int64
 }
 
 // Policy maps a tenant to its limits.
@@ -84,18 +87,22 @@ func (e *RateError) Is(target error) bool { return target == ErrRateLimited }
 type Limiter struct {
 	policy Policy
 	kv     jetstream.KeyValue
+	// eventsMaxAge is how long the events stream keeps events.
+	eventsMaxAge time.Duration
 	// now is the clock (tests move it).
 	now func() time.Time
 }
 
 // Open binds a limiter to the deployment's limits bucket (bus.Provision
 // creates it).
-func Open(ctx context.Context, js jetstream.JetStream, names bus.Names, p Policy) (*Limiter, error) {
+func Open(ctx context.Context, js jetstream.JetStream, settings bus.Settings, p Policy) (*Limiter, error) {
+	settings = settings.WithDefaults()
+	names := settings.Names
 	kv, err := js.KeyValue(ctx, names.LimitsBucket())
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w (provision the deployment with this version first)", names.LimitsBucket(), err)
 	}
-	return &Limiter{policy: p, kv: kv, now: time.Now}, nil
+	return &Limiter{policy: p, kv: kv, eventsMaxAge: settings.EventsMaxAge, now: time.Now}, nil
 }
 
 // For returns tenant's limits.
@@ -107,19 +114,23 @@ type rateWindow struct {
 	Count  int   `json:"count"`
 }
 
-// Admit counts one run submission of tenant against its runs_per_minute,
+// Admit refuses a new run of a tenant at its max_event_bytes (a
+// *QuotaError), then counts the submission against its runs_per_minute,
 // cluster-wide (a compare-and-set on one key per tenant), or refuses it
 // with a *RateError saying when to retry. Every submitter calls it before
 // it publishes a run request: the gateway, the submit service. A refused
 // submission is not counted. Windows are calendar minutes, so a burst
 // across a minute's end may reach twice the limit within 60 seconds.
 func (l *Limiter) Admit(ctx context.Context, tenant string) error {
+	if !protocol.ValidToken(tenant) {
+		return &protocol.ValidationError{Field: "tenant", Message: fmt.Sprintf("%q is not a valid id", tenant)}
+	}
+	if err := l.checkEvents(ctx, tenant); err != nil {
+		return err
+	}
 	t := l.policy.For(tenant)
 	if t.RunsPerMinute <= 0 {
 		return nil
-	}
-	if !protocol.ValidToken(tenant) {
-		return &protocol.ValidationError{Field: "tenant", Message: fmt.Sprintf("%q is not a valid id", tenant)}
 	}
 	key := "rate." + tenant
 	for attempt := 0; ; attempt++ {

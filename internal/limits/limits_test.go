@@ -22,7 +22,7 @@ func open(t *testing.T, p Policy) (*Limiter, jetstream.JetStream) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := Open(context.Background(), js, bus.DefaultNames(), p)
+	l, err := Open(context.Background(), js, bus.Settings{}, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func TestAdmitCountsExactlyUnderContention(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			li, err := Open(context.Background(), js, bus.DefaultNames(), p)
+			li, err := Open(context.Background(), js, bus.Settings{}, p)
 			if err != nil {
 				t.Error(err)
 				return

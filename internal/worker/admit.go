@@ -410,3 +410,15 @@ func (j *job) releaseTenantSlot(ctx context.Context) {
 		j.log.Warn("could not release the tenant's running-run slot; the next run of the tenant frees it", zap.Error(err))
 	}
 }
+
+// countEventBytes adds the events this attempt of the run stored to the
+// tenant's event quota (limits max_event_bytes).
+func (j *job) countEventBytes(ctx context.Context, n int64) {
+	w := j.w
+	if w.cfg.Limits == nil || n <= 0 {
+		return
+	}
+	if err := w.cfg.Limits.AddEventBytes(ctx, j.req.Tenant, n); err != nil {
+		j.log.Warn("could not count the run's event bytes for the tenant's quota", zap.Error(err))
+	}
+}

@@ -713,6 +713,7 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		if err := stream.Flush(ctx); err != nil {
 			j.log.Warn("some run events were not stored", zap.Error(err))
 		}
+		j.countEventBytes(ctx, stream.Bytes())
 	}
 	if err := w.pub.PublishFinished(ctx, rec); err != nil {
 		j.log.Warn("could not publish run.finished; handing the request back so the next delivery does", zap.Error(err))

@@ -10,11 +10,12 @@ import (
 
 	"github.com/natsagent/natsagent/internal/limits"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 func (h *harness) limiter(p limits.Policy) *limits.Limiter {
 	h.t.Helper()
-	l, err := limits.Open(context.Background(), h.js, h.names, p)
+	l, err := limits.Open(context.Background(), h.js, h.settings, p)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -140,4 +141,36 @@ func TestTenantMaxRunTimeOverNATS(t *testing.T) {
 	if fin := w.finished(t, 10*time.Second); fin.Status != protocol.StatusSuccess {
 		t.Fatalf("a run within the limits ended %s: %s", fin.Status, fin.Error)
 	}
+}
+
+// A finished run's event bytes are counted for its tenant's event quota,
+// no more than the events stream holds for it.
+func TestRunEventBytesAreCounted(t *testing.T) {
+	h := newHarness(t)
+	lim := h.limiter(limits.Policy{Tenants: map[string]limits.Tenant{"acme": {MaxEventBytes: 1 << 30}}})
+	h.startWorker(textModel(strings.Repeat("word ", 200), 20, 0), func(c *Config) { c.Limits = lim })
+	req := request("t1", "r1", "hi")
+	req.Tenant = "acme"
+	w := h.watch("acme", "t1", "r1")
+	h.submit(req)
+	if fin := w.finished(t, 10*time.Second); fin.Status != protocol.StatusSuccess {
+		t.Fatalf("run ended %s: %s", fin.Status, fin.Error)
+	}
+	st, err := h.js.Stream(context.Background(), h.names.EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var counted int64
+	testdeploy.WaitFor(t, 5*time.Second, "event bytes counted", func() bool {
+		counted, err = lim.EventBytes(context.Background(), "acme")
+		return err == nil && counted > 0
+	})
+	if counted < 1000 || uint64(counted) > info.State.Bytes {
+		t.Fatalf("counted %d event bytes; the events stream holds %d bytes", counted, info.State.Bytes)
+	}
+	t.Logf("counted %d bytes for a run whose events stream holds %d bytes (with headers and overhead)", counted, info.State.Bytes)
 }
