@@ -95,3 +95,18 @@ func TestFullDeadLetterStreamDropsOldest(t *testing.T) {
 		t.Fatalf("run after a full dead-letter stream ended %s: %s", fin.Status, fin.Error)
 	}
 }
+
+// checkDeadLetterBody checks that the dead letter of an invalid request
+// holds it whole, or its first DLQKeepBytes marked as truncated.
+func checkDeadLetterBody(t *testing.T, m *jetstream.RawStreamMsg, data []byte) {
+	t.Helper()
+	if len(data) <= DLQKeepBytes {
+		if !bytes.Equal(m.Data, data) || m.Header.Get(HeaderDLQTruncated) != "" {
+			t.Fatal("dead letter does not hold the original request")
+		}
+		return
+	}
+	if !bytes.Equal(m.Data, data[:DLQKeepBytes]) || m.Header.Get(HeaderDLQTruncated) != "true" || m.Header.Get(HeaderDLQOriginalBytes) != strconv.Itoa(len(data)) {
+		t.Fatalf("dead letter of a %d-byte request holds %d bytes, headers %v; want the first %d, marked truncated", len(data), len(m.Data), m.Header, DLQKeepBytes)
+	}
+}
