@@ -174,3 +174,29 @@ func TestRunEventBytesAreCounted(t *testing.T) {
 	}
 	t.Logf("counted %d bytes for a run whose events stream holds %d bytes (with headers and overhead)", counted, info.State.Bytes)
 }
+
+// A slot held by a run whose worker died (its thread has no live lease)
+// does not block the tenant for ever: the next run drops it and starts.
+func TestDeadHoldersSlotIsFreed(t *testing.T) {
+	h := newHarness(t)
+	lim := h.limiter(limits.Policy{Tenants: map[string]limits.Tenant{"acme": {MaxConcurrentRuns: 1}}})
+	kv, err := h.js.KeyValue(context.Background(), h.names.LimitsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ghost := `{"runs":{"ghost":{"thread":"tg","worker":"w-dead","at":"2026-01-01T00:00:00Z"}}}`
+	if _, err := kv.Create(context.Background(), "active.acme", []byte(ghost)); err != nil {
+		t.Fatal(err)
+	}
+	h.startWorker(textModel("fine", 1, 0), func(c *Config) { c.Limits = lim })
+	req := request("t1", "r1", "hi")
+	req.Tenant = "acme"
+	w := h.watch("acme", "t1", "r1")
+	h.submit(req)
+	if fin := w.finished(t, 10*time.Second); fin.Status != protocol.StatusSuccess {
+		t.Fatalf("run ended %s: %s", fin.Status, fin.Error)
+	}
+	if left, err := lim.Running(context.Background(), "acme"); err != nil || len(left) != 0 {
+		t.Fatalf("slots after the run: %v %v", left, err)
+	}
+}
