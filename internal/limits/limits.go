@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -91,7 +92,23 @@ type Limiter struct {
 	eventsMaxAge time.Duration
 	// now is the clock (tests move it).
 	now func() time.Time
+	// checked remembers, per tenant, the revision of its full slots whose
+	// holders were all found live, and when: runs waiting for a slot poll,
+	// and asking about every holder on every poll would cost a read per
+	// holder per waiting run.
+	mu      sync.Mutex
+	checked map[string]checkedSlots
 }
+
+type checkedSlots struct {
+	rev uint64
+	at  time.Time
+}
+
+// recheckLive is how long full slots found all live are trusted at the
+// same revision: a dead holder is found within it after its lease goes
+// stale.
+const recheckLive = 5 * time.Second
 
 // Open binds a limiter to the deployment's limits bucket (bus.Provision
 // creates it).
@@ -102,7 +119,7 @@ func Open(ctx context.Context, js jetstream.JetStream, settings bus.Settings, p 
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w (provision the deployment with this version first)", names.LimitsBucket(), err)
 	}
-	return &Limiter{policy: p, kv: kv, eventsMaxAge: settings.EventsMaxAge, now: time.Now}, nil
+	return &Limiter{policy: p, kv: kv, eventsMaxAge: settings.EventsMaxAge, now: time.Now, checked: make(map[string]checkedSlots)}, nil
 }
 
 // For returns tenant's limits.
@@ -226,6 +243,9 @@ func (l *Limiter) Acquire(ctx context.Context, tenant string, s Slot, live func(
 		if _, ok := a.Runs[s.Run]; ok {
 			return true, nil
 		}
+		if len(a.Runs) >= limit && l.trusted(tenant, rev) {
+			return false, nil
+		}
 		if len(a.Runs) >= limit {
 			dropped := false
 			for run, held := range a.Runs {
@@ -243,6 +263,8 @@ func (l *Limiter) Acquire(ctx context.Context, tenant string, s Slot, live func(
 				if dropped {
 					// Save the cleanup for the others; a conflict is fine.
 					_ = l.save(ctx, key, a, rev)
+				} else {
+					l.trust(tenant, rev)
 				}
 				return false, nil
 			}
@@ -334,4 +356,17 @@ func (l *Limiter) save(ctx context.Context, key string, a active, rev uint64) er
 		_, err = l.kv.Update(ctx, key, data, rev)
 	}
 	return err
+}
+
+func (l *Limiter) trusted(tenant string, rev uint64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c, ok := l.checked[tenant]
+	return ok && c.rev == rev && l.now().Sub(c.at) < recheckLive
+}
+
+func (l *Limiter) trust(tenant string, rev uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.checked[tenant] = checkedSlots{rev: rev, at: l.now()}
 }

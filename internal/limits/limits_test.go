@@ -80,8 +80,11 @@ func TestAdmitCountsExactlyUnderContention(t *testing.T) {
 func TestSlots(t *testing.T) {
 	l, _ := open(t, Policy{Default: Tenant{MaxConcurrentRuns: 2}})
 	ctx := context.Background()
+	now := time.Now()
+	l.now = func() time.Time { return now }
 	dead := map[string]bool{}
-	live := func(_ context.Context, s Slot) (bool, error) { return !dead[s.Run], nil }
+	asked := 0
+	live := func(_ context.Context, s Slot) (bool, error) { asked++; return !dead[s.Run], nil }
 	take := func(run string) bool {
 		t.Helper()
 		ok, err := l.Acquire(ctx, "acme", Slot{Thread: "t-" + run, Run: run, Worker: "w1"}, live)
@@ -99,7 +102,14 @@ func TestSlots(t *testing.T) {
 	if !take("r1") {
 		t.Fatal("a run lost its own slot on a second acquire")
 	}
+	// Full slots found live are trusted for a while at the same revision:
+	// waiting runs poll, and must not read every holder's lease each time.
+	asked = 0
+	if take("r3") || asked != 0 {
+		t.Fatalf("a second look at the same full slots asked about %d holders", asked)
+	}
 	dead["r2"] = true
+	now = now.Add(recheckLive)
 	if !take("r3") {
 		t.Fatal("a dead holder's slot was not taken over")
 	}
