@@ -250,6 +250,10 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 		return nil
 	}
 	if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		if want.MaxBytes > 0 && noRoom(err) {
+			return fmt.Errorf("create stream %s: the server cannot reserve its max bytes of %d (%w): lower nats.dlq_max_bytes, or raise the JetStream storage limit of the server (max_file_store, max_memory_store) or of the account",
+				want.Name, want.MaxBytes, err)
+		}
 		return fmt.Errorf("create stream %s: %w", want.Name, err)
 	}
 	st, err := js.Stream(ctx, want.Name)
@@ -264,8 +268,12 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 		cfg.MaxBytes, cfg.MaxAge, cfg.Discard = want.MaxBytes, want.MaxAge, want.Discard
 		updated, err := js.UpdateStream(ctx, cfg)
 		if err != nil {
-			return fmt.Errorf("stream %s has no size or age limit; setting max bytes %d and max age %s failed: %w (set them with `%s`)",
-				want.Name, want.MaxBytes, want.MaxAge, err, editLimits(want))
+			hint := "set them with `" + editLimits(want) + "`"
+			if noRoom(err) {
+				hint = "lower nats.dlq_max_bytes, or raise the JetStream storage limit of the server or the account"
+			}
+			return fmt.Errorf("stream %s has no size or age limit; setting max bytes %d and max age %s failed: %w (%s)",
+				want.Name, want.MaxBytes, want.MaxAge, err, hint)
 		}
 		have = updated.CachedInfo().Config
 	}
@@ -292,6 +300,20 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 		return e
 	}
 	return nil
+}
+
+// noRoom reports a server or account refusing to reserve a stream's max
+// bytes (insufficient resources, storage or memory resources exceeded).
+func noRoom(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	switch apiErr.ErrorCode {
+	case 10023, 10028, 10047:
+		return true
+	}
+	return false
 }
 
 // unbounded reports whether have is a stream without size and age limits

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -165,5 +167,36 @@ func TestProvisionBoundsAnExistingDeadLetterStream(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), mm.Fix) {
 		t.Fatalf("the error does not name the command: %v", err)
+	}
+}
+
+// A server that cannot reserve the dead-letter stream's max bytes stops
+// provisioning with the setting to lower.
+func TestProvisionNamesTheDeadLetterBoundWhenTheServerHasNoRoom(t *testing.T) {
+	opts := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), JetStreamMaxStore: 64 << 20, NoSigs: true}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	t.Cleanup(s.Shutdown)
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = Provision(context.Background(), js, Settings{})
+	if err == nil || !strings.Contains(err.Error(), "lower nats.dlq_max_bytes") {
+		t.Fatalf("provision on a 64 MiB server with a 1 GiB dead-letter bound: %v", err)
+	}
+	if err := Provision(context.Background(), js, Settings{DLQMaxBytes: 16 << 20}); err != nil {
+		t.Fatalf("with a bound that fits: %v", err)
 	}
 }
