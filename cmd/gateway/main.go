@@ -166,8 +166,12 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	gw, err := gateway.New(ctx, nc, gateway.Config{Settings: settings, MaxBodyBytes: cfg.Gateway.MaxBodyBytes, Logger: log,
-		Files: workdirs, MaxFileBytes: cfg.Files.MaxFileBytes, APIKeys: keys, JWT: bearer, Policy: pol,
+	lim, err := app.Limiter(ctx, js, cfg, settings)
+	if err != nil {
+		return err
+	}
+	gw, err := gateway.New(ctx, nc, gateway.Config{Settings: settings, MaxBodyBytes: cfg.Gateway.MaxBodyBytes, Logger: log, Limits: lim,
+		Files: app.QuotaFiles(workdirs, lim), MaxFileBytes: cfg.Files.MaxFileBytes, APIKeys: keys, JWT: bearer, Policy: pol,
 		Metrics: tel.Metrics, MetricsHandler: tel.InlineMetrics(), Traces: tel.TracerProvider})
 	if err != nil {
 		return err
@@ -254,8 +258,14 @@ func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config
 			nc.Close()
 			return err
 		}
+		lim, err := app.Limiter(ctx, wjs, cfg, settings)
+		if err != nil {
+			nc.Close()
+			return err
+		}
 		w, err := worker.New(ctx, nc, worker.Config{
 			Settings:      settings,
+			Limits:        lim,
 			ID:            fmt.Sprintf("dev-%d-%d", os.Getpid(), i+1),
 			Concurrency:   cfg.Worker.Concurrency,
 			RunTimeout:    time.Duration(cfg.Worker.RunTimeout),
@@ -263,7 +273,7 @@ func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config
 			Agents:        agents,
 			Logger:        log,
 			Jobs:          jobRunner,
-			Files:         workdirs,
+			Files:         app.QuotaFiles(workdirs, lim),
 			Metrics:       tel.Metrics,
 			Traces:        tel.TracerProvider,
 			Submit:        submitHooks,

@@ -108,8 +108,13 @@ func run() error {
 	if *listen == "" && tel.InlineMetrics() != nil {
 		log.Info("metrics are not served: set --listen (health and /metrics) or telemetry.metrics.listen")
 	}
+	lim, err := app.Limiter(ctx, js, cfg, settings)
+	if err != nil {
+		return err
+	}
 	w, err := worker.New(ctx, nc, worker.Config{
 		Settings:      settings,
+		Limits:        lim,
 		ID:            *id,
 		Concurrency:   cfg.Worker.Concurrency,
 		RunTimeout:    time.Duration(cfg.Worker.RunTimeout),
@@ -117,7 +122,7 @@ func run() error {
 		Agents:        agents,
 		Logger:        log,
 		Jobs:          jobRunner,
-		Files:         workdirs,
+		Files:         app.QuotaFiles(workdirs, lim),
 		Metrics:       tel.Metrics,
 		Traces:        tel.TracerProvider,
 		Submit:        submitHooks,

@@ -39,6 +39,8 @@ func Settings(cfg config.Config) (bus.Settings, error) {
 		MaxDeliver:      cfg.NATS.MaxDeliver,
 		MaxAckPending:   cfg.NATS.MaxAckPending,
 		MaxRequestBytes: cfg.NATS.MaxRequestBytes,
+		DLQMaxBytes:     cfg.NATS.DLQMaxBytes,
+		DLQMaxAge:       time.Duration(cfg.NATS.DLQMaxAge),
 	}.WithDefaults()
 	return s, s.Validate()
 }

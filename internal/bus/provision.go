@@ -35,6 +35,12 @@ type Settings struct {
 	// a larger request as an error run and dead-letter it; the server's
 	// max_payload (1 MiB by default) bounds what reaches the stream at all.
 	MaxRequestBytes int
+	// DLQMaxBytes bounds the dead-letter stream (default 1 GiB); when it
+	// is full the oldest dead letters are dropped, so one tenant sending
+	// bad requests cannot fill the store of every tenant.
+	DLQMaxBytes int64
+	// DLQMaxAge is how long dead letters are kept (default 7 days).
+	DLQMaxAge time.Duration
 	// Storage is file (default) or memory.
 	Storage jetstream.StorageType
 }
@@ -47,6 +53,8 @@ const (
 	DefaultMaxDeliver      = 10
 	DefaultMaxAckPending   = 20000
 	DefaultMaxRequestBytes = 256 << 10
+	DefaultDLQMaxBytes     = 1 << 30
+	DefaultDLQMaxAge       = 7 * 24 * time.Hour
 )
 
 // WithDefaults returns s with zero fields filled.
@@ -75,6 +83,12 @@ func (s Settings) WithDefaults() Settings {
 	if s.MaxRequestBytes == 0 {
 		s.MaxRequestBytes = DefaultMaxRequestBytes
 	}
+	if s.DLQMaxBytes == 0 {
+		s.DLQMaxBytes = DefaultDLQMaxBytes
+	}
+	if s.DLQMaxAge == 0 {
+		s.DLQMaxAge = DefaultDLQMaxAge
+	}
 	return s
 }
 
@@ -89,6 +103,12 @@ func (s Settings) Validate() error {
 	if s.MaxDeliver < 2 {
 		return fmt.Errorf("max deliver %d is too small: a run must survive at least one worker loss", s.MaxDeliver)
 	}
+	if s.DLQMaxBytes < 1<<20 {
+		return fmt.Errorf("dead-letter max bytes %d is too small: use at least 1 MiB (1048576)", s.DLQMaxBytes)
+	}
+	if s.DLQMaxAge < time.Minute {
+		return fmt.Errorf("dead-letter max age %s is too short: use at least 1m", s.DLQMaxAge)
+	}
 	return nil
 }
 
@@ -97,9 +117,15 @@ func (s Settings) Validate() error {
 type MismatchError struct {
 	Kind, Name string
 	Fields     []string
+	// Fix is the exact command that aligns the asset, when one is known.
+	Fix string
 }
 
 func (e *MismatchError) Error() string {
+	if e.Fix != "" {
+		return fmt.Sprintf("%s %s exists with a different configuration (%s); align the settings with it, or change it with `%s` and start again",
+			e.Kind, e.Name, strings.Join(e.Fields, "; "), e.Fix)
+	}
 	return fmt.Sprintf("%s %s exists with a different configuration (%s); align the settings with it, or change it yourself (for example with `nats stream edit %s`) and start again",
 		e.Kind, e.Name, strings.Join(e.Fields, "; "), e.streamName())
 }
@@ -150,6 +176,9 @@ func Provision(ctx context.Context, js jetstream.JetStream, s Settings) error {
 			Storage:     s.Storage,
 			Replicas:    s.Replicas,
 			AllowDirect: true,
+			MaxBytes:    s.DLQMaxBytes,
+			MaxAge:      s.DLQMaxAge,
+			Discard:     jetstream.DiscardOld,
 		},
 		{
 			// Background jobs (memory extraction). A job waits for its due
@@ -194,7 +223,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, s Settings) error {
 	}); err != nil {
 		return err
 	}
-	for _, b := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket(), n.MemoryBucket()} {
+	for _, b := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket(), n.MemoryBucket(), n.LimitsBucket()} {
 		if err := ensureBucket(ctx, js, jetstream.KeyValueConfig{
 			Bucket:   b,
 			History:  1,
@@ -221,6 +250,10 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 		return nil
 	}
 	if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		if want.MaxBytes > 0 && noRoom(err) {
+			return fmt.Errorf("create stream %s: the server cannot reserve its max bytes of %d (%w): lower nats.dlq_max_bytes, or raise the JetStream storage limit of the server (max_file_store, max_memory_store) or of the account",
+				want.Name, want.MaxBytes, err)
+		}
 		return fmt.Errorf("create stream %s: %w", want.Name, err)
 	}
 	st, err := js.Stream(ctx, want.Name)
@@ -228,6 +261,22 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 		return fmt.Errorf("read stream %s: %w", want.Name, err)
 	}
 	have := st.CachedInfo().Config
+	if unbounded(have, want) {
+		// A stream created before it had bounds (the dead-letter stream
+		// of older versions): setting limits only bounds it, so do it.
+		cfg := have
+		cfg.MaxBytes, cfg.MaxAge, cfg.Discard = want.MaxBytes, want.MaxAge, want.Discard
+		updated, err := js.UpdateStream(ctx, cfg)
+		if err != nil {
+			hint := "set them with `" + editLimits(want) + "`"
+			if noRoom(err) {
+				hint = "lower nats.dlq_max_bytes, or raise the JetStream storage limit of the server or the account"
+			}
+			return fmt.Errorf("stream %s has no size or age limit; setting max bytes %d and max age %s failed: %w (%s)",
+				want.Name, want.MaxBytes, want.MaxAge, err, hint)
+		}
+		have = updated.CachedInfo().Config
+	}
 	var diff []string
 	if strings.Join(have.Subjects, ",") != strings.Join(want.Subjects, ",") {
 		diff = append(diff, fmt.Sprintf("subjects %v, want %v", have.Subjects, want.Subjects))
@@ -235,14 +284,50 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 	diff = appendDiff(diff, "retention", have.Retention, want.Retention)
 	diff = appendDiff(diff, "storage", have.Storage, want.Storage)
 	diff = appendDiff(diff, "replicas", have.Replicas, want.Replicas)
-	diff = appendDiff(diff, "max age", have.MaxAge, want.MaxAge)
 	diff = appendDiff(diff, "duplicate window", have.Duplicates, orDefault(want.Duplicates, 2*time.Minute))
 	diff = appendDiff(diff, "allow direct", have.AllowDirect, want.AllowDirect)
 	diff = appendDiff(diff, "allow message schedules", have.AllowMsgSchedules, want.AllowMsgSchedules)
+	limits := len(diff)
+	diff = appendDiff(diff, "max age", have.MaxAge, want.MaxAge)
+	diff = appendDiff(diff, "max bytes", have.MaxBytes, orDefault(want.MaxBytes, -1))
+	diff = appendDiff(diff, "discard policy", have.Discard, want.Discard)
 	if len(diff) > 0 {
-		return &MismatchError{Kind: "stream", Name: want.Name, Fields: diff}
+		e := &MismatchError{Kind: "stream", Name: want.Name, Fields: diff}
+		if limits == 0 && want.MaxBytes > 0 {
+			// Only the bounds differ: say exactly how to set them.
+			e.Fix = editLimits(want)
+		}
+		return e
 	}
 	return nil
+}
+
+// noRoom reports a server or account refusing to reserve a stream's max
+// bytes (insufficient resources, storage or memory resources exceeded).
+func noRoom(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	switch apiErr.ErrorCode {
+	case 10023, 10028, 10047:
+		return true
+	}
+	return false
+}
+
+// unbounded reports whether have is a stream without size and age limits
+// that want bounds.
+func unbounded(have, want jetstream.StreamConfig) bool {
+	return want.MaxBytes > 0 && have.MaxBytes <= 0 && have.MaxAge == 0
+}
+
+func editLimits(want jetstream.StreamConfig) string {
+	age := want.MaxAge.String()
+	if want.MaxAge%time.Hour == 0 {
+		age = fmt.Sprintf("%dh", want.MaxAge/time.Hour)
+	}
+	return fmt.Sprintf("nats stream edit %s --max-bytes=%d --max-age=%s --discard=old --force", want.Name, want.MaxBytes, age)
 }
 
 func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, want jetstream.ConsumerConfig) error {

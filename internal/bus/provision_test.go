@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -122,4 +124,79 @@ func subjectMatches(filter, subject string) bool {
 		}
 	}
 	return len(f) == len(s)
+}
+
+// A dead-letter stream created by an older version without limits is
+// bounded when provisioned; one with other limits is refused with the
+// exact command that aligns it.
+func TestProvisionBoundsAnExistingDeadLetterStream(t *testing.T) {
+	js := startServer(t)
+	ctx := context.Background()
+	n := DefaultNames()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: n.DLQStream(), Description: "natsagent dead-lettered run requests", Subjects: []string{n.DLQSubjects()},
+		Retention: jetstream.LimitsPolicy, AllowDirect: true,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, n.DLQSubject("default", "t1"), []byte("kept")); err != nil {
+		t.Fatal(err)
+	}
+	if err := Provision(ctx, js, Settings{}); err != nil {
+		t.Fatalf("provision over an unbounded dead-letter stream: %v", err)
+	}
+	st, err := js.Stream(ctx, n.DLQStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := info.Config; c.MaxBytes != DefaultDLQMaxBytes || c.MaxAge != DefaultDLQMaxAge || c.Discard != jetstream.DiscardOld {
+		t.Fatalf("dead-letter stream not bounded: max bytes %d, max age %s, discard %v", c.MaxBytes, c.MaxAge, c.Discard)
+	}
+	if info.State.Msgs != 1 {
+		t.Fatalf("bounding the stream lost its dead letters: %d left", info.State.Msgs)
+	}
+	err = Provision(ctx, js, Settings{DLQMaxBytes: 2 << 30, DLQMaxAge: 24 * time.Hour})
+	var mm *MismatchError
+	if !errors.As(err, &mm) || mm.Name != n.DLQStream() ||
+		mm.Fix != "nats stream edit AGENT_DLQ --max-bytes=2147483648 --max-age=24h --discard=old --force" {
+		t.Fatalf("changed dead-letter limits: %v", err)
+	}
+	if !strings.Contains(err.Error(), mm.Fix) {
+		t.Fatalf("the error does not name the command: %v", err)
+	}
+}
+
+// A server that cannot reserve the dead-letter stream's max bytes stops
+// provisioning with the setting to lower.
+func TestProvisionNamesTheDeadLetterBoundWhenTheServerHasNoRoom(t *testing.T) {
+	opts := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), JetStreamMaxStore: 64 << 20, NoSigs: true}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	t.Cleanup(s.Shutdown)
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = Provision(context.Background(), js, Settings{})
+	if err == nil || !strings.Contains(err.Error(), "lower nats.dlq_max_bytes") {
+		t.Fatalf("provision on a 64 MiB server with a 1 GiB dead-letter bound: %v", err)
+	}
+	if err := Provision(context.Background(), js, Settings{DLQMaxBytes: 16 << 20}); err != nil {
+		t.Fatalf("with a bound that fits: %v", err)
+	}
 }

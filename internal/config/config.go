@@ -37,6 +37,8 @@ type Config struct {
 	Telemetry Telemetry `yaml:"telemetry"`
 	// Policy gives roles their permissions (policy.go).
 	Policy Policy `yaml:"policy"`
+	// Limits bounds each tenant's runs (limits.go).
+	Limits Limits `yaml:"limits"`
 }
 
 // Agent is an agent profile.
@@ -89,6 +91,10 @@ type NATS struct {
 	EventsMaxAge    Duration `yaml:"events_max_age"`
 	DuplicateWindow Duration `yaml:"duplicate_window"`
 	MaxRequestBytes int      `yaml:"max_request_bytes"`
+	// DLQMaxBytes and DLQMaxAge bound the dead-letter stream; when it is
+	// full the oldest dead letters are dropped.
+	DLQMaxBytes int64    `yaml:"dlq_max_bytes"`
+	DLQMaxAge   Duration `yaml:"dlq_max_age"`
 	// CredsFile is a NATS credentials file (user JWT and nkey seed).
 	CredsFile string `yaml:"creds_file"`
 	// User and Password, Token and NkeySeedFile are the other ways to
@@ -177,6 +183,8 @@ func Default() Config {
 			EventsMaxAge:    Duration(24 * time.Hour),
 			DuplicateWindow: Duration(10 * time.Minute),
 			MaxRequestBytes: 256 << 10,
+			DLQMaxBytes:     1 << 30,
+			DLQMaxAge:       Duration(7 * 24 * time.Hour),
 		},
 		Worker: Worker{
 			Concurrency:   8,
@@ -192,6 +200,7 @@ func Default() Config {
 		Files:       defaultFiles(),
 		RemoteTools: defaultRemoteTools(),
 		Telemetry:   defaultTelemetry(),
+		Limits:      defaultLimits(),
 	}
 }
 
@@ -265,6 +274,12 @@ func (c *Config) Validate() error {
 	if c.NATS.MaxRequestBytes < 1024 {
 		bad("nats.max_request_bytes", "must be at least 1024")
 	}
+	if c.NATS.DLQMaxBytes < 1<<20 {
+		bad("nats.dlq_max_bytes", "must be at least 1048576 (1 MiB), not %d", c.NATS.DLQMaxBytes)
+	}
+	if time.Duration(c.NATS.DLQMaxAge) < time.Minute {
+		bad("nats.dlq_max_age", "must be at least 1m, not %s", time.Duration(c.NATS.DLQMaxAge))
+	}
 	if c.Worker.Concurrency < 1 {
 		bad("worker.concurrency", "must be at least 1")
 	}
@@ -280,6 +295,7 @@ func (c *Config) Validate() error {
 	c.Gateway.JWT.validate(bad)
 	c.Policy.validate(c.Gateway.APIKeys, bad)
 	c.Telemetry.validate(c.Gateway.Authenticated(), bad)
+	c.Limits.validate(bad)
 	seen := make(map[string]bool)
 	for i, a := range c.Agents {
 		path := fmt.Sprintf("agents[%d]", i)

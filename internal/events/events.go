@@ -261,6 +261,9 @@ type Stream struct {
 	futures             []jetstream.PubAckFuture
 	queued              jetstream.PubAckFuture // run.queued, refused when the run has events
 	firstErr            error
+	// bytes counts the event bytes (subject and body) handed to the
+	// stream, for the tenants' event quota (internal/limits).
+	bytes int64
 
 	// unsure holds the events without a message id whose publish failed
 	// the way a leader election or a node loss fails it: the stream may
@@ -290,6 +293,7 @@ func (s *Stream) Emit(eventType string, data any, msgID string) {
 		var f jetstream.PubAckFuture
 		f, err = s.p.js.PublishMsgAsync(m)
 		if err == nil {
+			s.bytes += int64(len(m.Subject) + len(m.Data))
 			s.futures = append(s.futures, f)
 			s.trim()
 			return
@@ -365,6 +369,13 @@ func (s *Stream) EmitQueued(req *protocol.RunRequest) {
 	if err != nil && s.firstErr == nil {
 		s.firstErr = err
 	}
+}
+
+// Bytes returns the bytes (subject and body) of the events emitted.
+func (s *Stream) Bytes() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.bytes
 }
 
 // Seq returns the seq of the last event emitted.

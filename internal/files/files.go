@@ -24,6 +24,9 @@ var (
 	ErrNotDir   = errors.New("not a directory")
 	ErrBadPath  = errors.New("invalid path")
 	ErrTooLarge = errors.New("file too large")
+	// ErrQuota: the write would take the tenant's files over its quota
+	// (internal/limits).
+	ErrQuota = errors.New("file quota exceeded")
 )
 
 // Info describes a file or directory of a workdir.

@@ -96,6 +96,8 @@ func fileError(p string, err error) error {
 		return errConflict(err.Error() + ": a file is in the way of " + p)
 	case errors.Is(err, files.ErrTooLarge):
 		return errTooLarge(err.Error())
+	case errors.Is(err, files.ErrQuota):
+		return errQuota(err.Error())
 	}
 	return err
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/limits"
 	"github.com/natsagent/natsagent/internal/metrics"
 	"github.com/natsagent/natsagent/internal/policy"
 	"github.com/natsagent/natsagent/internal/protocol"
@@ -70,6 +71,9 @@ type Config struct {
 	// MetricsHandler, when set, is served at GET /metrics, open like the
 	// health checks (operations.md, "Observability").
 	MetricsHandler http.Handler
+	// Limits applies the tenants' limits to run submissions (limits.go);
+	// nil applies none.
+	Limits *limits.Limiter
 	// Traces records a span per request and per published run request,
 	// whose context the request carries to the worker; nil traces
 	// nothing.

@@ -51,6 +51,9 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		if err := s.authorize(r, tenant, req); err != nil {
 			return err
 		}
+		if err := s.admitRun(r.Context(), w, req); err != nil {
+			return err
+		}
 		ifNotExists := body.IfNotExists
 		if stateless {
 			ifNotExists = ifNotExistsCreate

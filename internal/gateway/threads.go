@@ -236,6 +236,7 @@ type page struct{ limit, offset int }
 const (
 	defaultLimit = 50
 	maxLimit     = 1000
+	maxOffset    = 1_000_000
 )
 
 func pageOf(r *http.Request) (page, error) {
@@ -250,8 +251,8 @@ func pageOf(r *http.Request) (page, error) {
 	}
 	if v := q.Get("offset"); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return p, errInvalid("offset", "offset must be a number from 0")
+		if err != nil || n < 0 || n > maxOffset {
+			return p, errInvalid("offset", fmt.Sprintf("offset must be a number from 0 to %d", maxOffset))
 		}
 		p.offset = n
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 )
 
@@ -45,6 +46,9 @@ func FuzzDecodeRunRequest(f *testing.F) {
 		f.Add([]byte(s), "", "")
 	}
 	f.Add([]byte(`{"run_id":"r1","input":{"messages":[{"role":"user","content":"x"}]}}`), "acme", "t9")
+	f.Add([]byte(`{"run_id":"r1","thread_id":"t1","config":{"timeout_seconds":9300000000,"max_steps":9223372036854775807},"input":{"messages":[{"role":"user","content":"x"}]}}`), "", "")
+	f.Add([]byte(`{"run_id":"r1","thread_id":"t1","config":{"timeout_seconds":9300000000},"input":{"messages":[{"role":"user","content":"x"}]}}`), "", "")
+	f.Add([]byte(`{"run_id":"r1","thread_id":"t1","config":{"timeout_seconds":604800,"max_steps":10000},"input":{"messages":[{"role":"user","content":"x"}]}}`), "", "")
 	f.Add([]byte(`{"run_id":"r1","input":{"messages":[{"role":"user","content":"x"}]}}`), "a.b", "*")
 	f.Fuzz(func(t *testing.T, data []byte, tenant, thread string) {
 		req, err := DecodeRunRequestFor(data, 4<<10, tenant, thread)
@@ -69,6 +73,14 @@ func FuzzDecodeRunRequest(f *testing.F) {
 			if !ValidToken(id) {
 				t.Fatalf("accepted id %q", id)
 			}
+		}
+		// Every number a client sends is bounded: converting it to a
+		// time.Duration must not overflow.
+		if c := req.Config; c.TimeoutSeconds < 0 || c.TimeoutSeconds > MaxTimeoutSeconds || c.MaxSteps < 0 || c.MaxSteps > MaxRunSteps {
+			t.Fatalf("accepted config %+v", c)
+		}
+		if d := time.Duration(req.Config.TimeoutSeconds) * time.Second; d < 0 {
+			t.Fatalf("timeout_seconds %d overflows to %s", req.Config.TimeoutSeconds, d)
 		}
 		if (req.Input == nil) == (req.Command == nil) {
 			t.Fatal("accepted a request without exactly one of input and command")

@@ -394,6 +394,12 @@ const (
 	CodeConflict    = "conflict"
 	CodeUnavailable = "unavailable"
 	CodeInternal    = "internal"
+	// CodeRateLimited: the tenant is over one of its limits (HTTP 429);
+	// try again later.
+	CodeRateLimited = "rate_limited"
+	// CodeQuotaExceeded: the tenant's stored data is at its quota (HTTP
+	// 507); remove some before adding more.
+	CodeQuotaExceeded = "quota_exceeded"
 )
 
 // ErrorBody describes an error to a client.

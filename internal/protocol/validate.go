@@ -16,6 +16,16 @@ const MaxTokenLen = 128
 // DefaultMaxRequestBytes bounds an encoded run request.
 const DefaultMaxRequestBytes = 256 << 10
 
+// Bounds of a run request's numbers, whatever a deployment configures:
+// they keep every conversion (seconds to time.Duration) far from
+// overflow. A deployment's limits (internal/limits) may be lower.
+const (
+	// MaxTimeoutSeconds bounds config.timeout_seconds (7 days).
+	MaxTimeoutSeconds = 7 * 24 * 3600
+	// MaxRunSteps bounds config.max_steps.
+	MaxRunSteps = 10000
+)
+
 // Tool approval modes.
 const (
 	// ApprovalDefault stops before sensitive tools until a person decides.
@@ -198,11 +208,11 @@ func (r *RunRequest) Validate() error {
 			return invalid("command.resume", "is required")
 		}
 	}
-	if r.Config.MaxSteps < 0 {
-		return invalid("config.max_steps", "must not be negative")
+	if r.Config.MaxSteps < 0 || r.Config.MaxSteps > MaxRunSteps {
+		return invalid("config.max_steps", "%d is out of range: use 1 to %d (or leave it out for the agent's default)", r.Config.MaxSteps, MaxRunSteps)
 	}
-	if r.Config.TimeoutSeconds < 0 {
-		return invalid("config.timeout_seconds", "must not be negative")
+	if r.Config.TimeoutSeconds < 0 || r.Config.TimeoutSeconds > MaxTimeoutSeconds {
+		return invalid("config.timeout_seconds", "%d is out of range: use 1 to %d seconds (7 days; the deployment's maximum run time may be lower), or leave it out for the default", r.Config.TimeoutSeconds, MaxTimeoutSeconds)
 	}
 	if r.Config.UserID != "" && !ValidToken(r.Config.UserID) {
 		return invalid("config.user_id", "%q is not a valid id", clip(r.Config.UserID, 40))

@@ -126,7 +126,12 @@ func (s *Service) await(ctx context.Context, tenant string, q protocol.SubagentQ
 		s.respondError(req, errInvalid("timeout_ms must not be negative"))
 		return
 	case q.TimeoutMS > 0:
-		timeout = min(time.Duration(q.TimeoutMS)*time.Millisecond, MaxAwaitTimeout)
+		// Compared before converting: a large timeout_ms overflows a
+		// time.Duration into a negative one that answers at once.
+		timeout = MaxAwaitTimeout
+		if q.TimeoutMS < int(MaxAwaitTimeout/time.Millisecond) {
+			timeout = time.Duration(q.TimeoutMS) * time.Millisecond
+		}
 	}
 	rec, err := s.child(ctx, tenant, q)
 	if err != nil {

@@ -114,6 +114,8 @@ func fileError(p string, err error) error {
 		return refuse(err, "%v: a file is in the way, so %s cannot be created below it. Choose another path.", err, p)
 	case errors.Is(err, files.ErrTooLarge):
 		return refuse(err, "%v. Split the content into smaller files.", err)
+	case errors.Is(err, files.ErrQuota):
+		return refuse(err, "%v. Nothing was written; remove files the task no longer needs, or write less.", err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return err
 	}

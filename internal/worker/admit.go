@@ -14,6 +14,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/limits"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -157,6 +158,11 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 		return decision{verdict: verdictWait}, nil
 	}
 
+	if ok, err := j.tenantSlot(ctx); err != nil || !ok {
+		// Over the tenant's running runs: wait like a run whose thread
+		// is busy (no delivery is spent, nothing is dead-lettered).
+		return decision{verdict: verdictWait}, err
+	}
 	now := time.Now().UTC()
 	next, nextRev, err := w.stores.Threads.MutateFrom(ctx, req.Tenant, req.ThreadID, th, rev, func(t *protocol.Thread) error {
 		switch {
@@ -364,4 +370,63 @@ func withoutRun(ps []protocol.Preemption, run string) []protocol.Preemption {
 		return nil
 	}
 	return out
+}
+
+// tenantSlot takes one of the tenant's max_concurrent_runs slots for the
+// run (limits.Limiter.Acquire), or reports false when they are all held.
+// Subagent runs take none: their parent holds one, and a child waiting
+// for its parent's slot would wait for ever.
+func (j *job) tenantSlot(ctx context.Context) (bool, error) {
+	w := j.w
+	if w.cfg.Limits == nil || j.req.Parent != nil {
+		return true, nil
+	}
+	slot := limits.Slot{Thread: j.req.ThreadID, Run: j.req.RunID, Worker: w.cfg.ID}
+	return w.cfg.Limits.Acquire(ctx, j.req.Tenant, slot, func(ctx context.Context, s limits.Slot) (bool, error) {
+		return w.slotLive(ctx, j.req.Tenant, s)
+	})
+}
+
+// slotLive reports whether a run holding a tenant slot still runs: it
+// holds its thread's lease and the lease is renewed. A slot younger than
+// AckWait counts as live: its run may be between the slot and the lease.
+func (w *Worker) slotLive(ctx context.Context, tenant string, s limits.Slot) (bool, error) {
+	if time.Since(s.At) < w.cfg.Settings.AckWait || !protocol.ValidToken(s.Thread) {
+		return protocol.ValidToken(s.Thread), nil
+	}
+	th, _, err := w.stores.Threads.Get(ctx, tenant, s.Thread)
+	if errors.Is(err, kv.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if th.Lease == nil || th.Lease.RunID != s.Run {
+		return false, nil
+	}
+	return time.Since(th.Lease.RenewedAt) <= w.cfg.StaleLease, nil
+}
+
+// releaseTenantSlot gives the run's tenant slot back when it ends. If
+// this fails the slot is freed when the next run finds it dead.
+func (j *job) releaseTenantSlot(ctx context.Context) {
+	w := j.w
+	if w.cfg.Limits == nil || j.req.Parent != nil {
+		return
+	}
+	if err := w.cfg.Limits.Release(ctx, j.req.Tenant, j.req.RunID); err != nil {
+		j.log.Warn("could not release the tenant's running-run slot; the next run of the tenant frees it", zap.Error(err))
+	}
+}
+
+// countEventBytes adds the events this attempt of the run stored to the
+// tenant's event quota (limits max_event_bytes).
+func (j *job) countEventBytes(ctx context.Context, n int64) {
+	w := j.w
+	if w.cfg.Limits == nil || n <= 0 {
+		return
+	}
+	if err := w.cfg.Limits.AddEventBytes(ctx, j.req.Tenant, n); err != nil {
+		j.log.Warn("could not count the run's event bytes for the tenant's quota", zap.Error(err))
+	}
 }

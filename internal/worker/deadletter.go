@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -24,7 +25,21 @@ const (
 	HeaderDLQReason    = "Natsagent-Dlq-Reason"
 	HeaderDLQSubject   = "Natsagent-Dlq-Subject"
 	HeaderDLQStreamSeq = "Natsagent-Dlq-Stream-Seq"
+	// HeaderDLQTruncated is "true" on a dead letter that holds only the
+	// first bytes of the request; HeaderDLQOriginalBytes is its size.
+	HeaderDLQTruncated     = "Natsagent-Dlq-Truncated"
+	HeaderDLQOriginalBytes = "Natsagent-Dlq-Original-Bytes"
+	// HeaderDLQHeadersDropped counts the client's headers not copied
+	// because together they were over DLQKeepBytes.
+	HeaderDLQHeadersDropped = "Natsagent-Dlq-Headers-Dropped"
 )
+
+// DLQKeepBytes is how much of an invalid request (oversized, undecodable,
+// or failing validation) the dead-letter stream keeps, and how many bytes
+// of the client's headers any dead letter keeps. An invalid request cannot
+// be replayed as it is, and storing it whole would let one tenant fill the
+// dead-letter stream shared by all with a few large publishes.
+const DLQKeepBytes = 4 << 10
 
 // decode checks a delivered request against the subject it came on and
 // the deployment's agents. The error says what a person must fix.
@@ -57,6 +72,13 @@ func (w *Worker) decode(msg jetstream.Msg) (*protocol.RunRequest, error) {
 	if !w.cfg.Agents.Has(req.Agent) {
 		return req, &protocol.ValidationError{Field: "agent", Message: fmt.Sprintf("unknown agent %q (known agents: %v)", req.Agent, w.cfg.Agents.Names())}
 	}
+	if w.cfg.Limits != nil {
+		// A submitter that checked the limits already agrees; a plain
+		// NATS publish is checked here.
+		if err := w.cfg.Limits.For(req.Tenant).CheckRequest(req); err != nil {
+			return req, err
+		}
+	}
 	return req, nil
 }
 
@@ -73,7 +95,7 @@ func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, seq uint64, 
 			log.Warn("could not record the invalid run", zap.Error(err))
 		}
 	}
-	if err := w.copyToDLQ(ctx, msg.Subject(), msg.Headers(), msg.Data(), seq, reason.Error(), tenant, thread); err != nil {
+	if err := w.copyToDLQKeep(ctx, msg.Subject(), msg.Headers(), msg.Data(), seq, reason.Error(), tenant, thread, DLQKeepBytes); err != nil {
 		log.Error("could not dead-letter the request; handing it back", zap.Error(err))
 		_ = msg.NakWithDelay(time.Second)
 		return
@@ -166,24 +188,60 @@ func (w *Worker) recordInvalid(ctx context.Context, req *protocol.RunRequest, te
 	return fmt.Errorf("run %s kept changing while being recorded as invalid", runID)
 }
 
+// copyToDLQ dead-letters a request whole when it is within the request
+// size limit (a valid request an operator may replay), else its first
+// DLQKeepBytes.
 func (w *Worker) copyToDLQ(ctx context.Context, subject string, hdr nats.Header, data []byte, seq uint64, reason, tenant, thread string) error {
+	keep := w.cfg.Settings.MaxRequestBytes
+	if keep <= 0 {
+		keep = bus.DefaultMaxRequestBytes
+	}
+	return w.copyToDLQKeep(ctx, subject, hdr, data, seq, reason, tenant, thread, keep)
+}
+
+// copyToDLQKeep dead-letters a request, keeping at most keep bytes of its
+// body (more is cut to DLQKeepBytes) and DLQKeepBytes of its headers.
+func (w *Worker) copyToDLQKeep(ctx context.Context, subject string, hdr nats.Header, data []byte, seq uint64, reason, tenant, thread string, keep int) error {
 	dlSubject := w.names.Prefix + ".dlq.runs.invalid"
 	if protocol.ValidToken(tenant) && protocol.ValidToken(thread) {
 		dlSubject = w.names.DLQSubject(tenant, thread)
 	}
 	m := nats.NewMsg(dlSubject)
-	for k, v := range hdr {
+	keys := make([]string, 0, len(hdr))
+	for k := range hdr {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys) // which headers are kept does not depend on map order
+	hdrBytes, dropped := 0, 0
+	for _, k := range keys {
 		// Nats-* headers are the server's (dedupe id, expectations, TTL,
 		// schedules): on the copy they mean nothing or get it refused.
 		if strings.HasPrefix(k, "Nats-") {
 			continue
 		}
-		m.Header[k] = v
+		size := len(k)
+		for _, v := range hdr[k] {
+			size += len(v) + 4
+		}
+		if hdrBytes+size > DLQKeepBytes {
+			dropped++
+			continue
+		}
+		hdrBytes += size
+		m.Header[k] = hdr[k]
+	}
+	if dropped > 0 {
+		m.Header.Set(HeaderDLQHeadersDropped, strconv.Itoa(dropped))
 	}
 	m.Header.Set(HeaderDLQReason, clipReason(reason))
-	m.Header.Set(HeaderDLQSubject, subject)
+	m.Header.Set(HeaderDLQSubject, clipReason(subject))
 	m.Header.Set(HeaderDLQStreamSeq, strconv.FormatUint(seq, 10))
 	m.Data = data
+	if len(data) > keep {
+		m.Data = data[:min(DLQKeepBytes, len(data))]
+		m.Header.Set(HeaderDLQTruncated, "true")
+		m.Header.Set(HeaderDLQOriginalBytes, strconv.Itoa(len(data)))
+	}
 	var opts []jetstream.PublishOpt
 	if seq != 0 {
 		opts = append(opts, jetstream.WithMsgID(dlqMsgID(w.names, seq)))

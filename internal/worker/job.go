@@ -692,6 +692,7 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		recErr <- err
 	}()
 	relErr := lease.release(ctx, &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: errors.Is(out.Stopped, ErrRolledBack), head: head, title: title})
+	j.releaseTenantSlot(ctx)
 	err := <-recErr
 	switch {
 	case errors.Is(err, agent.ErrLeaseLost):
@@ -713,6 +714,7 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		if err := stream.Flush(ctx); err != nil {
 			j.log.Warn("some run events were not stored", zap.Error(err))
 		}
+		j.countEventBytes(ctx, stream.Bytes())
 	}
 	if err := w.pub.PublishFinished(ctx, rec); err != nil {
 		j.log.Warn("could not publish run.finished; handing the request back so the next delivery does", zap.Error(err))
@@ -880,7 +882,9 @@ func (w *Worker) progressConfirmed(m *nats.Msg) {
 // runTimeout is the wall time req's run may take.
 func (w *Worker) runTimeout(req *protocol.RunRequest) time.Duration {
 	if s := req.Config.TimeoutSeconds; s > 0 {
-		return time.Duration(s) * time.Second
+		// Validation bounds s; the cap keeps the conversion from
+		// overflowing whatever reaches here.
+		return time.Duration(min(s, protocol.MaxTimeoutSeconds)) * time.Second
 	}
 	return w.cfg.RunTimeout
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/intake"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/limits"
 	"github.com/natsagent/natsagent/internal/metrics"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/subagents"
@@ -78,6 +79,9 @@ type Config struct {
 	// Submit holds the policy hooks of the submit service the worker
 	// serves for tenants in their own NATS accounts (intake.go).
 	Submit intake.Hooks
+	// Limits enforces the tenants' limits (run time, steps, running runs);
+	// nil enforces none beyond the protocol's bounds.
+	Limits *limits.Limiter
 }
 
 func (c Config) withDefaults() Config {
