@@ -36,6 +36,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/limits"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/submit"
 )
@@ -95,6 +96,10 @@ type Config struct {
 	Stores   *kv.Stores
 	Queue    *submit.Queue
 	Logger   *zap.Logger
+	// Limits applies the tenants' limits to a submission as the gateway
+	// does (run time and steps, stored events, runs per minute); nil
+	// applies none.
+	Limits *limits.Limiter
 	Hooks
 	// Concurrency bounds the submissions handled at once (default 64).
 	Concurrency int
@@ -163,6 +168,8 @@ const (
 	ErrCodeTooLarge    = 10903
 	ErrCodeUnavailable = 10904
 	ErrCodeNotFound    = 10905
+	ErrCodeRateLimited = 10906
+	ErrCodeQuota       = 10907
 )
 
 // refusal is an answer with an error.
@@ -253,6 +260,9 @@ func (s *Service) submit(ctx context.Context, m *nats.Msg) (*jetstream.PubAck, e
 			req.Config.UserID = principal.User
 		}
 	}
+	if err := s.admit(ctx, req); err != nil {
+		return nil, err
+	}
 	data, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
@@ -261,6 +271,29 @@ func (s *Service) submit(ctx context.Context, m *nats.Msg) (*jetstream.PubAck, e
 		return nil, refuse(413, ErrCodeTooLarge, "run request is %d bytes with its principal, over the limit of %d bytes; put large content in files and reference it", len(data), limit)
 	}
 	return s.enqueue(ctx, req, data)
+}
+
+// admit applies the tenant's limits, with the gateway's codes: 400 for a
+// bound, 507 for a quota, 429 for the rate (the answer says when to try
+// again).
+func (s *Service) admit(ctx context.Context, req *protocol.RunRequest) error {
+	l := s.cfg.Limits
+	if l == nil {
+		return nil
+	}
+	if err := l.For(req.Tenant).CheckRequest(req); err != nil {
+		return refuse(400, ErrCodeInvalid, "%v", err)
+	}
+	err := l.Admit(ctx, req.Tenant)
+	var qe *limits.QuotaError
+	var re *limits.RateError
+	switch {
+	case errors.As(err, &qe):
+		return refuse(507, ErrCodeQuota, "%v", qe)
+	case errors.As(err, &re):
+		return refuse(429, ErrCodeRateLimited, "%v", re)
+	}
+	return err
 }
 
 // principal is the authenticated submitter from Nats-Request-Info. A

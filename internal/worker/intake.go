@@ -15,6 +15,7 @@ func (w *Worker) serveIntake() (stop func(), err error) {
 		Stores:   w.stores,
 		Queue:    &submit.Queue{JS: w.js, Names: w.names, Stores: w.stores, Events: w.pub, Submitter: "intake"},
 		Logger:   w.log,
+		Limits:   w.cfg.Limits,
 		Hooks:    w.cfg.Submit,
 	})
 	if err != nil {
