@@ -103,6 +103,17 @@ func (s Settings) Validate() error {
 	if s.MaxDeliver < 2 {
 		return fmt.Errorf("max deliver %d is too small: a run must survive at least one worker loss", s.MaxDeliver)
 	}
+	// NATS's own rules for the events stream, checked before any asset
+	// is created so a start never half-applies.
+	if s.EventsMaxAge < 100*time.Millisecond {
+		return fmt.Errorf("events max age %s is too short: use at least 100ms", s.EventsMaxAge)
+	}
+	if s.DuplicateWindow < 100*time.Millisecond {
+		return fmt.Errorf("duplicate window %s is too short: use at least 100ms", s.DuplicateWindow)
+	}
+	if s.DuplicateWindow > s.EventsMaxAge {
+		return fmt.Errorf("duplicate window %s is longer than the events' max age %s: NATS refuses a stream that remembers message ids longer than it keeps messages; lower the duplicate window or raise the events' max age", s.DuplicateWindow, s.EventsMaxAge)
+	}
 	if s.DLQMaxBytes < 1<<20 {
 		return fmt.Errorf("dead-letter max bytes %d is too small: use at least 1 MiB (1048576)", s.DLQMaxBytes)
 	}
@@ -126,15 +137,21 @@ func (e *MismatchError) Error() string {
 		return fmt.Sprintf("%s %s exists with a different configuration (%s); align the settings with it, or change it with `%s` and start again",
 			e.Kind, e.Name, strings.Join(e.Fields, "; "), e.Fix)
 	}
-	return fmt.Sprintf("%s %s exists with a different configuration (%s); align the settings with it, or change it yourself (for example with `nats stream edit %s`) and start again",
-		e.Kind, e.Name, strings.Join(e.Fields, "; "), e.streamName())
+	return fmt.Sprintf("%s %s exists with a different configuration (%s), and not all of it can change in place: align the settings with it, or back its data up, remove it (`%s`) and start again",
+		e.Kind, e.Name, strings.Join(e.Fields, "; "), e.removal())
 }
 
-func (e *MismatchError) streamName() string {
-	if e.Kind == "bucket" {
-		return "KV_" + e.Name
+// removal is the nats command that removes the asset.
+func (e *MismatchError) removal() string {
+	switch e.Kind {
+	case "bucket":
+		return "nats kv rm " + e.Name
+	case "object store":
+		return "nats object rm " + e.Name
+	case "consumer":
+		return "nats consumer rm " + strings.Replace(e.Name, "/", " ", 1)
 	}
-	return e.Name
+	return "nats stream rm " + e.Name
 }
 
 // Provision creates the streams, consumer, buckets and object store, or
@@ -287,19 +304,59 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 	diff = appendDiff(diff, "duplicate window", have.Duplicates, orDefault(want.Duplicates, 2*time.Minute))
 	diff = appendDiff(diff, "allow direct", have.AllowDirect, want.AllowDirect)
 	diff = appendDiff(diff, "allow message schedules", have.AllowMsgSchedules, want.AllowMsgSchedules)
-	limits := len(diff)
 	diff = appendDiff(diff, "max age", have.MaxAge, want.MaxAge)
 	diff = appendDiff(diff, "max bytes", have.MaxBytes, orDefault(want.MaxBytes, -1))
 	diff = appendDiff(diff, "discard policy", have.Discard, want.Discard)
 	if len(diff) > 0 {
-		e := &MismatchError{Kind: "stream", Name: want.Name, Fields: diff}
-		if limits == 0 && want.MaxBytes > 0 {
-			// Only the bounds differ: say exactly how to set them.
-			e.Fix = editLimits(want)
-		}
-		return e
+		return &MismatchError{Kind: "stream", Name: want.Name, Fields: diff, Fix: streamFix(have, want)}
 	}
 	return nil
+}
+
+// streamFix is the nats command that gives an existing stream want's
+// settings, or "" when one of them cannot change in place (retention,
+// storage, message schedules).
+func streamFix(have, want jetstream.StreamConfig) string {
+	if have.Retention != want.Retention || have.Storage != want.Storage || have.AllowMsgSchedules != want.AllowMsgSchedules {
+		return ""
+	}
+	var flags []string
+	if strings.Join(have.Subjects, ",") != strings.Join(want.Subjects, ",") {
+		flags = append(flags, "--subjects="+strings.Join(want.Subjects, ","))
+	}
+	if have.Replicas != want.Replicas {
+		flags = append(flags, fmt.Sprintf("--replicas=%d", want.Replicas))
+	}
+	if dw := orDefault(want.Duplicates, 2*time.Minute); have.Duplicates != dw {
+		flags = append(flags, "--dupe-window="+natsDuration(dw))
+	}
+	if have.AllowDirect != want.AllowDirect {
+		flags = append(flags, map[bool]string{true: "--allow-direct", false: "--no-allow-direct"}[want.AllowDirect])
+	}
+	if have.MaxAge != want.MaxAge {
+		flags = append(flags, "--max-age="+natsDuration(want.MaxAge))
+	}
+	if mb := orDefault(want.MaxBytes, -1); have.MaxBytes != mb {
+		flags = append(flags, fmt.Sprintf("--max-bytes=%d", mb))
+	}
+	if have.Discard != want.Discard {
+		flags = append(flags, "--discard="+map[jetstream.DiscardPolicy]string{jetstream.DiscardOld: "old", jetstream.DiscardNew: "new"}[want.Discard])
+	}
+	return fmt.Sprintf("nats stream edit %s %s --force", want.Name, strings.Join(flags, " "))
+}
+
+// natsDuration writes d as the nats CLI reads it, in whole hours or
+// minutes where it can.
+func natsDuration(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "0s"
+	case d%time.Hour == 0:
+		return fmt.Sprintf("%dh", d/time.Hour)
+	case d%time.Minute == 0:
+		return fmt.Sprintf("%dm", d/time.Minute)
+	}
+	return d.String()
 }
 
 // noRoom reports a server or account refusing to reserve a stream's max
@@ -323,11 +380,7 @@ func unbounded(have, want jetstream.StreamConfig) bool {
 }
 
 func editLimits(want jetstream.StreamConfig) string {
-	age := want.MaxAge.String()
-	if want.MaxAge%time.Hour == 0 {
-		age = fmt.Sprintf("%dh", want.MaxAge/time.Hour)
-	}
-	return fmt.Sprintf("nats stream edit %s --max-bytes=%d --max-age=%s --discard=old --force", want.Name, want.MaxBytes, age)
+	return fmt.Sprintf("nats stream edit %s --max-bytes=%d --max-age=%s --discard=old --force", want.Name, want.MaxBytes, natsDuration(want.MaxAge))
 }
 
 func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, want jetstream.ConsumerConfig) error {
@@ -350,9 +403,32 @@ func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, 
 	diff = appendDiff(diff, "max ack pending", have.MaxAckPending, want.MaxAckPending)
 	diff = appendDiff(diff, "filter subject", have.FilterSubject, want.FilterSubject)
 	if len(diff) > 0 {
-		return &MismatchError{Kind: "consumer", Name: stream + "/" + want.Durable, Fields: diff}
+		e := &MismatchError{Kind: "consumer", Name: stream + "/" + want.Durable, Fields: diff}
+		if have.AckPolicy == want.AckPolicy {
+			e.Fix = consumerFix(stream, have, want)
+		}
+		return e
 	}
 	return nil
+}
+
+// consumerFix is the nats command that gives an existing consumer want's
+// settings (all but its ack policy can change in place).
+func consumerFix(stream string, have, want jetstream.ConsumerConfig) string {
+	var flags []string
+	if have.AckWait != want.AckWait {
+		flags = append(flags, "--wait="+natsDuration(want.AckWait))
+	}
+	if have.MaxDeliver != want.MaxDeliver {
+		flags = append(flags, fmt.Sprintf("--max-deliver=%d", want.MaxDeliver))
+	}
+	if have.MaxAckPending != want.MaxAckPending {
+		flags = append(flags, fmt.Sprintf("--max-pending=%d", want.MaxAckPending))
+	}
+	if have.FilterSubject != want.FilterSubject {
+		flags = append(flags, "--filter="+want.FilterSubject)
+	}
+	return fmt.Sprintf("nats consumer edit %s %s %s --force", stream, want.Durable, strings.Join(flags, " "))
 }
 
 func ensureBucket(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig) error {
@@ -378,7 +454,21 @@ func ensureBucket(ctx context.Context, js jetstream.JetStream, want jetstream.Ke
 		// manages itself. Treat the bucket as ours.
 		return nil
 	}
-	return &MismatchError{Kind: "bucket", Name: want.Bucket, Fields: diff}
+	e := &MismatchError{Kind: "bucket", Name: want.Bucket, Fields: diff}
+	if have.Storage == want.Storage {
+		var flags []string
+		if have.MaxMsgsPerSubject != int64(want.History) {
+			flags = append(flags, fmt.Sprintf("--max-msgs-per-subject=%d", want.History))
+		}
+		if have.Replicas != want.Replicas {
+			flags = append(flags, fmt.Sprintf("--replicas=%d", want.Replicas))
+		}
+		if have.MaxAge != want.TTL {
+			flags = append(flags, "--max-age="+natsDuration(want.TTL))
+		}
+		e.Fix = fmt.Sprintf("nats stream edit KV_%s %s --force", want.Bucket, strings.Join(flags, " "))
+	}
+	return e
 }
 
 func ensureObjectStore(ctx context.Context, js jetstream.JetStream, want jetstream.ObjectStoreConfig) error {
@@ -398,7 +488,11 @@ func ensureObjectStore(ctx context.Context, js jetstream.JetStream, want jetstre
 	diff = appendDiff(diff, "storage", have.Storage, want.Storage)
 	diff = appendDiff(diff, "replicas", have.Replicas, want.Replicas)
 	if len(diff) > 0 {
-		return &MismatchError{Kind: "object store", Name: want.Bucket, Fields: diff}
+		e := &MismatchError{Kind: "object store", Name: want.Bucket, Fields: diff}
+		if have.Storage == want.Storage {
+			e.Fix = fmt.Sprintf("nats stream edit OBJ_%s --replicas=%d --force", want.Bucket, want.Replicas)
+		}
+		return e
 	}
 	return nil
 }

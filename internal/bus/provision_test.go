@@ -53,16 +53,45 @@ func TestProvisionIsIdempotentAndRefusesChanges(t *testing.T) {
 	}
 	err := Provision(ctx, js, Settings{AckWait: 9 * time.Second})
 	var mm *MismatchError
-	if !errors.As(err, &mm) || mm.Kind != "consumer" || !strings.Contains(err.Error(), "ack wait is 5s, want 9s") {
+	if !errors.As(err, &mm) || mm.Kind != "consumer" || !strings.Contains(err.Error(), "ack wait is 5s, want 9s") ||
+		mm.Fix != "nats consumer edit AGENT_RUNS workers --wait=9s --force" || !strings.Contains(err.Error(), mm.Fix) {
 		t.Fatalf("changed ack wait: %v", err)
 	}
 	err = Provision(ctx, js, Settings{AckWait: 5 * time.Second, EventsMaxAge: time.Hour})
-	if !errors.As(err, &mm) || mm.Name != "AGENT_EVENTS" || !strings.Contains(err.Error(), "max age") {
+	if !errors.As(err, &mm) || mm.Name != "AGENT_EVENTS" || !strings.Contains(err.Error(), "max age") ||
+		mm.Fix != "nats stream edit AGENT_EVENTS --max-age=1h --force" {
 		t.Fatalf("changed events max age: %v", err)
+	}
+	err = Provision(ctx, js, Settings{AckWait: 5 * time.Second, Storage: jetstream.MemoryStorage})
+	if !errors.As(err, &mm) || mm.Fix != "" || !strings.Contains(err.Error(), "`nats stream rm AGENT_RUNS`") {
+		t.Fatalf("changed storage: %v", err)
 	}
 	info, err := js.Stream(ctx, "AGENT_EVENTS")
 	if err != nil || info.CachedInfo().Config.MaxAge != DefaultEventsMaxAge {
 		t.Fatalf("provision changed an existing stream: %v", err)
+	}
+}
+
+// A duplicate window longer than the events' max age is refused before
+// anything exists: NATS would refuse the events stream after the runs
+// stream was created with that window, and the next start with either
+// setting corrected would find a stream that does not match.
+func TestProvisionChecksNATSRulesBeforeCreatingAnything(t *testing.T) {
+	js := startServer(t)
+	ctx := context.Background()
+	err := Provision(ctx, js, Settings{EventsMaxAge: time.Minute, DuplicateWindow: 10 * time.Minute})
+	if err == nil || !strings.Contains(err.Error(), "duplicate window 10m0s is longer than the events' max age 1m0s") {
+		t.Fatalf("provision: %v", err)
+	}
+	if names := js.StreamNames(ctx); names.Err() != nil {
+		t.Fatal(names.Err())
+	} else {
+		for n := range names.Name() {
+			t.Errorf("stream %s created", n)
+		}
+	}
+	if err := Provision(ctx, js, Settings{EventsMaxAge: time.Minute, DuplicateWindow: time.Minute}); err != nil {
+		t.Fatalf("the corrected settings: %v", err)
 	}
 }
 
@@ -162,7 +191,7 @@ func TestProvisionBoundsAnExistingDeadLetterStream(t *testing.T) {
 	err = Provision(ctx, js, Settings{DLQMaxBytes: 2 << 30, DLQMaxAge: 24 * time.Hour})
 	var mm *MismatchError
 	if !errors.As(err, &mm) || mm.Name != n.DLQStream() ||
-		mm.Fix != "nats stream edit AGENT_DLQ --max-bytes=2147483648 --max-age=24h --discard=old --force" {
+		mm.Fix != "nats stream edit AGENT_DLQ --max-age=24h --max-bytes=2147483648 --force" {
 		t.Fatalf("changed dead-letter limits: %v", err)
 	}
 	if !strings.Contains(err.Error(), mm.Fix) {

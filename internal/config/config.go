@@ -268,6 +268,18 @@ func (c *Config) Validate() error {
 	if c.NATS.MaxDeliver < 2 {
 		bad("nats.max_deliver", "must be at least 2")
 	}
+	// NATS's rules for the events stream: checked here so --print-config
+	// and the start refuse them before any stream exists.
+	maxAge, window := time.Duration(c.NATS.EventsMaxAge), time.Duration(c.NATS.DuplicateWindow)
+	if maxAge < 100*time.Millisecond {
+		bad("nats.events_max_age", "must be at least 100ms")
+	}
+	if window < 100*time.Millisecond {
+		bad("nats.duplicate_window", "must be at least 100ms")
+	}
+	if maxAge >= 100*time.Millisecond && window > maxAge {
+		bad("nats.duplicate_window", "%s is longer than nats.events_max_age %s: NATS refuses a stream that remembers message ids longer than it keeps messages; lower duplicate_window or raise events_max_age", window, maxAge)
+	}
 	if c.NATS.MaxAckPending < 1 {
 		bad("nats.max_ack_pending", "must be positive")
 	}

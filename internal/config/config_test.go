@@ -81,6 +81,8 @@ func TestLoadRejectsBadFieldsWithTheirPath(t *testing.T) {
 		"models:\n  - name: m\n    context_window: 512\n": "models[0].context_window",
 		"models:\n  - name: m\n    context_window: 8192\n  - name: m\n    context_window: 8192\n": "models[1].name",
 		"models:\n  - name: m\n    context_windw: 8192\n":                                         "context_windw",
+		"nats:\n  events_max_age: 1m\n  duplicate_window: 10m\n":                                  "nats.duplicate_window: 10m0s is longer than nats.events_max_age 1m0s",
+		"nats:\n  events_max_age: 50ms\n":                                                         "nats.events_max_age: must be at least 100ms",
 	}
 	t.Setenv(EnvModel, "")
 	t.Setenv(EnvBaseURL, "")
