@@ -234,11 +234,10 @@ func credentialTenant(r *http.Request) (string, bool, error) {
 func (s *Server) authorize(r *http.Request, tenant string, req *protocol.RunRequest) error {
 	p, ok := principalOf(r)
 	if !ok {
-		user := req.Config.UserID
-		if user == "" {
-			user = defaultUser
-		}
-		req.Principal = &protocol.Principal{User: user, Roles: s.cfg.Policy.DefaultRoles()}
+		// Nobody was authenticated: the run has no principal (the worker
+		// applies the default roles), so it claims no thread for a user,
+		// and its config.user_id is what the caller said.
+		req.Principal = nil
 		return nil
 	}
 	pr := p.p
@@ -258,10 +257,6 @@ func Loopback(addr net.Addr) bool {
 	tcp, ok := addr.(*net.TCPAddr)
 	return ok && tcp.IP.IsLoopback()
 }
-
-// defaultUser is the user of a run that names none on an open gateway, as
-// the worker's (memory is keyed by it).
-const defaultUser = "default"
 
 // ownerOf is the owner of a thread the request creates: its
 // authenticated user ("" on an open gateway, where no one is known).
