@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -53,6 +54,17 @@ func (s *Store) AddTenant(tenant string) error {
 	}
 	if _, err := os.Stat(s.path("accounts", tenant+".jwt")); err == nil {
 		return fmt.Errorf("tenant %s: %w", tenant, ErrExists)
+	}
+	// Tenant tags are lower case (TenantTag): Acme's users would carry
+	// acme's tag.
+	tenants, err := s.Tenants()
+	if err != nil {
+		return err
+	}
+	for _, other := range tenants {
+		if strings.EqualFold(other, tenant) {
+			return fmt.Errorf("tenant %s: %w as %s (tenant names may not differ only in case); choose another name", tenant, ErrExists, other)
+		}
 	}
 	agent, err := s.Account(ServiceAccount)
 	if err != nil {
