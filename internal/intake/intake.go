@@ -25,6 +25,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -282,27 +283,29 @@ func (s *Service) principal(tenant string, h nats.Header) (*protocol.Principal, 
 	return p, nil
 }
 
-// checkAccount is defense in depth: the import only lets tenant's account
-// reach its own subjects, and the subject's tenant must be that account.
+// IsTenant reports whether the requester is a user of tenant's account.
 // With static accounts the account's name is the tenant. In JWT mode
 // (natsjwt) the server names the account by its public key, and the
-// user's JWT, signed by that account, carries the tenant's tag: an
-// account key is never taken for a tenant name.
+// user's JWT, signed by that account, carries the tenant's tag
+// (natsjwt.TenantTag): an account key is never taken for a tenant name.
+func (ci ClientInfo) IsTenant(tenant string) bool {
+	if !nkeys.IsValidPublicAccountKey(ci.Account) {
+		return ci.Account == tenant
+	}
+	return slices.Contains(ci.Tags, natsjwt.TenantTag(tenant))
+}
+
+// checkAccount is defense in depth: the import only lets tenant's account
+// reach its own subjects, and the subject's tenant must be that account.
 func checkAccount(tenant string, info ClientInfo) error {
-	if !nkeys.IsValidPublicAccountKey(info.Account) {
-		if info.Account != tenant {
-			return refuse(403, ErrCodeForbidden, "account %q may not submit runs of tenant %q", clip(info.Account), tenant)
-		}
+	if info.IsTenant(tenant) {
 		return nil
 	}
-	want := natsjwt.TenantTag(tenant)
-	for _, tag := range info.Tags {
-		if tag == want {
-			return nil
-		}
+	if !nkeys.IsValidPublicAccountKey(info.Account) {
+		return refuse(403, ErrCodeForbidden, "account %q may not submit runs of tenant %q", clip(info.Account), tenant)
 	}
 	return refuse(403, ErrCodeForbidden, "account %s may not submit runs of tenant %q: its user's JWT has no tag %q (a user issued before natsagent tagged tenant users needs new creds: natsagent jwt user-rotate --account %s --user <user>, then push)",
-		clip(info.Account), tenant, want, tenant)
+		clip(info.Account), tenant, natsjwt.TenantTag(tenant), tenant)
 }
 
 // enqueue submits as the natsagent command does: a run id that already
