@@ -2,12 +2,8 @@ package deploy
 
 import (
 	"bytes"
-	"context"
-	"encoding/json"
-	"errors"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,8 +13,6 @@ import (
 	"github.com/natsagent/natsagent/internal/app"
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/config"
-	"github.com/natsagent/natsagent/internal/model"
-	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/tenancy"
 )
 
@@ -104,106 +98,5 @@ func TestTenantsConfIsRendered(t *testing.T) {
 // with the shipped tenants.conf (static accounts).
 func TestTenantIsolation(t *testing.T) {
 	url := startTenantsServer(t)
-	runAttackerSuite(t, attackDeployment{URL: url, Connect: passwordConnect(url)})
+	runAttackerSuite(t, attackDeployment{URL: url, Connect: passwordConnect(url), Account: func(tenant string) string { return tenant }})
 }
-
-// natsUser is a connection of one of the deployment's users that records
-// the server's asynchronous errors (permission violations).
-type natsUser struct {
-	t    *testing.T
-	name string
-	nc   *nats.Conn
-	errs chan error
-}
-
-// denied waits for the server's permission violation of op ("publish" or
-// "subscription") on subject.
-func (u *natsUser) denied(op, subject string) {
-	u.t.Helper()
-	want := strings.ToLower(op + ` to "` + subject + `"`)
-	deadline := time.After(5 * time.Second)
-	for {
-		select {
-		case err := <-u.errs:
-			if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(strings.ToLower(err.Error()), want) {
-				return
-			}
-			u.t.Errorf("%s: unexpected error %v while waiting for the violation of %s %s", u.name, err, op, subject)
-		case <-deadline:
-			u.t.Fatalf("%s: %s %s was not refused by the server", u.name, op, subject)
-		}
-	}
-}
-
-// publishDenied publishes data to subject (as a request, with a reply
-// inbox) and expects the refusal.
-func (u *natsUser) publishDenied(subject string, data []byte) {
-	u.t.Helper()
-	if err := u.nc.PublishRequest(subject, u.nc.NewRespInbox(), data); err != nil {
-		u.t.Fatal(err)
-	}
-	u.denied("publish", subject)
-}
-
-// subscribeDenied subscribes to subject, expects the refusal, and returns
-// the subscription, which must receive nothing.
-func (u *natsUser) subscribeDenied(subject string) *nats.Subscription {
-	u.t.Helper()
-	sub, err := u.nc.SubscribeSync(subject)
-	if err != nil {
-		u.t.Fatal(err)
-	}
-	u.denied("subscription", subject)
-	return sub
-}
-
-// clean fails the test if the server refused anything not yet checked.
-func (u *natsUser) clean() {
-	u.t.Helper()
-	if err := u.nc.Flush(); err != nil {
-		u.t.Fatal(err)
-	}
-	time.Sleep(50 * time.Millisecond)
-	for {
-		select {
-		case err := <-u.errs:
-			u.t.Errorf("%s: the server refused: %v", u.name, err)
-		default:
-			return
-		}
-	}
-}
-
-// finishedOn reads live events from sub until run's run.finished.
-func finishedOn(t *testing.T, sub *nats.Subscription, tenant, run string) protocol.FinishedData {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		m, err := sub.NextMsg(time.Until(deadline))
-		if err != nil {
-			break
-		}
-		var ev protocol.Event
-		if err := json.Unmarshal(m.Data, &ev); err != nil {
-			t.Fatalf("event %s: %v", m.Data, err)
-		}
-		if ev.Tenant != tenant {
-			t.Fatalf("a subscriber of tenant %s received an event of tenant %s on %s", tenant, ev.Tenant, m.Subject)
-		}
-		if ev.RunID == run && ev.Type == protocol.EventRunFinished {
-			var d protocol.FinishedData
-			if err := json.Unmarshal(ev.Data, &d); err != nil {
-				t.Fatal(err)
-			}
-			return d
-		}
-	}
-	t.Fatalf("no run.finished of %s.%s", tenant, run)
-	return protocol.FinishedData{}
-}
-
-func userInput(text string) *protocol.Input {
-	return &protocol.Input{Messages: []model.Message{{Role: "user", Content: text}}}
-}
-
-var _ = context.Background
