@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
@@ -28,6 +29,7 @@ import (
 type jwtDeployment struct {
 	t     *testing.T
 	url   string
+	srv   *server.Server
 	store *natsjwt.Store
 }
 
@@ -48,7 +50,7 @@ func newJWTDeployment(t *testing.T) *jwtDeployment {
 		t.Fatal(err)
 	}
 	srv := natsjwttest.StartServer(t, store, true)
-	d := &jwtDeployment{t: t, url: srv.ClientURL(), store: store}
+	d := &jwtDeployment{t: t, url: srv.ClientURL(), srv: srv, store: store}
 	for _, tenant := range jwtTenants {
 		if err := store.AddTenant(tenant); err != nil {
 			t.Fatal(err)

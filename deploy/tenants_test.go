@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
@@ -9,11 +10,14 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsagent/natsagent/internal/app"
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/config"
+	"github.com/natsagent/natsagent/internal/natsjwt"
 	"github.com/natsagent/natsagent/internal/tenancy"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 // tenantsConf is the tenant isolation config under test.
@@ -29,8 +33,8 @@ var tenantsPasswords = map[string]string{
 
 // startTenantsServer runs a real nats-server whose configuration includes
 // tenants.conf as an operator would (`include tenants.conf`), on a random
-// loopback port with JetStream in a temp dir.
-func startTenantsServer(t *testing.T) string {
+// loopback port with JetStream in a temp dir and monitoring on another.
+func startTenantsServer(t *testing.T) *server.Server {
 	t.Helper()
 	for user, env := range tenantsPasswords {
 		t.Setenv(env, user+"-test-password")
@@ -49,6 +53,7 @@ func startTenantsServer(t *testing.T) string {
 	}
 	opts.Host, opts.Port = "127.0.0.1", -1
 	opts.StoreDir = filepath.Join(dir, "js")
+	opts.HTTPHost, opts.HTTPPort = "127.0.0.1", -1
 	opts.NoLog, opts.NoSigs = true, true
 	s, err := server.NewServer(opts)
 	if err != nil {
@@ -59,7 +64,7 @@ func startTenantsServer(t *testing.T) string {
 		t.Fatal("nats-server with tenants.conf not ready")
 	}
 	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return s.ClientURL()
+	return s
 }
 
 // passwordConnect connects as one of tenants.conf's users with
@@ -97,6 +102,60 @@ func TestTenantsConfIsRendered(t *testing.T) {
 // TestTenantIsolation runs the attacker suite against a real nats-server
 // with the shipped tenants.conf (static accounts).
 func TestTenantIsolation(t *testing.T) {
-	url := startTenantsServer(t)
+	url := startTenantsServer(t).ClientURL()
 	runAttackerSuite(t, attackDeployment{URL: url, Connect: passwordConnect(url), Account: func(tenant string) string { return tenant }})
+}
+
+// The ScaledObject's account is $G, right for the shipped Helm values,
+// which configure no accounts. With tenant accounts the streams are the
+// service account's: KEDA's query finds the workers' consumer and its lag
+// under AGENT (tenants.conf) or AGENT's public key (JWT mode), and nothing
+// under $G (docs/operations.md, Deploy).
+func TestScalerAccountWithTenantAccounts(t *testing.T) {
+	trig := loadScaledObject(t).Spec.Triggers[0].Metadata
+	static := startTenantsServer(t)
+	jd := newJWTDeployment(t)
+	agent, err := jd.store.Account(natsjwt.ServiceAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, account string
+		srv           *server.Server
+		d             attackDeployment
+	}{
+		{"tenants.conf", natsjwt.ServiceAccount, static, attackDeployment{Connect: passwordConnect(static.ClientURL())}},
+		{"JWT mode", agent.Subject, jd.srv, jd.attack()},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			settings := bus.Settings{}.WithDefaults()
+			js, err := jetstream.New(c.d.Connect(t, "worker"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := bus.Provision(ctx, js, settings); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := js.Publish(ctx, settings.Names.RunSubject("acme", "lag"), []byte(`{}`)); err != nil {
+				t.Fatal(err)
+			}
+			addr := c.srv.MonitorAddr().String()
+			testdeploy.WaitFor(t, 10*time.Second, "/jsz to report a lag of 1 under "+c.account, func() bool {
+				jsz, err := fetchJsz(addr, c.account)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cons := jsz.consumer(c.account, trig["stream"], trig["consumer"])
+				return cons != nil && cons.NumPending+cons.NumAckPending == 1
+			})
+			jsz, err := fetchJsz(addr, trig["account"])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cons := jsz.consumer(trig["account"], trig["stream"], trig["consumer"]); cons != nil {
+				t.Fatalf("/jsz reports the consumer under %s too: %+v", trig["account"], cons)
+			}
+		})
+	}
 }

@@ -125,6 +125,10 @@ func TestAccountLayout(t *testing.T) {
 	if !agent.Limits.IsJSEnabled() {
 		t.Error("AGENT has no JetStream")
 	}
+	// Named by its key, the name /jsz reports and KEDA's scaler matches.
+	if agent.Name != agent.Subject {
+		t.Errorf("AGENT's JWT is named %q, want its key %s", agent.Name, agent.Subject)
+	}
 	if len(agent.Exports) != 6 {
 		t.Fatalf("AGENT exports %d subjects, want 6", len(agent.Exports))
 	}

@@ -110,10 +110,10 @@ func (s *Store) AddTenant(tenant string) error {
 		imp.Share = sh.kind == jwt.Service
 		acc.Imports.Add(imp)
 	}
-	if err := s.saveAccount(agent); err != nil {
+	if err := s.saveAccount(ServiceAccount, agent); err != nil {
 		return err
 	}
-	return s.saveAccount(acc)
+	return s.saveAccount(tenant, acc)
 }
 
 func removeExport(ac *jwt.AccountClaims, subject string) {
@@ -149,7 +149,7 @@ func (s *Store) RemoveTenant(tenant string) (string, error) {
 	for _, sh := range s.shares(tenant) {
 		removeExport(agent, sh.remote)
 	}
-	if err := s.saveAccount(agent); err != nil {
+	if err := s.saveAccount(ServiceAccount, agent); err != nil {
 		return "", err
 	}
 	acc.RevokeAt(jwt.All, time.Now())

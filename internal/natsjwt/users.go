@@ -145,7 +145,7 @@ func (s *Store) revoke(account, pub string) error {
 		return err
 	}
 	acc.RevokeAt(pub, time.Now())
-	return s.saveAccount(acc)
+	return s.saveAccount(account, acc)
 }
 
 // RotateUser gives user a new key and creds (written over the old file,
