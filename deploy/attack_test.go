@@ -23,6 +23,7 @@ import (
 	"github.com/natsagent/natsagent/internal/gateway"
 	"github.com/natsagent/natsagent/internal/intake"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natsjwt"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/tools"
 	"github.com/natsagent/natsagent/internal/worker"
@@ -32,22 +33,28 @@ import (
 // (internal/tenancy) for prefix "agent": the service account's users
 // "gateway" and "worker", and tenants "acme" and "globex" with one user
 // each, of the same names. The static configuration (TestTenantIsolation)
-// and the JWT mode run the same suite against their servers.
+// and the JWT mode (TestTenantIsolationJWT) run the same suite against
+// their servers.
 type attackDeployment struct {
 	URL string
 	// Connect connects as user with opts added to its own.
 	Connect func(t *testing.T, user string, opts ...nats.Option) *nats.Conn
+	// Account is tenant's account as the server names it in
+	// Nats-Request-Info: the tenant (static) or its public key (JWT).
+	Account func(tenant string) string
 }
 
-func (d attackDeployment) user(t *testing.T, name string) *natsUser {
+// user connects as name, recording the server's asynchronous errors and
+// the connection's close.
+func (d attackDeployment) user(t *testing.T, name string, opts ...nats.Option) *natsUser {
 	t.Helper()
-	u := &natsUser{t: t, name: name, errs: make(chan error, 1000)}
-	u.nc = d.Connect(t, name, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+	u := &natsUser{t: t, name: name, errs: make(chan error, 1000), closed: make(chan struct{})}
+	u.nc = d.Connect(t, name, append([]nats.Option{nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		select {
 		case u.errs <- err:
 		default:
 		}
-	}))
+	}), nats.ClosedHandler(func(*nats.Conn) { close(u.closed) })}, opts...)...)
 	return u
 }
 
@@ -55,46 +62,68 @@ func (d attackDeployment) user(t *testing.T, name string) *natsUser {
 // it stamped and the user id the body asked for.
 type submitted struct{ user, principal, bodyUserID string }
 
-// runAttackerSuite starts two workers and a gateway with the service
-// users, and tenant acme tries everything an attacker review found or
-// could think of against tenant globex: replies that name globex's
-// buckets, streams and subjects, globex's subjects themselves, the
-// JetStream API, forged Nats-Request-Info headers and body principals,
-// and run id collisions. Every trick must fail, and globex's records and
-// messages must be byte-for-byte what they were. Acme's own runs work over
-// plain NATS and the JetStream client, through its imports.
-func runAttackerSuite(t *testing.T, d attackDeployment) {
+// requestInfo is a Nats-Request-Info the submit service accepted, with
+// the tenant of the subject it came on.
+type requestInfo struct {
+	tenant string
+	info   intake.ClientInfo
+}
+
+// services are natsagent's processes on an attackDeployment, as its
+// service users: the streams provisioned as "worker", two workers (each
+// with the submit service) and a gateway with its HTTP API, stopped when
+// the test ends. Their agent's scripted model answers "hold" after 3s,
+// "write" with a write_file call (which needs approval), anything else
+// with "hello".
+type services struct {
+	t        *testing.T
+	settings bus.Settings
+	js       jetstream.JetStream // the first worker's connection
+	api      *httptest.Server
+	conns    []*natsUser // the workers' and the gateway's
+	// seen is what the submit service stamped, by "<tenant>.<run>".
+	seen sync.Map
+	mu   sync.Mutex
+	// infos are the Nats-Request-Info headers the submit service accepted.
+	infos []requestInfo
+	// writes counts write_file's executions.
+	writes int
+}
+
+func startServices(t *testing.T, d attackDeployment) *services {
+	t.Helper()
 	ctx := context.Background()
-	settings := bus.Settings{}.WithDefaults()
+	s := &services{t: t, settings: bus.Settings{}.WithDefaults()}
 	svc := d.user(t, "worker")
-	sjs, err := jetstream.New(svc.nc)
-	if err != nil {
+	var err error
+	if s.js, err = jetstream.New(svc.nc); err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.Provision(ctx, sjs, settings); err != nil {
+	if err := bus.Provision(ctx, s.js, s.settings); err != nil {
 		t.Fatalf("provision as the worker user: %v", err)
 	}
-
-	// What the submit service stamped, by "<tenant>.<run>".
-	var seen sync.Map
-	hooks := intake.Hooks{Authorize: func(ctx context.Context, tenant string, p *protocol.Principal, req *protocol.RunRequest) error {
-		s := submitted{user: p.User, bodyUserID: req.Config.UserID}
-		if req.Principal != nil {
-			s.principal = req.Principal.User
-		}
-		seen.Store(tenant+"."+req.RunID, s)
-		return intake.DefaultAuthorize(ctx, tenant, p, req)
-	}}
-	var writes struct {
-		sync.Mutex
-		n int
+	hooks := intake.Hooks{
+		Authorize: func(ctx context.Context, tenant string, p *protocol.Principal, req *protocol.RunRequest) error {
+			sub := submitted{user: p.User, bodyUserID: req.Config.UserID}
+			if req.Principal != nil {
+				sub.principal = req.Principal.User
+			}
+			s.seen.Store(tenant+"."+req.RunID, sub)
+			return intake.DefaultAuthorize(ctx, tenant, p, req)
+		},
+		Roles: func(tenant string, info intake.ClientInfo) []string {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.infos = append(s.infos, requestInfo{tenant, info})
+			return nil
+		},
 	}
 	registry := tools.NewRegistry()
 	registry.Register(tools.Func(model.ToolSpec{Name: "write_file", Parameters: json.RawMessage(`{"type":"object"}`)},
 		func(context.Context, json.RawMessage) (string, error) {
-			writes.Lock()
-			defer writes.Unlock()
-			writes.n++
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.writes++
 			return "written", nil
 		}))
 	m := model.NewScripted(func(_ int, req *model.Request) model.Reply {
@@ -115,9 +144,8 @@ func runAttackerSuite(t *testing.T, d attackDeployment) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	workers := []*natsUser{svc, d.user(t, "worker")}
-	for _, wc := range workers {
-		w, err := worker.New(ctx, wc.nc, worker.Config{Settings: settings, Concurrency: 4, Agents: agents, Submit: hooks,
+	for _, wc := range []*natsUser{svc, d.user(t, "worker")} {
+		w, err := worker.New(ctx, wc.nc, worker.Config{Settings: s.settings, Concurrency: 4, Agents: agents, Submit: hooks,
 			Logger: zaptest.NewLogger(t), WaitPoll: 200 * time.Millisecond, ShutdownGrace: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
@@ -133,42 +161,91 @@ func runAttackerSuite(t *testing.T, d attackDeployment) {
 				t.Error("worker did not stop")
 			}
 		})
+		s.conns = append(s.conns, wc)
 	}
 	gwConn := d.user(t, "gateway")
-	gw, err := gateway.New(ctx, gwConn.nc, gateway.Config{Settings: settings, Logger: zaptest.NewLogger(t)})
+	gw, err := gateway.New(ctx, gwConn.nc, gateway.Config{Settings: s.settings, Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatalf("gateway as the gateway user: %v", err)
 	}
-	api := httptest.NewServer(gw.Handler())
-	t.Cleanup(api.Close)
-	asGlobex := func(method, path, body string, want int) protocol.Run {
+	s.conns = append(s.conns, gwConn)
+	s.api = httptest.NewServer(gw.Handler())
+	t.Cleanup(s.api.Close)
+	return s
+}
+
+// submission is what the submit service stamped on tenant's run.
+func (s *services) submission(tenant, run string) submitted {
+	v, _ := s.seen.Load(tenant + "." + run)
+	sub, _ := v.(submitted)
+	return sub
+}
+
+// accepted is a copy of the Nats-Request-Info headers accepted so far.
+func (s *services) accepted() []requestInfo {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.infos)
+}
+
+func (s *services) writeCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.writes
+}
+
+// post sends an HTTP request to the gateway as tenant and returns the run
+// it answers, failing the test unless the status is want.
+func (s *services) post(tenant, path, body string, want int) protocol.Run {
+	s.t.Helper()
+	req, _ := http.NewRequest("POST", s.api.URL+path, strings.NewReader(body))
+	req.Header.Set("X-Tenant", tenant)
+	resp, err := s.api.Client().Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	_, _ = buf.ReadFrom(resp.Body)
+	if resp.StatusCode != want {
+		s.t.Fatalf("%s POST %s: %d %s, want %d", tenant, path, resp.StatusCode, buf.String(), want)
+	}
+	var rec protocol.Run
+	_ = json.Unmarshal(buf.Bytes(), &rec)
+	return rec
+}
+
+// runReq is a run request's JSON.
+func runReq(run, thread, tenant, text string) []byte {
+	data, _ := json.Marshal(protocol.RunRequest{RunID: run, ThreadID: thread, Tenant: tenant, Input: userInput(text)})
+	return data
+}
+
+// runAttackerSuite starts two workers and a gateway with the service
+// users, and tenant acme tries everything an attacker review found or
+// could think of against tenant globex: replies that name globex's
+// buckets, streams and subjects, globex's subjects themselves, the
+// JetStream API, forged Nats-Request-Info headers and body principals,
+// and run id collisions. Every trick must fail, and globex's records and
+// messages must be byte-for-byte what they were. Acme's own runs work over
+// plain NATS and the JetStream client, through its imports, and every
+// submission the service accepted came with the server's account and user
+// of its subject's tenant.
+func runAttackerSuite(t *testing.T, d attackDeployment) {
+	ctx := context.Background()
+	svc := startServices(t, d)
+	settings, sjs := svc.settings, svc.js
+	asGlobex := func(path, body string) protocol.Run {
 		t.Helper()
-		req, _ := http.NewRequest(method, api.URL+path, strings.NewReader(body))
-		req.Header.Set("X-Tenant", "globex")
-		resp, err := api.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var buf bytes.Buffer
-		_, _ = buf.ReadFrom(resp.Body)
-		if resp.StatusCode != want {
-			t.Fatalf("globex %s %s: %d %s, want %d", method, path, resp.StatusCode, buf.String(), want)
-		}
-		var rec protocol.Run
-		_ = json.Unmarshal(buf.Bytes(), &rec)
-		return rec
+		return svc.post("globex", path, body, 200)
 	}
-	runReq := func(run, thread, tenant, text string) []byte {
-		data, _ := json.Marshal(protocol.RunRequest{RunID: run, ThreadID: thread, Tenant: tenant, Input: userInput(text)})
-		return data
-	}
+	own := submitted{user: "acme", principal: "acme"}
 
 	// Globex (through the gateway): a run waiting for approval, one done.
-	if rec := asGlobex("POST", "/threads/gw/runs/wait", `{"run_id":"g-write","input":{"messages":[{"role":"user","content":"write"}]}}`, 200); rec.Status != protocol.StatusInterrupted {
+	if rec := asGlobex("/threads/gw/runs/wait", `{"run_id":"g-write","input":{"messages":[{"role":"user","content":"write"}]}}`); rec.Status != protocol.StatusInterrupted {
 		t.Fatalf("globex's write run ended %s, want interrupted", rec.Status)
 	}
-	if rec := asGlobex("POST", "/threads/gd/runs/wait", `{"run_id":"g-done","input":{"messages":[{"role":"user","content":"hi"}]}}`, 200); rec.Status != protocol.StatusSuccess {
+	if rec := asGlobex("/threads/gd/runs/wait", `{"run_id":"g-done","input":{"messages":[{"role":"user","content":"hi"}]}}`); rec.Status != protocol.StatusSuccess {
 		t.Fatalf("globex's run ended %s", rec.Status)
 	}
 
@@ -191,7 +268,7 @@ func runAttackerSuite(t *testing.T, d attackDeployment) {
 	if fin := finishedOn(t, acmeEvents, "acme", "a-hi"); fin.Status != protocol.StatusSuccess {
 		t.Fatalf("acme's own run ended %s: %s", fin.Status, fin.Error)
 	}
-	if s, _ := seen.Load("acme.a-hi"); s != (submitted{user: "acme", principal: "acme"}) {
+	if s := svc.submission("acme", "a-hi"); s != own {
 		t.Fatalf("acme's run was stamped %+v", s)
 	}
 	if _, err := ajs.Publish(ctx, "agent.runs.acme.ah2", runReq("a-hold", "ah2", "acme", "hold")); err != nil {
@@ -307,19 +384,25 @@ func runAttackerSuite(t *testing.T, d attackDeployment) {
 	}
 	_ = acmeInbox.Unsubscribe()
 
-	// 3. A forged Nats-Request-Info: the server replaces it, and the run is
-	// acme's, stamped with acme's user.
-	forged := nats.NewMsg("agent.runs.acme.af")
-	forged.Header.Set(intake.HeaderRequestInfo, `{"acc":"globex","user":"globex","name_tag":"globex-admin"}`)
-	forged.Data = runReq("a-forged-info", "af", "acme", "hi")
-	reply, err = acme.nc.RequestMsg(forged, 15*time.Second)
-	if err != nil || !strings.Contains(string(reply.Data), `"stream":"AGENT_RUNS"`) {
-		t.Fatalf("acme's request with a forged Nats-Request-Info: %v %s", err, reply.Data)
+	// 3. A forged Nats-Request-Info, naming globex, or another user of
+	// acme's account (which the submit service would take): the server
+	// replaces it, and the run is acme's, stamped with acme's user.
+	for run, info := range map[string]string{
+		"a-forged-info":  `{"acc":"` + d.Account("globex") + `","user":"globex","name_tag":"globex-admin","tags":["` + natsjwt.TenantTag("globex") + `"]}`,
+		"a-forged-admin": `{"acc":"` + d.Account("acme") + `","user":"acme-admin","name_tag":"acme-admin","tags":["` + natsjwt.TenantTag("acme") + `"]}`,
+	} {
+		forged := nats.NewMsg("agent.runs.acme.af")
+		forged.Header.Set(intake.HeaderRequestInfo, info)
+		forged.Data = runReq(run, "af", "acme", "hi")
+		reply, err = acme.nc.RequestMsg(forged, 15*time.Second)
+		if err != nil || !strings.Contains(string(reply.Data), `"stream":"AGENT_RUNS"`) {
+			t.Fatalf("acme's request with a forged Nats-Request-Info: %v %s", err, reply.Data)
+		}
+		if s := svc.submission("acme", run); s != own {
+			t.Fatalf("a forged Nats-Request-Info %s was stamped %+v, want acme's user", info, s)
+		}
+		tricks = append(tricks, run)
 	}
-	if s, _ := seen.Load("acme.a-forged-info"); s != (submitted{user: "acme", principal: "acme"}) {
-		t.Fatalf("a forged Nats-Request-Info was stamped %+v, want acme's user", s)
-	}
-	tricks = append(tricks, "a-forged-info")
 
 	// 4. Forged principal, tenant and user id in the body.
 	var body map[string]any
@@ -329,7 +412,7 @@ func runAttackerSuite(t *testing.T, d attackDeployment) {
 	if _, err := ajs.Publish(ctx, "agent.runs.acme.af", data); err != nil {
 		t.Fatalf("acme's run with a forged body principal: %v", err)
 	}
-	if s, _ := seen.Load("acme.a-forged-principal"); s != (submitted{user: "acme", principal: "acme"}) {
+	if s := svc.submission("acme", "a-forged-principal"); s != own {
 		t.Fatalf("a forged body principal was stamped %+v", s)
 	}
 	tricks = append(tricks, "a-forged-principal")
@@ -364,7 +447,7 @@ func runAttackerSuite(t *testing.T, d attackDeployment) {
 	if fin := finishedOn(t, acmeEvents, "acme", "r1"); fin.Status != protocol.StatusSuccess {
 		t.Fatalf("acme's r1 ended %s", fin.Status)
 	}
-	if rec := asGlobex("POST", "/threads/gc/runs/wait", `{"run_id":"r1","input":{"messages":[{"role":"user","content":"hi"}]}}`, 200); rec.Status != protocol.StatusSuccess {
+	if rec := asGlobex("/threads/gc/runs/wait", `{"run_id":"r1","input":{"messages":[{"role":"user","content":"hi"}]}}`); rec.Status != protocol.StatusSuccess {
 		t.Fatalf("globex's r1 after acme's r1 ended %q, want success", rec.Status)
 	}
 	// Its lifecycle events are stored too, not dropped as duplicates of
@@ -384,11 +467,9 @@ func runAttackerSuite(t *testing.T, d attackDeployment) {
 	}
 
 	// Globex approves its run with its own NATS user; the tool runs once.
-	writes.Lock()
-	if writes.n != 0 {
-		t.Fatalf("write_file ran %d times before globex approved", writes.n)
+	if n := svc.writeCount(); n != 0 {
+		t.Fatalf("write_file ran %d times before globex approved", n)
 	}
-	writes.Unlock()
 	globexEvents, err := globex.nc.SubscribeSync("agent.events.globex.>")
 	if err != nil {
 		t.Fatal(err)
@@ -400,14 +481,29 @@ func runAttackerSuite(t *testing.T, d attackDeployment) {
 	if fin := finishedOn(t, globexEvents, "globex", "g-approve"); fin.Status != protocol.StatusSuccess {
 		t.Fatalf("globex's approval ended %s: %s", fin.Status, fin.Error)
 	}
-	writes.Lock()
-	if writes.n != 1 {
-		t.Fatalf("write_file ran %d times after globex approved, want 1", writes.n)
+	if n := svc.writeCount(); n != 1 {
+		t.Fatalf("write_file ran %d times after globex approved, want 1", n)
 	}
-	writes.Unlock()
+
+	// Every submission the service accepted carried the server's account
+	// and user of its subject's tenant.
+	tenants := map[string]bool{}
+	for _, r := range svc.accepted() {
+		user := r.info.NameTag
+		if user == "" {
+			user = r.info.User
+		}
+		if r.info.Account != d.Account(r.tenant) || user != r.tenant {
+			t.Errorf("a submission of tenant %s came from account %s, user %s: want %s's", r.tenant, r.info.Account, user, r.tenant)
+		}
+		tenants[r.tenant] = true
+	}
+	if !tenants["acme"] || !tenants["globex"] {
+		t.Errorf("the submit service accepted submissions of %v, want acme's and globex's", tenants)
+	}
 
 	// The service users had every permission they used.
-	for _, u := range append(workers, gwConn, globex, acme) {
+	for _, u := range append(svc.conns, globex, acme) {
 		u.clean()
 	}
 }
@@ -509,4 +605,133 @@ func snapshotDiff(a, b []string) string {
 		}
 	}
 	return strings.Join(d, "\n")
+}
+
+// natsUser is a connection of one of the deployment's users that records
+// the server's asynchronous errors (permission violations).
+type natsUser struct {
+	t      *testing.T
+	name   string
+	nc     *nats.Conn
+	errs   chan error
+	closed chan struct{}
+}
+
+// denied waits for the server's permission violation of op ("publish" or
+// "subscription") on subject.
+func (u *natsUser) denied(op, subject string) {
+	u.t.Helper()
+	want := strings.ToLower(op + ` to "` + subject + `"`)
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case err := <-u.errs:
+			if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(strings.ToLower(err.Error()), want) {
+				return
+			}
+			u.t.Errorf("%s: unexpected error %v while waiting for the violation of %s %s", u.name, err, op, subject)
+		case <-deadline:
+			u.t.Fatalf("%s: %s %s was not refused by the server", u.name, op, subject)
+		}
+	}
+}
+
+// publishDenied publishes data to subject (as a request, with a reply
+// inbox) and expects the refusal.
+func (u *natsUser) publishDenied(subject string, data []byte) {
+	u.t.Helper()
+	if err := u.nc.PublishRequest(subject, u.nc.NewRespInbox(), data); err != nil {
+		u.t.Fatal(err)
+	}
+	u.denied("publish", subject)
+}
+
+// subscribeDenied subscribes to subject, expects the refusal, and returns
+// the subscription, which must receive nothing.
+func (u *natsUser) subscribeDenied(subject string) *nats.Subscription {
+	u.t.Helper()
+	sub, err := u.nc.SubscribeSync(subject)
+	if err != nil {
+		u.t.Fatal(err)
+	}
+	u.denied("subscription", subject)
+	return sub
+}
+
+// submit requests a run of tenant u.name on thread, as a plain NATS
+// client of the tenant does (through its import), and checks the stream's
+// acknowledgement.
+func (u *natsUser) submit(thread, run, text string) {
+	u.t.Helper()
+	m := nats.NewMsg("agent.runs." + u.name + "." + thread)
+	m.Data = runReq(run, thread, u.name, text)
+	m.Header.Set(nats.MsgIdHdr, run)
+	reply, err := u.nc.RequestMsg(m, 15*time.Second)
+	if err != nil {
+		u.t.Fatalf("%s: submit %s: %v", u.name, run, err)
+	}
+	var ack jetstream.PubAck
+	if err := json.Unmarshal(reply.Data, &ack); err != nil || ack.Stream != "AGENT_RUNS" || ack.Sequence == 0 {
+		u.t.Fatalf("%s: submit %s: answer %s, want the runs stream's ack", u.name, run, reply.Data)
+	}
+}
+
+// isClosed reports whether the server closed the connection (or the
+// test did).
+func (u *natsUser) isClosed() bool {
+	select {
+	case <-u.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// clean fails the test if the server refused anything not yet checked.
+func (u *natsUser) clean() {
+	u.t.Helper()
+	if err := u.nc.Flush(); err != nil {
+		u.t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	for {
+		select {
+		case err := <-u.errs:
+			u.t.Errorf("%s: the server refused: %v", u.name, err)
+		default:
+			return
+		}
+	}
+}
+
+// finishedOn reads live events from sub until run's run.finished.
+func finishedOn(t *testing.T, sub *nats.Subscription, tenant, run string) protocol.FinishedData {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		m, err := sub.NextMsg(time.Until(deadline))
+		if err != nil {
+			break
+		}
+		var ev protocol.Event
+		if err := json.Unmarshal(m.Data, &ev); err != nil {
+			t.Fatalf("event %s: %v", m.Data, err)
+		}
+		if ev.Tenant != tenant {
+			t.Fatalf("a subscriber of tenant %s received an event of tenant %s on %s", tenant, ev.Tenant, m.Subject)
+		}
+		if ev.RunID == run && ev.Type == protocol.EventRunFinished {
+			var d protocol.FinishedData
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				t.Fatal(err)
+			}
+			return d
+		}
+	}
+	t.Fatalf("no run.finished of %s.%s", tenant, run)
+	return protocol.FinishedData{}
+}
+
+func userInput(text string) *protocol.Input {
+	return &protocol.Input{Messages: []model.Message{{Role: "user", Content: text}}}
 }

@@ -3,23 +3,21 @@ package deploy
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsagent/natsagent/internal/app"
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/config"
-	"github.com/natsagent/natsagent/internal/model"
-	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/natsjwt"
 	"github.com/natsagent/natsagent/internal/tenancy"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 // tenantsConf is the tenant isolation config under test.
@@ -35,8 +33,8 @@ var tenantsPasswords = map[string]string{
 
 // startTenantsServer runs a real nats-server whose configuration includes
 // tenants.conf as an operator would (`include tenants.conf`), on a random
-// loopback port with JetStream in a temp dir.
-func startTenantsServer(t *testing.T) string {
+// loopback port with JetStream in a temp dir and monitoring on another.
+func startTenantsServer(t *testing.T) *server.Server {
 	t.Helper()
 	for user, env := range tenantsPasswords {
 		t.Setenv(env, user+"-test-password")
@@ -55,6 +53,7 @@ func startTenantsServer(t *testing.T) string {
 	}
 	opts.Host, opts.Port = "127.0.0.1", -1
 	opts.StoreDir = filepath.Join(dir, "js")
+	opts.HTTPHost, opts.HTTPPort = "127.0.0.1", -1
 	opts.NoLog, opts.NoSigs = true, true
 	s, err := server.NewServer(opts)
 	if err != nil {
@@ -65,7 +64,7 @@ func startTenantsServer(t *testing.T) string {
 		t.Fatal("nats-server with tenants.conf not ready")
 	}
 	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return s.ClientURL()
+	return s
 }
 
 // passwordConnect connects as one of tenants.conf's users with
@@ -103,107 +102,60 @@ func TestTenantsConfIsRendered(t *testing.T) {
 // TestTenantIsolation runs the attacker suite against a real nats-server
 // with the shipped tenants.conf (static accounts).
 func TestTenantIsolation(t *testing.T) {
-	url := startTenantsServer(t)
-	runAttackerSuite(t, attackDeployment{URL: url, Connect: passwordConnect(url)})
+	url := startTenantsServer(t).ClientURL()
+	runAttackerSuite(t, attackDeployment{URL: url, Connect: passwordConnect(url), Account: func(tenant string) string { return tenant }})
 }
 
-// natsUser is a connection of one of the deployment's users that records
-// the server's asynchronous errors (permission violations).
-type natsUser struct {
-	t    *testing.T
-	name string
-	nc   *nats.Conn
-	errs chan error
-}
-
-// denied waits for the server's permission violation of op ("publish" or
-// "subscription") on subject.
-func (u *natsUser) denied(op, subject string) {
-	u.t.Helper()
-	want := strings.ToLower(op + ` to "` + subject + `"`)
-	deadline := time.After(5 * time.Second)
-	for {
-		select {
-		case err := <-u.errs:
-			if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(strings.ToLower(err.Error()), want) {
-				return
-			}
-			u.t.Errorf("%s: unexpected error %v while waiting for the violation of %s %s", u.name, err, op, subject)
-		case <-deadline:
-			u.t.Fatalf("%s: %s %s was not refused by the server", u.name, op, subject)
-		}
-	}
-}
-
-// publishDenied publishes data to subject (as a request, with a reply
-// inbox) and expects the refusal.
-func (u *natsUser) publishDenied(subject string, data []byte) {
-	u.t.Helper()
-	if err := u.nc.PublishRequest(subject, u.nc.NewRespInbox(), data); err != nil {
-		u.t.Fatal(err)
-	}
-	u.denied("publish", subject)
-}
-
-// subscribeDenied subscribes to subject, expects the refusal, and returns
-// the subscription, which must receive nothing.
-func (u *natsUser) subscribeDenied(subject string) *nats.Subscription {
-	u.t.Helper()
-	sub, err := u.nc.SubscribeSync(subject)
+// The ScaledObject's account is $G, right for the shipped Helm values,
+// which configure no accounts. With tenant accounts the streams are the
+// service account's: KEDA's query finds the workers' consumer and its lag
+// under AGENT (tenants.conf) or AGENT's public key (JWT mode), and nothing
+// under $G (docs/operations.md, Deploy).
+func TestScalerAccountWithTenantAccounts(t *testing.T) {
+	trig := loadScaledObject(t).Spec.Triggers[0].Metadata
+	static := startTenantsServer(t)
+	jd := newJWTDeployment(t)
+	agent, err := jd.store.Account(natsjwt.ServiceAccount)
 	if err != nil {
-		u.t.Fatal(err)
+		t.Fatal(err)
 	}
-	u.denied("subscription", subject)
-	return sub
-}
-
-// clean fails the test if the server refused anything not yet checked.
-func (u *natsUser) clean() {
-	u.t.Helper()
-	if err := u.nc.Flush(); err != nil {
-		u.t.Fatal(err)
-	}
-	time.Sleep(50 * time.Millisecond)
-	for {
-		select {
-		case err := <-u.errs:
-			u.t.Errorf("%s: the server refused: %v", u.name, err)
-		default:
-			return
-		}
-	}
-}
-
-// finishedOn reads live events from sub until run's run.finished.
-func finishedOn(t *testing.T, sub *nats.Subscription, tenant, run string) protocol.FinishedData {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		m, err := sub.NextMsg(time.Until(deadline))
-		if err != nil {
-			break
-		}
-		var ev protocol.Event
-		if err := json.Unmarshal(m.Data, &ev); err != nil {
-			t.Fatalf("event %s: %v", m.Data, err)
-		}
-		if ev.Tenant != tenant {
-			t.Fatalf("a subscriber of tenant %s received an event of tenant %s on %s", tenant, ev.Tenant, m.Subject)
-		}
-		if ev.RunID == run && ev.Type == protocol.EventRunFinished {
-			var d protocol.FinishedData
-			if err := json.Unmarshal(ev.Data, &d); err != nil {
+	for _, c := range []struct {
+		name, account string
+		srv           *server.Server
+		d             attackDeployment
+	}{
+		{"tenants.conf", natsjwt.ServiceAccount, static, attackDeployment{Connect: passwordConnect(static.ClientURL())}},
+		{"JWT mode", agent.Subject, jd.srv, jd.attack()},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			settings := bus.Settings{}.WithDefaults()
+			js, err := jetstream.New(c.d.Connect(t, "worker"))
+			if err != nil {
 				t.Fatal(err)
 			}
-			return d
-		}
+			if err := bus.Provision(ctx, js, settings); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := js.Publish(ctx, settings.Names.RunSubject("acme", "lag"), []byte(`{}`)); err != nil {
+				t.Fatal(err)
+			}
+			addr := c.srv.MonitorAddr().String()
+			testdeploy.WaitFor(t, 10*time.Second, "/jsz to report a lag of 1 under "+c.account, func() bool {
+				jsz, err := fetchJsz(addr, c.account)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cons := jsz.consumer(c.account, trig["stream"], trig["consumer"])
+				return cons != nil && cons.NumPending+cons.NumAckPending == 1
+			})
+			jsz, err := fetchJsz(addr, trig["account"])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cons := jsz.consumer(trig["account"], trig["stream"], trig["consumer"]); cons != nil {
+				t.Fatalf("/jsz reports the consumer under %s too: %+v", trig["account"], cons)
+			}
+		})
 	}
-	t.Fatalf("no run.finished of %s.%s", tenant, run)
-	return protocol.FinishedData{}
 }
-
-func userInput(text string) *protocol.Input {
-	return &protocol.Input{Messages: []model.Message{{Role: "user", Content: text}}}
-}
-
-var _ = context.Background

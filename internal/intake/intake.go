@@ -25,6 +25,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,11 +33,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/limits"
+	"github.com/natsagent/natsagent/internal/natsjwt"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/submit"
 )
@@ -52,13 +55,15 @@ const HeaderRequestInfo = "Nats-Request-Info"
 
 // ClientInfo is the part of Nats-Request-Info the service reads.
 type ClientInfo struct {
-	// Account is the requester's account: the tenant.
+	// Account is the requester's account: the tenant's name (static
+	// accounts) or the account's public key (JWT mode).
 	Account string `json:"acc"`
 	// User is the user name (static config) or the user's public nkey (JWT).
 	User string `json:"user"`
 	// NameTag is the user JWT's name, when the server knows it.
 	NameTag string `json:"name_tag"`
-	// Tags are the user JWT's tags.
+	// Tags are the user JWT's tags; in JWT mode they hold the tenant's
+	// (natsjwt.TenantTag).
 	Tags []string `json:"tags"`
 }
 
@@ -308,10 +313,8 @@ func (s *Service) principal(tenant string, h nats.Header) (*protocol.Principal, 
 	if err := json.Unmarshal([]byte(raw), &info); err != nil {
 		return nil, refuse(400, ErrCodeInvalid, "the %s header is not valid JSON: %v", HeaderRequestInfo, err)
 	}
-	// Defense in depth: the import only lets tenant's account reach its
-	// own subjects, and the subject's tenant must be that account.
-	if info.Account != tenant {
-		return nil, refuse(403, ErrCodeForbidden, "account %q may not submit runs of tenant %q", clip(info.Account), tenant)
+	if err := checkAccount(tenant, info); err != nil {
+		return nil, err
 	}
 	user := info.Principal()
 	if user == "" {
@@ -322,6 +325,31 @@ func (s *Service) principal(tenant string, h nats.Header) (*protocol.Principal, 
 		p.Roles = s.cfg.Roles(tenant, info)
 	}
 	return p, nil
+}
+
+// IsTenant reports whether the requester is a user of tenant's account.
+// With static accounts the account's name is the tenant. In JWT mode
+// (natsjwt) the server names the account by its public key, and the
+// user's JWT, signed by that account, carries the tenant's tag
+// (natsjwt.TenantTag): an account key is never taken for a tenant name.
+func (ci ClientInfo) IsTenant(tenant string) bool {
+	if !nkeys.IsValidPublicAccountKey(ci.Account) {
+		return ci.Account == tenant
+	}
+	return slices.Contains(ci.Tags, natsjwt.TenantTag(tenant))
+}
+
+// checkAccount is defense in depth: the import only lets tenant's account
+// reach its own subjects, and the subject's tenant must be that account.
+func checkAccount(tenant string, info ClientInfo) error {
+	if info.IsTenant(tenant) {
+		return nil
+	}
+	if !nkeys.IsValidPublicAccountKey(info.Account) {
+		return refuse(403, ErrCodeForbidden, "account %q may not submit runs of tenant %q", clip(info.Account), tenant)
+	}
+	return refuse(403, ErrCodeForbidden, "account %s may not submit runs of tenant %q: its user's JWT has no tag %q (a user issued before natsagent tagged tenant users needs new creds: natsagent jwt user-rotate --account %s --user <user>, then push)",
+		clip(info.Account), tenant, natsjwt.TenantTag(tenant), tenant)
 }
 
 // enqueue submits as the natsagent command does: a run id that already

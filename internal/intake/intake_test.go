@@ -10,12 +10,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/intake"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/natsjwt"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/submit"
 	"github.com/natsagent/natsagent/internal/testdeploy"
@@ -53,9 +55,24 @@ func setup(t *testing.T, hooks intake.Hooks) *env {
 	return &env{t: t, nc: d.NC, runs: runs, stores: d.Stores}
 }
 
-func info(acc, user, nameTag string) string {
-	b, _ := json.Marshal(map[string]any{"acc": acc, "user": user, "name_tag": nameTag, "server": "n1"})
+func info(acc, user, nameTag string, tags ...string) string {
+	b, _ := json.Marshal(map[string]any{"acc": acc, "user": user, "name_tag": nameTag, "tags": tags, "server": "n1"})
 	return string(b)
+}
+
+// newKey is a new public key of an account or user, as a server in
+// operator mode names them in Nats-Request-Info.
+func newKey(t *testing.T, create func() (nkeys.KeyPair, error)) string {
+	t.Helper()
+	kp, err := create()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pub
 }
 
 // send requests on P.submit.<tenant>.<thread> and returns the answer.
@@ -140,6 +157,56 @@ func TestSubmitStampsThePrincipal(t *testing.T) {
 	if !strings.Contains(string(m.Data), `"principal":{"user":"bob"`) {
 		t.Fatalf("stored %s", m.Data)
 	}
+}
+
+// In JWT mode the server names the account by its public key and the
+// user by its public key; the user JWT's tenant tag (natsjwt) says which
+// tenant the account is, and its name is the principal.
+func TestSubmitJWTAccount(t *testing.T) {
+	e := setup(t, intake.Hooks{})
+	acc, user := newKey(t, nkeys.CreateAccount), newKey(t, nkeys.CreateUser)
+	a := ack(t, e.send("acme", "h1", `{"run_id":"r1","thread_id":"h1",`+hi+`}`,
+		intake.HeaderRequestInfo, info(acc, user, "bob", "team:blue", natsjwt.TenantTag("acme"))))
+	m, err := e.runs.GetMsg(context.Background(), a.Sequence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(m.Data), `"principal":{"user":"bob"`) || !strings.Contains(string(m.Data), `"user_id":"bob"`) {
+		t.Fatalf("stored %s", m.Data)
+	}
+	// Without a name the user's key is the principal.
+	a = ack(t, e.send("acme", "h1", `{"run_id":"r2","thread_id":"h1",`+hi+`}`, intake.HeaderRequestInfo, info(acc, user, "", natsjwt.TenantTag("acme"))))
+	if m, _ = e.runs.GetMsg(context.Background(), a.Sequence); !strings.Contains(string(m.Data), `"principal":{"user":"`+user+`"`) {
+		t.Fatalf("stored %s", m.Data)
+	}
+	// JWT tags are lower case: tenant Acme's users carry "natsagent-tenant:acme".
+	ack(t, e.send("Acme", "h1", `{"run_id":"r3","thread_id":"h1",`+hi+`}`, intake.HeaderRequestInfo, info(acc, user, "bob", "natsagent-tenant:acme")))
+
+	// Forged or stale: an account key whose user has no tenant tag, the
+	// tag of another tenant, a tag that only starts like the tenant's, and
+	// a static account named like an account key (never taken for the
+	// tenant without the tag).
+	other := newKey(t, nkeys.CreateAccount)
+	for _, c := range []struct {
+		name, tenant, info string
+	}{
+		{"no tag", "acme", info(acc, user, "bob")},
+		{"other tags", "acme", info(acc, user, "bob", "natsagent-tenant", "acme", "tenant:acme")},
+		{"another tenant's tag", "acme", info(acc, user, "bob", natsjwt.TenantTag("globex"))},
+		{"a longer tenant's tag", "acme", info(acc, user, "bob", natsjwt.TenantTag("acme-2"))},
+		{"account key as tenant", other, info(other, "alice", "")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			refusal(t, e.send(c.tenant, "h1", `{"run_id":"x1","thread_id":"h1",`+hi+`}`, intake.HeaderRequestInfo, c.info),
+				403, intake.ErrCodeForbidden, "may not submit runs of tenant")
+		})
+	}
+	if _, _, err := e.stores.Runs.Get(context.Background(), "acme", "x1"); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("a refused request has a record: %v", err)
+	}
+	// The refusal says what to do.
+	refusal(t, e.send("acme", "h1", `{"run_id":"x1","thread_id":"h1",`+hi+`}`, intake.HeaderRequestInfo, info(acc, user, "bob")),
+		403, intake.ErrCodeForbidden, `has no tag "natsagent-tenant:acme" (a user issued before natsagent tagged tenant users needs new creds: natsagent jwt user-rotate --account acme`)
 }
 
 func TestSubmitRefusals(t *testing.T) {

@@ -110,7 +110,7 @@ func Init(dir, prefix string) (*Store, error) {
 	if err := s.write([]byte(opJWT), "operator.jwt"); err != nil {
 		return nil, err
 	}
-	if err := s.saveAccount(sys); err != nil {
+	if err := s.saveAccount(SystemAccount, sys); err != nil {
 		return nil, err
 	}
 	if _, err := s.AddUser(SystemAccount, SystemUser); err != nil {
@@ -124,7 +124,7 @@ func Init(dir, prefix string) (*Store, error) {
 	// bound them per stream (bus.Settings), not per account.
 	agent.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
 	denyAll(&agent.DefaultPermissions)
-	if err := s.saveAccount(agent); err != nil {
+	if err := s.saveAccount(ServiceAccount, agent); err != nil {
 		return nil, err
 	}
 	for _, u := range ServiceUsers {
@@ -313,17 +313,24 @@ func (s *Store) newAccount(name string) (*jwt.AccountClaims, error) {
 	return ac, nil
 }
 
-// saveAccount signs ac with the operator key and writes it.
-func (s *Store) saveAccount(ac *jwt.AccountClaims) error {
+// saveAccount signs ac, the account name, with the operator key and
+// writes it. AGENT's JWT is named by its public key: the server reports
+// an account in /jsz by its JWT's name but finds it (?acc=) by its key,
+// and KEDA's nats-jetstream scaler asks for one value and matches the
+// other, so only a name equal to the key lets it read the workers' lag.
+func (s *Store) saveAccount(name string, ac *jwt.AccountClaims) error {
+	if name == ServiceAccount {
+		ac.Name = ac.Subject
+	}
 	op, err := s.operatorKey()
 	if err != nil {
 		return err
 	}
 	token, err := ac.Encode(op)
 	if err != nil {
-		return fmt.Errorf("account %s: %w", ac.Name, err)
+		return fmt.Errorf("account %s: %w", name, err)
 	}
-	return s.write([]byte(token), "accounts", ac.Name+".jwt")
+	return s.write([]byte(token), "accounts", name+".jwt")
 }
 
 // denyAll makes p refuse every subject: a user issued without

@@ -73,6 +73,10 @@ func TestStoreFiles(t *testing.T) {
 	if _, err := s.AddUser("acme", "app"); !errors.Is(err, natsjwt.ErrExists) {
 		t.Errorf("acme's user app added twice: %v", err)
 	}
+	// Tenant tags are lower case: Acme's users would carry acme's tag.
+	if err := s.AddTenant("Acme"); !errors.Is(err, natsjwt.ErrExists) || !strings.Contains(err.Error(), "differ only in case") {
+		t.Errorf("tenant Acme beside acme: %v, want ErrExists", err)
+	}
 	for _, bad := range []string{"", "a.b", "a*", ">", "../x", "a b", "AGENT", "SYS", strings.Repeat("x", 129)} {
 		if err := s.AddTenant(bad); err == nil {
 			t.Errorf("tenant %q was added", bad)
@@ -121,6 +125,10 @@ func TestAccountLayout(t *testing.T) {
 	if !agent.Limits.IsJSEnabled() {
 		t.Error("AGENT has no JetStream")
 	}
+	// Named by its key, the name /jsz reports and KEDA's scaler matches.
+	if agent.Name != agent.Subject {
+		t.Errorf("AGENT's JWT is named %q, want its key %s", agent.Name, agent.Subject)
+	}
 	if len(agent.Exports) != 6 {
 		t.Fatalf("AGENT exports %d subjects, want 6", len(agent.Exports))
 	}
@@ -157,9 +165,12 @@ func TestAccountLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	const tenantDeny = "$JS.> $KV.> $O.> $SRV.> $SYS.>"
-	for _, c := range []struct{ account, user, pub, sub, deny string }{
-		{"acme", "app", "agent.runs.acme.* agent.ctl.acme.*.*.cancel", "agent.events.acme.> _INBOX.>", tenantDeny},
-		{natsjwt.ServiceAccount, "worker", "$JS.API.> $JS.ACK.> $JS.FC.> $KV.> $O.> $SRV.> agent.> _INBOX.> _R_.>", "agent.> _INBOX.> $JS.EVENT.ADVISORY.> $SRV.>", ""},
+	// A tenant's users carry its tenant tag (Nats-Request-Info names the
+	// account by its key); the service and system users carry none.
+	for _, c := range []struct{ account, user, pub, sub, deny, tags string }{
+		{"acme", "app", "agent.runs.acme.* agent.ctl.acme.*.*.cancel", "agent.events.acme.> _INBOX.>", tenantDeny, "natsagent-tenant:acme"},
+		{natsjwt.ServiceAccount, "worker", "$JS.API.> $JS.ACK.> $JS.FC.> $KV.> $O.> $SRV.> agent.> _INBOX.> _R_.>", "agent.> _INBOX.> $JS.EVENT.ADVISORY.> $SRV.>", "", ""},
+		{natsjwt.SystemAccount, natsjwt.SystemUser, "", "", "", ""},
 	} {
 		data, err := os.ReadFile(s.CredsPath(c.account, c.user))
 		if err != nil {
@@ -176,6 +187,9 @@ func TestAccountLayout(t *testing.T) {
 		acc, _ := s.Account(c.account)
 		if uc.Issuer != acc.Subject || uc.Name != c.user {
 			t.Errorf("%s of %s: issued by %s as %q", c.user, c.account, uc.Issuer, uc.Name)
+		}
+		if tags := strings.Join(uc.Tags, " "); tags != c.tags {
+			t.Errorf("%s of %s has tags %q, want %q", c.user, c.account, tags, c.tags)
 		}
 		if got, deny := strings.Join(uc.Pub.Allow, " "), strings.Join(uc.Pub.Deny, " "); got != c.pub || deny != c.deny {
 			t.Errorf("%s of %s publishes to %s, denied %s; want %s, denied %s", c.user, c.account, got, deny, c.pub, c.deny)

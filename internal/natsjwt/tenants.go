@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -54,6 +55,17 @@ func (s *Store) AddTenant(tenant string) error {
 	if _, err := os.Stat(s.path("accounts", tenant+".jwt")); err == nil {
 		return fmt.Errorf("tenant %s: %w", tenant, ErrExists)
 	}
+	// Tenant tags are lower case (TenantTag): Acme's users would carry
+	// acme's tag.
+	tenants, err := s.Tenants()
+	if err != nil {
+		return err
+	}
+	for _, other := range tenants {
+		if strings.EqualFold(other, tenant) {
+			return fmt.Errorf("tenant %s: %w as %s (tenant names may not differ only in case); choose another name", tenant, ErrExists, other)
+		}
+	}
 	agent, err := s.Account(ServiceAccount)
 	if err != nil {
 		return err
@@ -98,10 +110,10 @@ func (s *Store) AddTenant(tenant string) error {
 		imp.Share = sh.kind == jwt.Service
 		acc.Imports.Add(imp)
 	}
-	if err := s.saveAccount(agent); err != nil {
+	if err := s.saveAccount(ServiceAccount, agent); err != nil {
 		return err
 	}
-	return s.saveAccount(acc)
+	return s.saveAccount(tenant, acc)
 }
 
 func removeExport(ac *jwt.AccountClaims, subject string) {
@@ -137,7 +149,7 @@ func (s *Store) RemoveTenant(tenant string) (string, error) {
 	for _, sh := range s.shares(tenant) {
 		removeExport(agent, sh.remote)
 	}
-	if err := s.saveAccount(agent); err != nil {
+	if err := s.saveAccount(ServiceAccount, agent); err != nil {
 		return "", err
 	}
 	acc.RevokeAt(jwt.All, time.Now())

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -45,6 +46,19 @@ func (s *Store) permissions(account string) jwt.Permissions {
 // KV and Object Store subjects, service discovery and the system account.
 var tenantDeny = []string{"$JS.>", "$KV.>", "$O.>", "$SRV.>", "$SYS.>"}
 
+// TenantTagPrefix starts the tag each tenant user's JWT carries: with
+// the tenant's name after it (TenantTag), it tells the submit service which
+// tenant a request's account is (Nats-Request-Info names the account by its
+// public key in operator mode). The jwt library lower-cases tags, which is
+// why no two tenants may differ only in case (AddTenant).
+const TenantTagPrefix = "natsagent-tenant:"
+
+// TenantTag is the tag of tenant's users, lower-cased as the user JWT
+// stores it.
+func TenantTag(tenant string) string {
+	return strings.ToLower(TenantTagPrefix + tenant)
+}
+
 // AddUser issues a new user of account (a tenant, AGENT or SYS) with the
 // account's permissions and writes its creds file, whose path it returns.
 func (s *Store) AddUser(account, user string) (string, error) {
@@ -77,6 +91,9 @@ func (s *Store) issue(account, user string) (string, error) {
 	uc := jwt.NewUserClaims(pub)
 	uc.Name = user
 	uc.Permissions = s.permissions(account)
+	if account != SystemAccount && account != ServiceAccount {
+		uc.Tags.Add(TenantTag(account))
+	}
 	token, err := uc.Encode(accKey)
 	if err != nil {
 		return "", fmt.Errorf("user %s of %s: %w", user, account, err)
@@ -128,7 +145,7 @@ func (s *Store) revoke(account, pub string) error {
 		return err
 	}
 	acc.RevokeAt(pub, time.Now())
-	return s.saveAccount(acc)
+	return s.saveAccount(account, acc)
 }
 
 // RotateUser gives user a new key and creds (written over the old file,

@@ -194,7 +194,7 @@ func (w *Worker) handleCancel(m *nats.Msg) {
 	}
 	if raw := m.Header.Get(intake.HeaderRequestInfo); raw != "" {
 		var ci intake.ClientInfo
-		if err := json.Unmarshal([]byte(raw), &ci); err != nil || ci.Account != tenant {
+		if err := json.Unmarshal([]byte(raw), &ci); err != nil || !ci.IsTenant(tenant) {
 			w.log.Warn("cancel refused: the requester's account is not the run's tenant", zap.String("tenant", tenant), zap.String("account", ci.Account))
 			respondError(m, codeForbidden, fmt.Sprintf("account %q may not cancel runs of tenant %q", ci.Account, tenant))
 			return

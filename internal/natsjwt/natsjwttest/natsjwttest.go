@@ -21,7 +21,8 @@ import (
 	"github.com/natsagent/natsagent/internal/natsjwt"
 )
 
-// StartServer runs a server trusting store, until the test ends. With
+// StartServer runs a server trusting store, with monitoring on another
+// loopback port, until the test ends. With
 // full, its resolver is full (a temp dir; tenants must be pushed);
 // otherwise MEMORY with every account preloaded.
 func StartServer(t testing.TB, store *natsjwt.Store, full bool) *server.Server {
@@ -48,6 +49,7 @@ func StartServer(t testing.TB, store *natsjwt.Store, full bool) *server.Server {
 		t.Fatalf("server config from natsjwt: %v\n%s", err, fragment)
 	}
 	opts.Host, opts.Port = "127.0.0.1", -1
+	opts.HTTPHost, opts.HTTPPort = "127.0.0.1", -1
 	opts.NoLog, opts.NoSigs = true, true
 	s, err := server.NewServer(opts)
 	configs.Store(s, main)
@@ -101,6 +103,7 @@ func Reload(t testing.TB, srv *server.Server, store *natsjwt.Store) {
 		t.Fatal(err)
 	}
 	opts.Host, opts.Port = "127.0.0.1", srv.Addr().(*net.TCPAddr).Port
+	opts.HTTPHost, opts.HTTPPort = "127.0.0.1", -1 // as started (the server keeps -1 in its options)
 	opts.NoLog, opts.NoSigs = true, true
 	if err := srv.ReloadOptions(opts); err != nil {
 		t.Fatalf("reload with the rendered config: %v", err)
