@@ -175,7 +175,7 @@ func TestSubmitJWTAccount(t *testing.T) {
 		t.Fatalf("stored %s", m.Data)
 	}
 	// Without a name the user's key is the principal.
-	a = ack(t, e.send("acme", "h1", `{"run_id":"r2","thread_id":"h1",`+hi+`}`, intake.HeaderRequestInfo, info(acc, user, "", natsjwt.TenantTag("acme"))))
+	a = ack(t, e.send("acme", "h2", `{"run_id":"r2","thread_id":"h2",`+hi+`}`, intake.HeaderRequestInfo, info(acc, user, "", natsjwt.TenantTag("acme"))))
 	if m, _ = e.runs.GetMsg(context.Background(), a.Sequence); !strings.Contains(string(m.Data), `"principal":{"user":"`+user+`"`) {
 		t.Fatalf("stored %s", m.Data)
 	}
