@@ -23,6 +23,7 @@ import (
 	"github.com/natsagent/natsagent/internal/agent"
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/tokens"
 	"github.com/natsagent/natsagent/internal/tools"
 	"github.com/natsagent/natsagent/internal/worker"
 )
@@ -110,6 +111,13 @@ func childMain() error {
 		WaitPoll: 200 * time.Millisecond, Agents: agents, Logger: zl,
 	})
 	if err != nil {
+		return err
+	}
+	// The token counter's encoder is built once per process, on the first
+	// count. Under the race detector on a loaded machine that takes 10 to
+	// 20 seconds, and a run's first model call waits for it: built before
+	// "ready", so what the tests time is the worker, not this cold start.
+	if _, err := tokens.ForEncoding(tokens.DefaultEncoding); err != nil {
 		return err
 	}
 	fmt.Println("ready")
