@@ -149,6 +149,8 @@ type Worker struct {
 	waiters  map[string]*waiter // per thread, runs waiting for it
 	waiting  int
 	draining bool
+	// drainEnds is when the shutdown grace ends, once draining.
+	drainEnds time.Time
 
 	subs []*nats.Subscription
 	wg   sync.WaitGroup
@@ -263,8 +265,14 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.log.Info("worker started", zap.Int("concurrency", w.cfg.Concurrency))
 	err := w.pull(ctx, base)
 
+	grace := w.cfg.ShutdownGrace
+	if w.nc.IsClosed() {
+		// Nothing can be checkpointed or handed back any more: stop now.
+		grace = 0
+	}
 	w.mu.Lock()
 	w.draining = true
+	w.drainEnds = time.Now().Add(grace)
 	jobs := make([]*job, 0, len(w.held))
 	for _, j := range w.held {
 		jobs = append(jobs, j)
@@ -272,11 +280,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.mu.Unlock()
 	for _, j := range jobs {
 		j.drain()
-	}
-	grace := w.cfg.ShutdownGrace
-	if w.nc.IsClosed() {
-		// Nothing can be checkpointed or handed back any more: stop now.
-		grace = 0
 	}
 	done := make(chan struct{})
 	go func() { w.wg.Wait(); close(done) }()
@@ -288,6 +291,14 @@ func (w *Worker) Run(ctx context.Context) error {
 		<-done
 	}
 	close(hbDone)
+	// The acks of runs that finished in the grace were published without
+	// waiting: out to the server before the process may exit (a drain of
+	// the connection does not wait).
+	if !w.nc.IsClosed() {
+		if err := w.nc.FlushTimeout(handBackConfirm); err != nil {
+			w.log.Warn("could not flush the last acks; their runs' requests come back after the ack wait and are settled then", zap.Error(err))
+		}
+	}
 	w.log.Info("worker stopped")
 	if errors.Is(err, context.Canceled) {
 		return nil
@@ -451,6 +462,23 @@ func (w *Worker) workdir(tenant, thread string) files.Workdir {
 		return nil
 	}
 	return w.cfg.Files(tenant, thread)
+}
+
+// handBackConfirm is the least time a hand-back waits for the server to
+// confirm it (the runs cancelled at the end of the grace hand back after
+// it), and the bound of the final flush.
+const handBackConfirm = 3 * time.Second
+
+// handBackDeadline bounds a hand-back's wait for its confirmation: the end
+// of the shutdown grace, and at least handBackConfirm from now.
+func (w *Worker) handBackDeadline() time.Time {
+	w.mu.Lock()
+	end := w.drainEnds
+	w.mu.Unlock()
+	if least := time.Now().Add(handBackConfirm); end.Before(least) {
+		end = least
+	}
+	return end
 }
 
 func (w *Worker) isDraining() bool {
