@@ -44,6 +44,7 @@ func TestSIGTERMHandsRunsBack(t *testing.T) {
 	// handed back would come back only after it.
 	const ackWait = 20 * time.Second
 	d := newDeployment(t, ackWait, 10)
+	d.warm = true
 	a := d.start("a", 2, 5*time.Second)
 	for _, r := range []string{"r1", "r2"} {
 		d.submit("t-"+r, r, fmt.Sprintf("run=%s steps=2 model=1500 tool=100", r))
@@ -122,6 +123,7 @@ func TestSIGTERMHandsRunsBack(t *testing.T) {
 func TestSIGTERMGraceExpires(t *testing.T) {
 	const ackWait = 20 * time.Second
 	d := newDeployment(t, ackWait, 10)
+	d.warm = true
 	const grace = time.Second
 	a := d.start("a", 2, grace)
 	d.submit("t1", "r1", "run=r1 steps=2 model=50 tool=50 hang=1")
@@ -175,6 +177,7 @@ func TestSIGTERMGraceExpires(t *testing.T) {
 func TestSIGTERMHandBackSurvivesDroppedConnection(t *testing.T) {
 	const ackWait = 60 * time.Second
 	d := newDeployment(t, ackWait, 10)
+	d.warm = true
 	workers := map[string]*proc{"a": d.start("a", 1, 5*time.Second), "c": d.start("c", 1, 5*time.Second)}
 	// r1 holds thread t1 on one worker; r2, of the same thread, is held
 	// by the other, waiting for the thread: handing it back writes
