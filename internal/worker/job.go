@@ -258,6 +258,9 @@ func nakConfirmed(ctx context.Context, nc *nats.Conn, ackSubject string) error {
 	}
 	sub, err := nc.SubscribeSync(nc.NewInbox())
 	if err != nil {
+		// A connection already draining takes no new subscription: the
+		// Nak goes out unconfirmed, which beats not at all.
+		_ = nc.Publish(ackSubject, ackNak)
 		return fmt.Errorf("subscribe for the confirmation: %w", err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()

@@ -225,6 +225,11 @@ func (w *Worker) ID() string { return w.cfg.ID }
 // (cancelling them after ShutdownGrace) and hands every held request back
 // for redelivery.
 func (w *Worker) Run(ctx context.Context) error {
+	// Deferred first, so it runs last: the acks published without waiting
+	// (of runs that finished in the grace, of the background jobs) reach
+	// the server before the process may exit (a drain of the connection
+	// does not wait).
+	defer w.flushAcks()
 	if err := w.subscribe(); err != nil {
 		return err
 	}
@@ -291,14 +296,6 @@ func (w *Worker) Run(ctx context.Context) error {
 		<-done
 	}
 	close(hbDone)
-	// The acks of runs that finished in the grace were published without
-	// waiting: out to the server before the process may exit (a drain of
-	// the connection does not wait).
-	if !w.nc.IsClosed() {
-		if err := w.nc.FlushTimeout(handBackConfirm); err != nil {
-			w.log.Warn("could not flush the last acks; their runs' requests come back after the ack wait and are settled then", zap.Error(err))
-		}
-	}
 	w.log.Info("worker stopped")
 	if errors.Is(err, context.Canceled) {
 		return nil
@@ -468,6 +465,18 @@ func (w *Worker) workdir(tenant, thread string) files.Workdir {
 // confirm it (the runs cancelled at the end of the grace hand back after
 // it), and the bound of the final flush.
 const handBackConfirm = 3 * time.Second
+
+// flushAcks waits until the server has everything the worker published,
+// bounded by handBackConfirm; what is lost then comes back after the ack
+// wait and is settled by its next delivery.
+func (w *Worker) flushAcks() {
+	if w.nc.IsClosed() {
+		return
+	}
+	if err := w.nc.FlushTimeout(handBackConfirm); err != nil {
+		w.log.Warn("could not flush the last acks; their requests come back after the ack wait and are settled then", zap.Error(err))
+	}
+}
 
 // handBackDeadline bounds a hand-back's wait for its confirmation: the end
 // of the shutdown grace, and at least handBackConfirm from now.
