@@ -221,9 +221,90 @@ func (j *job) requestGone(ctx context.Context) {
 	_ = j.msg.NakWithDelay(time.Second)
 }
 
-// handBack returns a request to the stream at once (shutdown).
+// handBack returns a request to the stream for another worker at once
+// (shutdown), and waits until the server confirms it. A Nak published and
+// forgotten was lost when the process exited before the client wrote it
+// out (cmd/worker's drain of the connection does not wait), when the
+// connection carrying it dropped, or when the consumer had no leader; the
+// run then came back only after the ack wait.
+//
+// The wait is bounded by handBackDeadline; a hand-back still unconfirmed
+// then is logged, and its request comes back after the ack wait, as from
+// a worker that died. A Nak is sent again only when it surely went
+// nowhere: the server answered that nobody serves the consumer (no
+// leader), or the connection that carried it is gone. A Nak the server
+// took but whose answer is late is not sent again: a second one, after
+// the request went to another worker, would have the server deliver it
+// to a third one.
 func (j *job) handBack() {
-	_ = j.msg.Nak()
+	w := j.w
+	ctx, cancel := context.WithDeadline(context.Background(), w.handBackDeadline())
+	defer cancel()
+	err := nakConfirmed(ctx, w.nc, j.msg.Reply())
+	if err != nil {
+		j.log.Warn("the hand-back was not confirmed; the request comes back after the ack wait",
+			zap.Error(err), zap.Duration("ack_wait", w.cfg.Settings.AckWait))
+	}
+}
+
+var ackNak = []byte("-NAK")
+
+// nakConfirmed sends a Nak to a delivery's ack subject with a reply
+// subject, the way msg.InProgress is confirmed (heartbeat), and waits for
+// the server's answer until ctx ends.
+func nakConfirmed(ctx context.Context, nc *nats.Conn, ackSubject string) error {
+	if ackSubject == "" {
+		return errors.New("the request has no ack subject")
+	}
+	sub, err := nc.SubscribeSync(nc.NewInbox())
+	if err != nil {
+		// A connection already draining takes no new subscription: the
+		// Nak goes out unconfirmed, which beats not at all.
+		_ = nc.Publish(ackSubject, ackNak)
+		return fmt.Errorf("subscribe for the confirmation: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	// connection counts the connections the Nak was written to: one
+	// published while the client reconnects waits in its buffer for the
+	// next connection.
+	var connection uint64
+	send := func() error {
+		connection = nc.Stats().Reconnects
+		if nc.Status() != nats.CONNECTED {
+			connection++
+		}
+		return nc.PublishRequest(ackSubject, sub.Subject, ackNak)
+	}
+	if err := send(); err != nil {
+		return err
+	}
+	for {
+		tctx, tcancel := context.WithTimeout(ctx, 250*time.Millisecond)
+		m, err := sub.NextMsgWithContext(tctx)
+		tcancel()
+		switch {
+		case err == nil && m.Header.Get("Status") == "503":
+			// No responders: the consumer has no leader now (an
+			// election); the Nak reached nobody.
+			sleep(ctx, 100*time.Millisecond)
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return fmt.Errorf("no confirmation: %w", context.Cause(ctx))
+		case nc.IsClosed():
+			return nats.ErrConnectionClosed
+		case !errors.Is(err, context.DeadlineExceeded):
+			return fmt.Errorf("wait for the confirmation: %w", err)
+		case nc.Stats().Reconnects <= connection:
+			continue // still on the connection that carried the Nak
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("no confirmation: %w", context.Cause(ctx))
+		}
+		if err := send(); err != nil {
+			return err
+		}
+	}
 }
 
 // fail ends the run with an internal error when its own code panicked.

@@ -157,6 +157,8 @@ type Worker struct {
 	waiters  map[string]*waiter // per thread, runs waiting for it
 	waiting  int
 	draining bool
+	// drainEnds is when the shutdown grace ends, once draining.
+	drainEnds time.Time
 
 	subs []*nats.Subscription
 	wg   sync.WaitGroup
@@ -231,6 +233,11 @@ func (w *Worker) ID() string { return w.cfg.ID }
 // (cancelling them after ShutdownGrace) and hands every held request back
 // for redelivery.
 func (w *Worker) Run(ctx context.Context) error {
+	// Deferred first, so it runs last: the acks published without waiting
+	// (of runs that finished in the grace, of the background jobs) reach
+	// the server before the process may exit (a drain of the connection
+	// does not wait).
+	defer w.flushAcks()
 	if err := w.subscribe(); err != nil {
 		return err
 	}
@@ -276,8 +283,14 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.log.Info("worker started", zap.Int("concurrency", w.cfg.Concurrency))
 	err := w.pull(ctx, base)
 
+	grace := w.cfg.ShutdownGrace
+	if w.nc.IsClosed() {
+		// Nothing can be checkpointed or handed back any more: stop now.
+		grace = 0
+	}
 	w.mu.Lock()
 	w.draining = true
+	w.drainEnds = time.Now().Add(grace)
 	jobs := make([]*job, 0, len(w.held))
 	for _, j := range w.held {
 		jobs = append(jobs, j)
@@ -285,11 +298,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.mu.Unlock()
 	for _, j := range jobs {
 		j.drain()
-	}
-	grace := w.cfg.ShutdownGrace
-	if w.nc.IsClosed() {
-		// Nothing can be checkpointed or handed back any more: stop now.
-		grace = 0
 	}
 	done := make(chan struct{})
 	go func() { w.wg.Wait(); close(done) }()
@@ -464,6 +472,35 @@ func (w *Worker) workdir(tenant, thread string) files.Workdir {
 		return nil
 	}
 	return w.cfg.Files(tenant, thread)
+}
+
+// handBackConfirm is the least time a hand-back waits for the server to
+// confirm it (the runs cancelled at the end of the grace hand back after
+// it), and the bound of the final flush.
+const handBackConfirm = 3 * time.Second
+
+// flushAcks waits until the server has everything the worker published,
+// bounded by handBackConfirm; what is lost then comes back after the ack
+// wait and is settled by its next delivery.
+func (w *Worker) flushAcks() {
+	if w.nc.IsClosed() {
+		return
+	}
+	if err := w.nc.FlushTimeout(handBackConfirm); err != nil {
+		w.log.Warn("could not flush the last acks; their requests come back after the ack wait and are settled then", zap.Error(err))
+	}
+}
+
+// handBackDeadline bounds a hand-back's wait for its confirmation: the end
+// of the shutdown grace, and at least handBackConfirm from now.
+func (w *Worker) handBackDeadline() time.Time {
+	w.mu.Lock()
+	end := w.drainEnds
+	w.mu.Unlock()
+	if least := time.Now().Add(handBackConfirm); end.Before(least) {
+		end = least
+	}
+	return end
 }
 
 func (w *Worker) isDraining() bool {

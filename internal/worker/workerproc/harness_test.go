@@ -37,6 +37,11 @@ type deployment struct {
 	dir      string
 	logPath  string
 
+	// warm workers build their token encoder before they are ready
+	// (child_test.go): for tests that time how soon a worker continues a
+	// run. The kill test keeps cold ones, replaced without waiting for it.
+	warm bool
+
 	mu     sync.Mutex
 	events map[string][]protocol.Event // by run id
 	procs  []*proc
@@ -220,6 +225,10 @@ type proc struct {
 	errLog  string
 }
 
+// startWithin bounds a worker process's start, a warm one's token
+// encoder build included: generous, since it measures nothing.
+const startWithin = 2 * time.Minute
+
 // start launches a worker process and waits until its worker runs.
 func (d *deployment) start(id string, concurrency int, grace time.Duration) *proc {
 	d.t.Helper()
@@ -240,6 +249,9 @@ func (d *deployment) start(id string, concurrency int, grace time.Duration) *pro
 		envGrace+"="+grace.String(),
 		envLog+"="+d.logPath,
 	)
+	if d.warm {
+		p.cmd.Env = append(p.cmd.Env, envWarm+"=1")
+	}
 	p.cmd.Stderr = errFile
 	out, err := p.cmd.StdoutPipe()
 	if err != nil {
@@ -273,8 +285,8 @@ func (d *deployment) start(id string, concurrency int, grace time.Duration) *pro
 			<-p.exited
 			d.t.Fatalf("worker %s did not start: %v\n%s", id, p.exitErr, tail(p.errLog, 20))
 		}
-	case <-time.After(30 * time.Second):
-		d.t.Fatalf("worker %s not ready in 30s", id)
+	case <-time.After(startWithin):
+		d.t.Fatalf("worker %s not ready in %s", id, startWithin)
 	}
 	p.ready = time.Now()
 	d.mu.Lock()

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
@@ -42,6 +44,7 @@ func TestSIGTERMHandsRunsBack(t *testing.T) {
 	// handed back would come back only after it.
 	const ackWait = 20 * time.Second
 	d := newDeployment(t, ackWait, 10)
+	d.warm = true
 	a := d.start("a", 2, 5*time.Second)
 	for _, r := range []string{"r1", "r2"} {
 		d.submit("t-"+r, r, fmt.Sprintf("run=%s steps=2 model=1500 tool=100", r))
@@ -120,6 +123,7 @@ func TestSIGTERMHandsRunsBack(t *testing.T) {
 func TestSIGTERMGraceExpires(t *testing.T) {
 	const ackWait = 20 * time.Second
 	d := newDeployment(t, ackWait, 10)
+	d.warm = true
 	const grace = time.Second
 	a := d.start("a", 2, grace)
 	d.submit("t1", "r1", "run=r1 steps=2 model=50 tool=50 hang=1")
@@ -162,4 +166,72 @@ func TestSIGTERMGraceExpires(t *testing.T) {
 		t.Fatalf("%d tool results record the cut call, want 1: %+v", stopped, results)
 	}
 	d.checkQueuesEmpty()
+}
+
+// A hand-back is not lost with the connection that carried it: the
+// stopping worker's connection drops as it is told to stop, so its Nak
+// waits in the client for the next connection (a process that exited
+// then took it along). The worker exits once the server confirmed the
+// hand-back, and the run goes to the next worker at once, not after the
+// ack wait.
+func TestSIGTERMHandBackSurvivesDroppedConnection(t *testing.T) {
+	const ackWait = 60 * time.Second
+	d := newDeployment(t, ackWait, 10)
+	d.warm = true
+	workers := map[string]*proc{"a": d.start("a", 1, 5*time.Second), "c": d.start("c", 1, 5*time.Second)}
+	// r1 holds thread t1 on one worker; r2, of the same thread, is held
+	// by the other, waiting for the thread: handing it back writes
+	// nothing but the Nak.
+	d.submit("t1", "r1", "run=r1 steps=1 model=4000 tool=50")
+	var holder string
+	testdeploy.WaitFor(t, 20*time.Second, "r1's model call", func() bool {
+		for _, e := range readLog(t, d.logPath) {
+			if e.Run == "r1" && e.Kind == "model" && e.Ev == "start" {
+				holder = e.Worker
+				return true
+			}
+		}
+		return false
+	})
+	d.submit("t1", "r2", "run=r2 steps=1 model=50 tool=50")
+	testdeploy.WaitFor(t, 10*time.Second, "r2 to wait for its thread", func() bool { return len(d.runEvents("r2")) > 0 })
+	stopping := "a"
+	if holder == "a" {
+		stopping = "c"
+	}
+	d.dropConnection("workerproc-" + stopping)
+	term := workers[stopping].term()
+	if err := workers[stopping].wait(t, 15*time.Second); err != nil {
+		t.Fatalf("worker exited with %v after SIGTERM", err)
+	}
+	testdeploy.WaitFor(t, 20*time.Second, fmt.Sprintf("r2 to finish (a lost hand-back comes back only after the ack wait, %s)", ackWait), func() bool {
+		return d.finished([]string{"r1", "r2"})
+	})
+	for _, r := range []string{"r1", "r2"} {
+		d.checkEvents(r)
+	}
+	if st := d.started("r2"); len(st) != 1 || st[0].Worker != holder || st[0].at.Sub(term) > 15*time.Second {
+		t.Fatalf("r2 started %+v; SIGTERM at %s: want once, on %s", st, term, holder)
+	}
+	d.checkQueuesEmpty()
+}
+
+// dropConnection closes a client's connection from the server's side, as
+// a node restart or a network fault does; the client reconnects after its
+// reconnect wait.
+func (d *deployment) dropConnection(name string) {
+	d.t.Helper()
+	cz, err := d.srv.Server.Connz(&server.ConnzOptions{})
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	for _, c := range cz.Conns {
+		if c.Name == name {
+			if err := d.srv.Server.DisconnectClientByID(c.Cid); err != nil {
+				d.t.Fatal(err)
+			}
+			return
+		}
+	}
+	d.t.Fatalf("no connection named %s", name)
 }
