@@ -337,12 +337,27 @@ func streamFix(have, want jetstream.StreamConfig) string {
 		flags = append(flags, "--max-age="+natsDuration(want.MaxAge))
 	}
 	if mb := orDefault(want.MaxBytes, -1); have.MaxBytes != mb {
-		flags = append(flags, fmt.Sprintf("--max-bytes=%d", mb))
+		flags = append(flags, "--max-bytes="+natsBytes(mb))
 	}
 	if have.Discard != want.Discard {
 		flags = append(flags, "--discard="+map[jetstream.DiscardPolicy]string{jetstream.DiscardOld: "old", jetstream.DiscardNew: "new"}[want.Discard])
 	}
 	return fmt.Sprintf("nats stream edit %s %s --force", want.Name, strings.Join(flags, " "))
+}
+
+// natsBytes writes n as the nats CLI reads it: with a unit (a bare number
+// is refused), in whole GB or MB where it can (the CLI's units are
+// binary), since it takes at most 2147483647 plain bytes.
+func natsBytes(n int64) string {
+	switch {
+	case n < 0:
+		return "-1"
+	case n > 0 && n%(1<<30) == 0:
+		return fmt.Sprintf("%dGB", n>>30)
+	case n > 0 && n%(1<<20) == 0:
+		return fmt.Sprintf("%dMB", n>>20)
+	}
+	return fmt.Sprintf("%dB", n)
 }
 
 // natsDuration writes d as the nats CLI reads it, in whole hours or
@@ -380,7 +395,7 @@ func unbounded(have, want jetstream.StreamConfig) bool {
 }
 
 func editLimits(want jetstream.StreamConfig) string {
-	return fmt.Sprintf("nats stream edit %s --max-bytes=%d --max-age=%s --discard=old --force", want.Name, want.MaxBytes, natsDuration(want.MaxAge))
+	return fmt.Sprintf("nats stream edit %s --max-bytes=%s --max-age=%s --discard=old --force", want.Name, natsBytes(want.MaxBytes), natsDuration(want.MaxAge))
 }
 
 func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, want jetstream.ConsumerConfig) error {
@@ -455,11 +470,10 @@ func ensureBucket(ctx context.Context, js jetstream.JetStream, want jetstream.Ke
 		return nil
 	}
 	e := &MismatchError{Kind: "bucket", Name: want.Bucket, Fields: diff}
-	if have.Storage == want.Storage {
+	// The nats CLI changes a bucket's history only after asking at a
+	// terminal: no command for that.
+	if have.Storage == want.Storage && have.MaxMsgsPerSubject == int64(want.History) {
 		var flags []string
-		if have.MaxMsgsPerSubject != int64(want.History) {
-			flags = append(flags, fmt.Sprintf("--max-msgs-per-subject=%d", want.History))
-		}
 		if have.Replicas != want.Replicas {
 			flags = append(flags, fmt.Sprintf("--replicas=%d", want.Replicas))
 		}

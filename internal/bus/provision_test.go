@@ -191,7 +191,7 @@ func TestProvisionBoundsAnExistingDeadLetterStream(t *testing.T) {
 	err = Provision(ctx, js, Settings{DLQMaxBytes: 2 << 30, DLQMaxAge: 24 * time.Hour})
 	var mm *MismatchError
 	if !errors.As(err, &mm) || mm.Name != n.DLQStream() ||
-		mm.Fix != "nats stream edit AGENT_DLQ --max-age=24h --max-bytes=2147483648 --force" {
+		mm.Fix != "nats stream edit AGENT_DLQ --max-age=24h --max-bytes=2GB --force" {
 		t.Fatalf("changed dead-letter limits: %v", err)
 	}
 	if !strings.Contains(err.Error(), mm.Fix) {
@@ -227,5 +227,16 @@ func TestProvisionNamesTheDeadLetterBoundWhenTheServerHasNoRoom(t *testing.T) {
 	}
 	if err := Provision(context.Background(), js, Settings{DLQMaxBytes: 16 << 20}); err != nil {
 		t.Fatalf("with a bound that fits: %v", err)
+	}
+}
+
+// The nats CLI refuses a bare byte count and takes at most 2147483647
+// plain bytes; these forms were checked with natscli's stream edit (an
+// odd size over 2 GiB stays plain, which the CLI refuses).
+func TestNatsBytesAsTheCLIReadsThem(t *testing.T) {
+	for n, want := range map[int64]string{-1: "-1", 5000: "5000B", 1 << 20: "1MB", 1 << 30: "1GB", 2 << 30: "2GB", 3<<30 + 1: "3221225473B"} {
+		if got := natsBytes(n); got != want {
+			t.Errorf("natsBytes(%d) = %s, want %s", n, got, want)
+		}
 	}
 }
