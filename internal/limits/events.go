@@ -2,13 +2,9 @@ package limits
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsagent/natsagent/internal/files"
 )
@@ -46,37 +42,17 @@ func (l *Limiter) AddEventBytes(ctx context.Context, tenant string, n int64) err
 	if n <= 0 || l.policy.For(tenant).MaxEventBytes <= 0 {
 		return nil
 	}
-	key := "events." + tenant
-	for attempt := 0; ; attempt++ {
-		h, rev, err := l.eventHours(ctx, key)
-		if err != nil {
-			return err
-		}
+	return update(ctx, l, "events."+tenant, "count the event bytes of tenant "+tenant, func(h *eventHours) (bool, error) {
 		now := l.now()
-		l.prune(&h, now)
-		hour := strconv.FormatInt(now.Unix()/3600, 10)
-		h.Hours[hour] += n
-		data, _ := json.Marshal(h)
-		if rev == 0 {
-			_, err = l.kv.Create(ctx, key, data)
-		} else {
-			_, err = l.kv.Update(ctx, key, data, rev)
-		}
-		if err == nil {
-			return nil
-		}
-		if !conflict(err) || attempt >= 50 {
-			return fmt.Errorf("count the event bytes of tenant %s: %w", tenant, err)
-		}
-		if err := backoff(ctx, attempt); err != nil {
-			return err
-		}
-	}
+		l.prune(h, now)
+		h.Hours[strconv.FormatInt(now.Unix()/3600, 10)] += n
+		return true, nil
+	})
 }
 
 // EventBytes is tenant's counted event bytes within the events' max age.
 func (l *Limiter) EventBytes(ctx context.Context, tenant string) (int64, error) {
-	h, _, err := l.eventHours(ctx, "events."+tenant)
+	h, _, err := load[eventHours](ctx, l, "events."+tenant)
 	if err != nil {
 		return 0, err
 	}
@@ -117,17 +93,4 @@ func (l *Limiter) prune(h *eventHours, now time.Time) {
 			delete(h.Hours, k)
 		}
 	}
-}
-
-func (l *Limiter) eventHours(ctx context.Context, key string) (eventHours, uint64, error) {
-	var h eventHours
-	e, err := l.kv.Get(ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return h, 0, nil
-	}
-	if err != nil {
-		return h, 0, fmt.Errorf("read %s: %w", key, err)
-	}
-	_ = json.Unmarshal(e.Value(), &h)
-	return h, e.Revision(), nil
 }

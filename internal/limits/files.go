@@ -2,11 +2,7 @@ package limits
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsagent/natsagent/internal/files"
 )
@@ -70,52 +66,20 @@ func (q *quotaWorkdir) Remove(ctx context.Context, p string) error {
 
 // FileBytes is tenant's counted workdir bytes.
 func (l *Limiter) FileBytes(ctx context.Context, tenant string) (int64, error) {
-	e, err := l.kv.Get(ctx, "files."+tenant)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	var n int64
-	_ = json.Unmarshal(e.Value(), &n)
-	return n, nil
+	n, _, err := load[int64](ctx, l, "files."+tenant)
+	return n, err
 }
 
 // addFileBytes adds delta to tenant's count; with check, it refuses a
 // delta that would take the count over the quota.
 func (l *Limiter) addFileBytes(ctx context.Context, tenant string, delta int64, check bool) error {
 	limit := l.policy.For(tenant).MaxFileBytes
-	key := "files." + tenant
-	for attempt := 0; ; attempt++ {
-		var n int64
-		var rev uint64
-		e, err := l.kv.Get(ctx, key)
-		switch {
-		case err == nil:
-			rev = e.Revision()
-			_ = json.Unmarshal(e.Value(), &n)
-		case !errors.Is(err, jetstream.ErrKeyNotFound):
-			return fmt.Errorf("read the file quota of tenant %s: %w", tenant, err)
+	return update(ctx, l, "files."+tenant, "count the files of tenant "+tenant, func(n *int64) (bool, error) {
+		if check && *n+delta > limit {
+			return false, fmt.Errorf("%w: tenant %s's files hold %d bytes; %d more would pass its quota of %d bytes (limits max_file_bytes): remove files first, or ask the operator to raise the quota",
+				files.ErrQuota, tenant, *n, delta, limit)
 		}
-		if check && n+delta > limit {
-			return fmt.Errorf("%w: tenant %s's files hold %d bytes; %d more would pass its quota of %d bytes (limits max_file_bytes): remove files first, or ask the operator to raise the quota",
-				files.ErrQuota, tenant, n, delta, limit)
-		}
-		data, _ := json.Marshal(max(n+delta, 0))
-		if rev == 0 {
-			_, err = l.kv.Create(ctx, key, data)
-		} else {
-			_, err = l.kv.Update(ctx, key, data, rev)
-		}
-		if err == nil {
-			return nil
-		}
-		if !conflict(err) || attempt >= 50 {
-			return fmt.Errorf("count the files of tenant %s: %w", tenant, err)
-		}
-		if err := backoff(ctx, attempt); err != nil {
-			return err
-		}
-	}
+		*n = max(*n+delta, 0)
+		return true, nil
+	})
 }

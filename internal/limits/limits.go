@@ -149,41 +149,78 @@ func (l *Limiter) Admit(ctx context.Context, tenant string) error {
 	if t.RunsPerMinute <= 0 {
 		return nil
 	}
-	key := "rate." + tenant
-	for attempt := 0; ; attempt++ {
+	return update(ctx, l, "rate."+tenant, "count a submission of tenant "+tenant, func(w *rateWindow) (bool, error) {
 		now := l.now()
 		minute := now.Unix() / 60
-		var w rateWindow
-		var rev uint64
-		e, err := l.kv.Get(ctx, key)
-		switch {
-		case err == nil:
-			rev = e.Revision()
-			if json.Unmarshal(e.Value(), &w) != nil {
-				w = rateWindow{}
-			}
-		case !errors.Is(err, jetstream.ErrKeyNotFound):
-			return fmt.Errorf("read the submission rate of tenant %s: %w", tenant, err)
-		}
 		if w.Minute != minute {
-			w = rateWindow{Minute: minute}
+			*w = rateWindow{Minute: minute}
 		}
 		if w.Count >= t.RunsPerMinute {
 			next := time.Unix((minute+1)*60, 0)
-			return &RateError{Tenant: tenant, Limit: t.RunsPerMinute, RetryAfter: max(next.Sub(now), time.Second)}
+			return false, &RateError{Tenant: tenant, Limit: t.RunsPerMinute, RetryAfter: max(next.Sub(now), time.Second)}
 		}
 		w.Count++
-		data, _ := json.Marshal(w)
-		if rev == 0 {
-			_, err = l.kv.Create(ctx, key, data)
-		} else {
-			_, err = l.kv.Update(ctx, key, data, rev)
+		return true, nil
+	})
+}
+
+// load reads the JSON value under key in the limits bucket and its
+// revision (0 when the key is absent). A value that does not decode reads
+// as the zero value: a damaged record would otherwise block its tenant
+// for good.
+func load[T any](ctx context.Context, l *Limiter, key string) (T, uint64, error) {
+	var v T
+	e, err := l.kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return v, 0, nil
+	}
+	if err != nil {
+		return v, 0, fmt.Errorf("read %s: %w", key, err)
+	}
+	if json.Unmarshal(e.Value(), &v) != nil {
+		var zero T
+		return zero, e.Revision(), nil
+	}
+	return v, e.Revision(), nil
+}
+
+// store writes v under key if the key is still at revision rev (0: if it
+// does not exist), so a concurrent writer's change is never overwritten.
+func store[T any](ctx context.Context, l *Limiter, key string, v T, rev uint64) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if rev == 0 {
+		_, err = l.kv.Create(ctx, key, data)
+	} else {
+		_, err = l.kv.Update(ctx, key, data, rev)
+	}
+	return err
+}
+
+// update changes the value under key with a compare-and-set: it loads the
+// value, lets apply change it, and stores it when apply says to write; a
+// store that lost to a concurrent writer is tried again on the new value,
+// after a backoff, up to 50 times. An error of apply is returned as is;
+// what says what the update does, for the errors of NATS ("count a
+// submission of tenant acme").
+func update[T any](ctx context.Context, l *Limiter, key, what string, apply func(*T) (write bool, err error)) error {
+	for attempt := 0; ; attempt++ {
+		v, rev, err := load[T](ctx, l, key)
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
 		}
+		write, err := apply(&v)
+		if err != nil || !write {
+			return err
+		}
+		err = store(ctx, l, key, v, rev)
 		if err == nil {
 			return nil
 		}
 		if !conflict(err) || attempt >= 50 {
-			return fmt.Errorf("count a submission of tenant %s: %w", tenant, err)
+			return fmt.Errorf("%s: %w", what, err)
 		}
 		if err := backoff(ctx, attempt); err != nil {
 			return err
@@ -236,7 +273,7 @@ func (l *Limiter) Acquire(ctx context.Context, tenant string, s Slot, live func(
 	}
 	key := "active." + tenant
 	for attempt := 0; ; attempt++ {
-		a, rev, err := l.active(ctx, key)
+		a, rev, err := load[active](ctx, l, key)
 		if err != nil {
 			return false, err
 		}
@@ -262,7 +299,7 @@ func (l *Limiter) Acquire(ctx context.Context, tenant string, s Slot, live func(
 			if len(a.Runs) >= limit {
 				if dropped {
 					// Save the cleanup for the others; a conflict is fine.
-					_ = l.save(ctx, key, a, rev)
+					_ = store(ctx, l, key, a, rev)
 				} else {
 					l.trust(tenant, rev)
 				}
@@ -274,7 +311,7 @@ func (l *Limiter) Acquire(ctx context.Context, tenant string, s Slot, live func(
 		}
 		s.At = l.now().UTC()
 		a.Runs[s.Run] = s
-		err = l.save(ctx, key, a, rev)
+		err = store(ctx, l, key, a, rev)
 		if err == nil {
 			return true, nil
 		}
@@ -292,32 +329,19 @@ func (l *Limiter) Release(ctx context.Context, tenant, run string) error {
 	if l.policy.For(tenant).MaxConcurrentRuns <= 0 {
 		return nil
 	}
-	key := "active." + tenant
-	for attempt := 0; ; attempt++ {
-		a, rev, err := l.active(ctx, key)
-		if err != nil {
-			return err
-		}
+	what := fmt.Sprintf("release the running-run slot of run %s of tenant %s", run, tenant)
+	return update(ctx, l, "active."+tenant, what, func(a *active) (bool, error) {
 		if _, ok := a.Runs[run]; !ok {
-			return nil
+			return false, nil
 		}
 		delete(a.Runs, run)
-		err = l.save(ctx, key, a, rev)
-		if err == nil {
-			return nil
-		}
-		if !conflict(err) || attempt >= 50 {
-			return fmt.Errorf("release the running-run slot of run %s of tenant %s: %w", run, tenant, err)
-		}
-		if err := backoff(ctx, attempt); err != nil {
-			return err
-		}
-	}
+		return true, nil
+	})
 }
 
 // Running returns tenant's slots, as stored.
 func (l *Limiter) Running(ctx context.Context, tenant string) ([]Slot, error) {
-	a, _, err := l.active(ctx, "active."+tenant)
+	a, _, err := load[active](ctx, l, "active."+tenant)
 	if err != nil {
 		return nil, err
 	}
@@ -327,35 +351,6 @@ func (l *Limiter) Running(ctx context.Context, tenant string) ([]Slot, error) {
 		out = append(out, s)
 	}
 	return out, nil
-}
-
-func (l *Limiter) active(ctx context.Context, key string) (active, uint64, error) {
-	var a active
-	e, err := l.kv.Get(ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return a, 0, nil
-	}
-	if err != nil {
-		return a, 0, fmt.Errorf("read %s: %w", key, err)
-	}
-	if err := json.Unmarshal(e.Value(), &a); err != nil {
-		// A damaged record would otherwise block the tenant for good.
-		return active{}, e.Revision(), nil
-	}
-	return a, e.Revision(), nil
-}
-
-func (l *Limiter) save(ctx context.Context, key string, a active, rev uint64) error {
-	data, err := json.Marshal(a)
-	if err != nil {
-		return err
-	}
-	if rev == 0 {
-		_, err = l.kv.Create(ctx, key, data)
-	} else {
-		_, err = l.kv.Update(ctx, key, data, rev)
-	}
-	return err
 }
 
 func (l *Limiter) trusted(tenant string, rev uint64) bool {
