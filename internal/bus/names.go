@@ -149,15 +149,7 @@ func (n Names) SubagentEndpoint(op string) string { return n.Prefix + ".subagent
 // ParseSubagentSubject returns the tenant and operation tokens of a
 // subagent service subject. The tenant is not validated.
 func (n Names) ParseSubagentSubject(subject string) (tenant, op string, ok bool) {
-	rest, found := strings.CutPrefix(subject, n.Prefix+".subagent.")
-	if !found {
-		return "", "", false
-	}
-	tenant, op, found = strings.Cut(rest, ".")
-	if !found || strings.Contains(op, ".") {
-		return "", "", false
-	}
-	return tenant, op, true
+	return n.parsePair(subject, "subagent")
 }
 
 // DLQSubjects is the subject filter of the dead-letter stream.
@@ -166,15 +158,21 @@ func (n Names) DLQSubjects() string { return n.Prefix + ".dlq.>" }
 // ParseRunSubject returns the tenant and thread tokens of a run subject.
 // The tokens are not validated; callers check them with protocol.ValidToken.
 func (n Names) ParseRunSubject(subject string) (tenant, thread string, ok bool) {
-	rest, found := strings.CutPrefix(subject, n.Prefix+".runs.")
+	return n.parsePair(subject, "runs")
+}
+
+// parsePair returns the two tokens after P.<kind> of a subject of exactly
+// four tokens, P.<kind>.<a>.<b>; the tokens are not validated.
+func (n Names) parsePair(subject, kind string) (a, b string, ok bool) {
+	rest, found := strings.CutPrefix(subject, n.Prefix+"."+kind+".")
 	if !found {
 		return "", "", false
 	}
-	tenant, thread, found = strings.Cut(rest, ".")
-	if !found || strings.Contains(thread, ".") {
+	a, b, found = strings.Cut(rest, ".")
+	if !found || strings.Contains(b, ".") {
 		return "", "", false
 	}
-	return tenant, thread, true
+	return a, b, true
 }
 
 // ParseCancelSubject returns the tokens of a cancel subject.

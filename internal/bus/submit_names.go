@@ -1,7 +1,5 @@
 package bus
 
-import "strings"
-
 // SubmitSubject is the submit service's subject for a thread's run
 // requests. A tenant in its own NATS account publishes to
 // RunSubject(tenant, thread); its service import maps that to this subject
@@ -17,13 +15,5 @@ func (n Names) SubmitSubjects() string { return n.Prefix + ".submit.>" }
 // ParseSubmitSubject returns the tokens of a submit service subject. The
 // tokens are not validated.
 func (n Names) ParseSubmitSubject(subject string) (tenant, thread string, ok bool) {
-	rest, found := strings.CutPrefix(subject, n.Prefix+".submit.")
-	if !found {
-		return "", "", false
-	}
-	tenant, thread, found = strings.Cut(rest, ".")
-	if !found || strings.Contains(thread, ".") {
-		return "", "", false
-	}
-	return tenant, thread, true
+	return n.parsePair(subject, "submit")
 }
