@@ -17,6 +17,7 @@ import (
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/intake"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/limits"
 	"github.com/natsagent/natsagent/internal/natsjwt"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/submit"
@@ -30,11 +31,12 @@ type env struct {
 	stores *kv.Stores
 }
 
-// setup runs the submit service on an embedded JetStream server. Without
+// setup runs the submit service on an embedded JetStream server, with
+// hooks and, when policy is not nil, the tenants' limits it sets. Without
 // accounts nothing replaces Nats-Request-Info, so the tests set it as a
 // NATS server would after a service import (deploy/attack_test.go proves
 // the server's part against the shipped configuration).
-func setup(t *testing.T, hooks intake.Hooks) *env {
+func setup(t *testing.T, hooks intake.Hooks, policy *limits.Policy) *env {
 	t.Helper()
 	d := testdeploy.Start(t, bus.Settings{})
 	ctx := context.Background()
@@ -42,8 +44,14 @@ func setup(t *testing.T, hooks intake.Hooks) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := intake.Start(d.NC, intake.Config{Settings: d.Settings, Stores: d.Stores, Logger: zaptest.NewLogger(t), Hooks: hooks,
-		Queue: &submit.Queue{JS: d.JS, Names: d.Settings.Names, Stores: d.Stores, Events: pub, Submitter: "intake"}})
+	cfg := intake.Config{Settings: d.Settings, Stores: d.Stores, Logger: zaptest.NewLogger(t), Hooks: hooks,
+		Queue: &submit.Queue{JS: d.JS, Names: d.Settings.Names, Stores: d.Stores, Events: pub, Submitter: "intake"}}
+	if policy != nil {
+		if cfg.Limits, err = limits.Open(ctx, d.JS, d.Settings, *policy); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := intake.Start(d.NC, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +136,7 @@ const hi = `"input":{"messages":[{"role":"user","content":"hi"}]}`
 // (name_tag before user), the user id set to it, and the message id
 // "<tenant>.<run>", whatever the body claimed.
 func TestSubmitStampsThePrincipal(t *testing.T) {
-	e := setup(t, intake.Hooks{Roles: func(tenant string, ci intake.ClientInfo) []string { return []string{tenant + "-role"} }})
+	e := setup(t, intake.Hooks{Roles: func(tenant string, ci intake.ClientInfo) []string { return []string{tenant + "-role"} }}, nil)
 	body := `{"run_id":"r1","thread_id":"h1",` + hi + `,"principal":{"user":"boss","roles":["admin"]}}`
 	a := ack(t, e.send("acme", "h1", body, intake.HeaderRequestInfo, info("acme", "alice", ""), nats.MsgIdHdr, "r1"))
 	m, err := e.runs.GetMsg(context.Background(), a.Sequence)
@@ -163,7 +171,7 @@ func TestSubmitStampsThePrincipal(t *testing.T) {
 // user by its public key; the user JWT's tenant tag (natsjwt) says which
 // tenant the account is, and its name is the principal.
 func TestSubmitJWTAccount(t *testing.T) {
-	e := setup(t, intake.Hooks{})
+	e := setup(t, intake.Hooks{}, nil)
 	acc, user := newKey(t, nkeys.CreateAccount), newKey(t, nkeys.CreateUser)
 	a := ack(t, e.send("acme", "h1", `{"run_id":"r1","thread_id":"h1",`+hi+`}`,
 		intake.HeaderRequestInfo, info(acc, user, "bob", "team:blue", natsjwt.TenantTag("acme"))))
@@ -210,7 +218,7 @@ func TestSubmitJWTAccount(t *testing.T) {
 }
 
 func TestSubmitRefusals(t *testing.T) {
-	e := setup(t, intake.Hooks{})
+	e := setup(t, intake.Hooks{}, nil)
 	alice := info("acme", "alice", "")
 	cases := []struct {
 		name, tenant, thread, body string
@@ -255,7 +263,7 @@ func TestSubmitAuthorizeHook(t *testing.T) {
 			return errors.New("agent " + req.Agent + " is not allowed for " + p.User)
 		}
 		return nil
-	}})
+	}}, nil)
 	alice := info("acme", "alice", "")
 	refusal(t, e.send("acme", "h1", `{"run_id":"r1","thread_id":"h1","agent":"coder",`+hi+`}`, intake.HeaderRequestInfo, alice), 403, intake.ErrCodeForbidden, "agent coder is not allowed for alice")
 	a := ack(t, e.send("acme", "h1", `{"run_id":"r2","thread_id":"h1",`+hi+`,"config":{"user_id":"carol"}}`, intake.HeaderRequestInfo, alice))
@@ -269,7 +277,7 @@ func TestSubmitAuthorizeHook(t *testing.T) {
 // client's Publish gets the PubAck (inside the service account, as a
 // trusted client; through an import in deploy's tests).
 func TestSubmitWithoutReplyAndWithJetStreamPublish(t *testing.T) {
-	e := setup(t, intake.Hooks{})
+	e := setup(t, intake.Hooks{}, nil)
 	if err := e.nc.Publish("agent.submit.acme.h1", []byte(`{"run_id":"r1","thread_id":"h1",`+hi+`}`)); err != nil {
 		t.Fatal(err)
 	}

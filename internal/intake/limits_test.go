@@ -5,39 +5,18 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zaptest"
-
-	"github.com/natsagent/natsagent/internal/bus"
-	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/intake"
 	"github.com/natsagent/natsagent/internal/limits"
-	"github.com/natsagent/natsagent/internal/submit"
-	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 // A NATS client meets the tenant's limits as an HTTP client does: a bound
 // over the tenant's maximum is 400, the runs over runs_per_minute 429, and
 // another tenant is not affected.
 func TestSubmitAppliesTheTenantsLimits(t *testing.T) {
-	d := testdeploy.Start(t, bus.Settings{})
-	ctx := context.Background()
-	pub, err := events.NewPublisher(ctx, d.JS, d.Settings.Names, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim, err := limits.Open(ctx, d.JS, d.Settings, limits.Policy{Tenants: map[string]limits.Tenant{
+	e := setup(t, intake.Hooks{}, &limits.Policy{Tenants: map[string]limits.Tenant{
 		"acme": {RunsPerMinute: 2, MaxRunTime: time.Hour},
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := intake.Start(d.NC, intake.Config{Settings: d.Settings, Stores: d.Stores, Logger: zaptest.NewLogger(t), Limits: lim,
-		Queue: &submit.Queue{JS: d.JS, Names: d.Settings.Names, Stores: d.Stores, Events: pub, Submitter: "intake"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Stop)
-	e := &env{t: t, nc: d.NC, stores: d.Stores}
+	ctx := context.Background()
 	alice := func(tenant string) []string { return []string{intake.HeaderRequestInfo, info(tenant, "alice", "")} }
 
 	refusal(t, e.send("acme", "h1", `{"run_id":"r0","thread_id":"h1",`+hi+`,"config":{"timeout_seconds":7200}}`, alice("acme")...),
@@ -52,7 +31,7 @@ func TestSubmitAppliesTheTenantsLimits(t *testing.T) {
 			continue
 		}
 		refusal(t, m, 429, intake.ErrCodeRateLimited, "runs_per_minute")
-		if _, _, err := d.Stores.Runs.Get(ctx, "acme", run); err == nil {
+		if _, _, err := e.stores.Runs.Get(ctx, "acme", run); err == nil {
 			t.Fatalf("the refused run %s has a record", run)
 		}
 		refused++

@@ -15,7 +15,7 @@ func TestSubmitOnAnotherUsersThread(t *testing.T) {
 	readAll := map[string]bool{"carol": true}
 	e := setup(t, intake.Hooks{MayUseThread: func(th *protocol.Thread, p *protocol.Principal) bool {
 		return th.Owner == "" || th.Owner == p.User || readAll[p.User]
-	}})
+	}}, nil)
 	ack(t, e.send("acme", "h1", `{"run_id":"r1","thread_id":"h1",`+hi+`}`, intake.HeaderRequestInfo, info("acme", "alice", "")))
 	th, _, err := e.stores.Threads.Get(context.Background(), "acme", "h1")
 	if err != nil || th.Owner != "alice" {
@@ -29,7 +29,7 @@ func TestSubmitOnAnotherUsersThread(t *testing.T) {
 	ack(t, e.send("acme", "h1", `{"run_id":"r4","thread_id":"h1",`+hi+`}`, intake.HeaderRequestInfo, info("acme", "alice", "")))
 
 	// Without the hook only the owner may.
-	e2 := setup(t, intake.Hooks{})
+	e2 := setup(t, intake.Hooks{}, nil)
 	ack(t, e2.send("acme", "h1", `{"run_id":"r1","thread_id":"h1",`+hi+`}`, intake.HeaderRequestInfo, info("acme", "alice", "")))
 	refusal(t, e2.send("acme", "h1", `{"run_id":"r2","thread_id":"h1",`+hi+`}`, intake.HeaderRequestInfo, info("acme", "carol", "")), 404, intake.ErrCodeNotFound, "not found")
 }
