@@ -267,6 +267,23 @@ func copyFile(t *testing.T, from string) string {
 	return to
 }
 
+// shutOut keeps a copy of account's user's creds, makes change (a
+// revocation, rotation or removal, and what brings it to the servers),
+// then checks that the server closes c and refuses the old creds at every
+// url. It returns the copy.
+func shutOut(t *testing.T, s *natsjwt.Store, c *conn, account, user, what string, change func(), urls ...string) string {
+	t.Helper()
+	creds := copyFile(t, s.CredsPath(account, user))
+	change()
+	c.waitClosed(t, what)
+	for _, url := range urls {
+		if _, err := nats.Connect(url, nats.UserCredentials(creds)); err == nil {
+			t.Fatalf("%s's user %s connected to %s with its old creds after %s", account, user, url, what)
+		}
+	}
+	return creds
+}
+
 // TestPushFullResolver runs a server with the full resolver that knows
 // only SYS and AGENT, and proves each change works on it once pushed: a
 // tenant added, a user revoked (disconnected, then refused), a user
@@ -315,29 +332,23 @@ func TestPushFullResolver(t *testing.T) {
 	}
 
 	// Revoke: the connection is closed, the creds refused.
-	opsCreds := copyFile(t, s.CredsPath("acme", "ops"))
-	if err := s.RevokeUser("acme", "ops"); err != nil {
-		t.Fatal(err)
-	}
-	push()
-	ops.waitClosed(t, "ops was revoked")
-	if _, err := nats.Connect(url, nats.UserCredentials(opsCreds)); err == nil {
-		t.Fatal("revoked user ops connected")
-	}
+	shutOut(t, s, ops, "acme", "ops", "ops was revoked", func() {
+		if err := s.RevokeUser("acme", "ops"); err != nil {
+			t.Fatal(err)
+		}
+		push()
+	}, url)
 	if app.nc.IsClosed() {
 		t.Fatal("revoking ops closed app's connection")
 	}
 
 	// Rotate: old creds closed and refused, new ones connect.
-	oldApp := copyFile(t, s.CredsPath("acme", "app"))
-	if _, err := s.RotateUser("acme", "app"); err != nil {
-		t.Fatal(err)
-	}
-	push()
-	app.waitClosed(t, "app was rotated")
-	if _, err := nats.Connect(url, nats.UserCredentials(oldApp)); err == nil {
-		t.Fatal("app's old creds connected after the rotation")
-	}
+	shutOut(t, s, app, "acme", "app", "app was rotated", func() {
+		if _, err := s.RotateUser("acme", "app"); err != nil {
+			t.Fatal(err)
+		}
+		push()
+	}, url)
 	app, err = connect(t, url, s, "acme", "app")
 	if err != nil {
 		t.Fatalf("app's new creds: %v", err)
@@ -346,22 +357,19 @@ func TestPushFullResolver(t *testing.T) {
 	// Remove: the last JWT alone (every user revoked) closes the
 	// connections and refuses the creds; the push then deletes the
 	// account from the resolver.
-	appCreds := copyFile(t, s.CredsPath("acme", "app"))
-	pub, err := s.RemoveTenant("acme")
-	if err != nil {
-		t.Fatal(err)
-	}
-	last, err := os.ReadFile(filepath.Join(s.Dir(), "removed", pub+".jwt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := sys.nc.Request("$SYS.REQ.CLAIMS.UPDATE", last, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	app.waitClosed(t, "acme was removed")
-	if _, err := nats.Connect(url, nats.UserCredentials(appCreds)); err == nil {
-		t.Fatal("removed tenant acme's user connected")
-	}
+	var pub string
+	appCreds := shutOut(t, s, app, "acme", "app", "acme was removed", func() {
+		if pub, err = s.RemoveTenant("acme"); err != nil {
+			t.Fatal(err)
+		}
+		last, err := os.ReadFile(filepath.Join(s.Dir(), "removed", pub+".jwt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sys.nc.Request("$SYS.REQ.CLAIMS.UPDATE", last, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}, url)
 	listed := func() string {
 		t.Helper()
 		m, err := sys.nc.Request("$SYS.REQ.CLAIMS.LIST", nil, 5*time.Second)
@@ -445,24 +453,18 @@ func TestMemoryResolverReload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opsCreds := copyFile(t, s.CredsPath("acme", "ops"))
-	if err := s.RevokeUser("acme", "ops"); err != nil {
-		t.Fatal(err)
-	}
-	natsjwttest.Reload(t, srv, s)
-	ops.waitClosed(t, "ops was revoked and the server reloaded")
-	if _, err := nats.Connect(url, nats.UserCredentials(opsCreds)); err == nil {
-		t.Fatal("revoked user ops connected")
-	}
-	appCreds := copyFile(t, s.CredsPath("acme", "app"))
-	if _, err := s.RemoveTenant("acme"); err != nil {
-		t.Fatal(err)
-	}
-	natsjwttest.Reload(t, srv, s)
-	app.waitClosed(t, "acme was removed and the server reloaded")
-	if _, err := nats.Connect(url, nats.UserCredentials(appCreds)); err == nil {
-		t.Fatal("removed tenant acme's user connected")
-	}
+	shutOut(t, s, ops, "acme", "ops", "ops was revoked and the server reloaded", func() {
+		if err := s.RevokeUser("acme", "ops"); err != nil {
+			t.Fatal(err)
+		}
+		natsjwttest.Reload(t, srv, s)
+	}, url)
+	shutOut(t, s, app, "acme", "app", "acme was removed and the server reloaded", func() {
+		if _, err := s.RemoveTenant("acme"); err != nil {
+			t.Fatal(err)
+		}
+		natsjwttest.Reload(t, srv, s)
+	}, url)
 }
 
 // TestPushCluster: in a 3-node cluster with the full resolver, a push to
@@ -507,25 +509,21 @@ func TestPushCluster(t *testing.T) {
 	}
 	push()
 	app := eventually(2)
-	oldApp := copyFile(t, s.CredsPath("acme", "app"))
-	if _, err := s.RotateUser("acme", "app"); err != nil {
-		t.Fatal(err)
-	}
-	push()
-	app.waitClosed(t, "app was rotated on another node")
-	app = eventually(1)
-	if _, err := nats.Connect(nodes[2].ClientURL(), nats.UserCredentials(oldApp)); err == nil {
-		t.Fatal("app's old creds connected to node 3 after the rotation")
-	}
-	appCreds := copyFile(t, s.CredsPath("acme", "app"))
-	if _, err := s.RemoveTenant("acme"); err != nil {
-		t.Fatal(err)
-	}
-	push()
-	app.waitClosed(t, "acme was removed")
-	for _, n := range nodes {
-		if _, err := nats.Connect(n.ClientURL(), nats.UserCredentials(appCreds)); err == nil {
-			t.Fatalf("removed tenant acme's user connected to %s", n.Name())
+	shutOut(t, s, app, "acme", "app", "app was rotated on another node", func() {
+		if _, err := s.RotateUser("acme", "app"); err != nil {
+			t.Fatal(err)
 		}
+		push()
+	}, nodes[2].ClientURL())
+	app = eventually(1)
+	urls := make([]string, len(nodes))
+	for i, n := range nodes {
+		urls[i] = n.ClientURL()
 	}
+	shutOut(t, s, app, "acme", "app", "acme was removed", func() {
+		if _, err := s.RemoveTenant("acme"); err != nil {
+			t.Fatal(err)
+		}
+		push()
+	}, urls...)
 }
