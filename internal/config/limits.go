@@ -1,7 +1,8 @@
 package config
 
 import (
-	"sort"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/natsagent/natsagent/internal/protocol"
@@ -79,12 +80,7 @@ func (l Limits) For(tenant string) TenantLimits {
 
 func (l Limits) validate(bad func(path, format string, args ...any)) {
 	l.Default.validate("limits.default", bad)
-	names := make([]string, 0, len(l.Tenants))
-	for name := range l.Tenants {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(l.Tenants)) {
 		path := "limits.tenants." + name
 		if !protocol.ValidToken(name) {
 			bad(path, "%q is not a valid tenant id: use 1 to %d characters from A-Z, a-z, 0-9, '_' and '-'", name, protocol.MaxTokenLen)

@@ -2,7 +2,8 @@ package config
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"unicode"
 )
@@ -67,12 +68,7 @@ func validateRoleNames(path string, roles []string, bad func(path, format string
 // validate checks the policy, and that the roles API keys name exist.
 func (p *Policy) validate(keys []APIKey, bad func(path, format string, args ...any)) {
 	validateRoleNames("policy.default_roles", p.DefaultRoles, bad)
-	names := make([]string, 0, len(p.Roles))
-	for n := range p.Roles {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(p.Roles)) {
 		path := "policy.roles." + n
 		if !tenantName.MatchString(n) {
 			bad(path, "%q is not a valid role name: %s", n, roleRule)
@@ -101,12 +97,7 @@ func (p *Policy) validate(keys []APIKey, bad func(path, format string, args ...a
 			}
 		}
 	}
-	users := make([]string, 0, len(p.NATSUsers))
-	for u := range p.NATSUsers {
-		users = append(users, u)
-	}
-	sort.Strings(users)
-	for _, u := range users {
+	for _, u := range slices.Sorted(maps.Keys(p.NATSUsers)) {
 		path := fmt.Sprintf("policy.nats_users[%q]", u)
 		tenant, user, ok := strings.Cut(u, "/")
 		if !ok || !tenantName.MatchString(tenant) || !tenantName.MatchString(user) {

@@ -93,3 +93,41 @@ func TestJWTSharedKey(t *testing.T) {
 		t.Fatalf("key: %v", err)
 	}
 }
+
+// The errors about map entries (tenants' limits, roles, NATS users) come
+// in name order, so one configuration always gets the same message.
+func TestValidateListsMapEntriesInNameOrder(t *testing.T) {
+	for _, v := range []string{EnvModel, EnvBaseURL, EnvAPIKey} {
+		t.Setenv(v, "")
+	}
+	text := "limits:\n  tenants:\n"
+	for _, n := range []string{"t.5", "t.1", "t.4", "t.2", "t.3"} {
+		text += "    " + n + ": {}\n"
+	}
+	text += "policy:\n  roles:\n"
+	for _, n := range []string{"r.5", "r.1", "r.4", "r.2", "r.3"} {
+		text += "    " + n + ": {}\n"
+	}
+	text += "  nats_users:\n"
+	for _, n := range []string{"u5", "u1", "u4", "u2", "u3"} {
+		text += "    " + n + ": []\n"
+	}
+	_, err := Load(writeConfig(t, text))
+	if err == nil {
+		t.Fatal("a configuration with bad names loaded")
+	}
+	for _, paths := range [][]string{
+		{"limits.tenants.t.1:", "limits.tenants.t.2:", "limits.tenants.t.3:", "limits.tenants.t.4:", "limits.tenants.t.5:"},
+		{"policy.roles.r.1:", "policy.roles.r.2:", "policy.roles.r.3:", "policy.roles.r.4:", "policy.roles.r.5:"},
+		{`policy.nats_users["u1"]:`, `policy.nats_users["u2"]:`, `policy.nats_users["u3"]:`, `policy.nats_users["u4"]:`, `policy.nats_users["u5"]:`},
+	} {
+		last := -1
+		for _, p := range paths {
+			i := strings.Index(err.Error(), p)
+			if i <= last {
+				t.Fatalf("%s is missing or out of name order in:\n%v", p, err)
+			}
+			last = i
+		}
+	}
+}
