@@ -17,6 +17,26 @@ func writeConfig(t *testing.T, text string) string {
 	return p
 }
 
+// clearModelEnv keeps the machine's model variables out of a test.
+func clearModelEnv(t *testing.T) {
+	t.Helper()
+	for _, v := range []string{EnvModel, EnvBaseURL, EnvAPIKey} {
+		t.Setenv(v, "")
+	}
+}
+
+// loadRefuses loads each configuration of cases and checks that it is
+// refused with an error that mentions the case's text.
+func loadRefuses(t *testing.T, cases map[string]string) {
+	t.Helper()
+	for text, want := range cases {
+		_, err := Load(writeConfig(t, text))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("config %q: error %v, want it to mention %q", text, err, want)
+		}
+	}
+}
+
 func TestLoadFileAndEnvironment(t *testing.T) {
 	p := writeConfig(t, `
 nats:

@@ -1,15 +1,12 @@
 package config
 
 import (
-	"strings"
 	"testing"
 	"time"
 )
 
 func TestLimitsLoadAndMergeOverrides(t *testing.T) {
-	for _, v := range []string{EnvModel, EnvBaseURL, EnvAPIKey} {
-		t.Setenv(v, "")
-	}
+	clearModelEnv(t)
 	cfg, err := Load(writeConfig(t, `
 nats:
   dlq_max_bytes: 104857600
@@ -43,9 +40,7 @@ limits:
 }
 
 func TestLimitsRejectBadValuesWithTheirPath(t *testing.T) {
-	for _, v := range []string{EnvModel, EnvBaseURL, EnvAPIKey} {
-		t.Setenv(v, "")
-	}
+	clearModelEnv(t)
 	cases := map[string]string{
 		"limits:\n  default:\n    max_concurrent_runs: -1\n":         "limits.default.max_concurrent_runs",
 		"limits:\n  tenants:\n    acme:\n      max_steps: 10001\n":   "limits.tenants.acme.max_steps: 10001 is out of range: use 1 to 10000",
@@ -54,10 +49,5 @@ func TestLimitsRejectBadValuesWithTheirPath(t *testing.T) {
 		"nats:\n  dlq_max_bytes: 1000\n":                             "nats.dlq_max_bytes",
 		"nats:\n  dlq_max_age: 1s\n":                                 "nats.dlq_max_age",
 	}
-	for text, want := range cases {
-		_, err := Load(writeConfig(t, text))
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("config %q: error %v, want it to mention %q", text, err, want)
-		}
-	}
+	loadRefuses(t, cases)
 }

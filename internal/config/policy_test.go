@@ -75,12 +75,7 @@ func TestPolicyAndJWTValidationNamesTheField(t *testing.T) {
 		"policy:\n  roles:\n    a: {always_trsut: true}\n":                                                          "always_trsut",
 		"policy:\n  roles:\n    a: {}\n  nats_users:\n    acme/bot: [b]\n":                                          "policy.nats_users[\"acme/bot\"][0]: \"b\" is not in policy.roles",
 	}
-	for text, want := range cases {
-		_, err := Load(writeConfig(t, text))
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%q: got %v, want %q", text, err, want)
-		}
-	}
+	loadRefuses(t, cases)
 }
 
 func TestJWTSharedKey(t *testing.T) {
@@ -97,9 +92,7 @@ func TestJWTSharedKey(t *testing.T) {
 // The errors about map entries (tenants' limits, roles, NATS users) come
 // in name order, so one configuration always gets the same message.
 func TestValidateListsMapEntriesInNameOrder(t *testing.T) {
-	for _, v := range []string{EnvModel, EnvBaseURL, EnvAPIKey} {
-		t.Setenv(v, "")
-	}
+	clearModelEnv(t)
 	text := "limits:\n  tenants:\n"
 	for _, n := range []string{"t.5", "t.1", "t.4", "t.2", "t.3"} {
 		text += "    " + n + ": {}\n"
