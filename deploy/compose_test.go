@@ -57,6 +57,14 @@ func bindSource(s types.ServiceConfig, target string) (string, bool) {
 	return "", false
 }
 
+// strOf shows a compose environment value: unset, or quoted.
+func strOf(v *string) string {
+	if v == nil {
+		return "unset"
+	}
+	return strconv.Quote(*v)
+}
+
 func abs(t *testing.T, p string) string {
 	t.Helper()
 	a, err := filepath.Abs(p)
@@ -105,7 +113,7 @@ func TestComposeNATSCluster(t *testing.T) {
 		// tenants.conf's passwords, from the environment of compose.
 		for user, env := range tenantsPasswords {
 			if v := s.Environment[env]; v == nil || *v != natsPasswords()[user] {
-				t.Errorf("%s: %s is %v, want the value of %s in compose's environment", node, env, v, env)
+				t.Errorf("%s: %s is %s, want the value of %s in compose's environment", node, env, strOf(v), env)
 			}
 		}
 		// JetStream's store is a named volume that outlives the container.
@@ -191,10 +199,10 @@ func TestComposeNatsagent(t *testing.T) {
 	for _, user := range []string{"gateway", "worker"} {
 		env := service(t, p, user).Environment
 		if v := env[config.EnvNATSUser]; v == nil || *v != user {
-			t.Errorf("%s: %s is %v, want %s", user, config.EnvNATSUser, v, user)
+			t.Errorf("%s: %s is %s, want %s", user, config.EnvNATSUser, strOf(v), user)
 		}
 		if v := env[config.EnvNATSPassword]; v == nil || *v != natsPasswords()[user] {
-			t.Errorf("%s: %s is %v, want the value of %s", user, config.EnvNATSPassword, v, tenantsPasswords[user])
+			t.Errorf("%s: %s is %s, want the value of %s", user, config.EnvNATSPassword, strOf(v), tenantsPasswords[user])
 		}
 		for other, pw := range natsPasswords() {
 			for k, v := range env {
