@@ -110,7 +110,13 @@ func TestComposeNATSCluster(t *testing.T) {
 		if src, ok := bindSource(s, included); !ok || src != abs(t, tenantsConf) {
 			t.Errorf("%s: %s is %q, want deploy/nats/tenants.conf", node, included, src)
 		}
-		// tenants.conf's passwords, from the environment of compose.
+		// tenants.conf's passwords, from the environment of compose: every
+		// one it reads (a tenant added with `natsagent tenant add` too).
+		for _, env := range tenantsConfPasswordEnv(t) {
+			if _, ok := s.Environment[env]; !ok {
+				t.Errorf("%s: %s, which tenants.conf reads, is not passed to the server", node, env)
+			}
+		}
 		for user, env := range tenantsPasswords {
 			if v := s.Environment[env]; v == nil || *v != natsPasswords()[user] {
 				t.Errorf("%s: %s is %s, want the value of %s in compose's environment", node, env, strOf(v), env)

@@ -639,13 +639,7 @@ func TestNATSHelmValuesAuth(t *testing.T) {
 		t.Errorf("%s: the helm install command should have %s", natsValuesFile, setFile)
 	}
 	// Every variable tenants.conf reads, and no other, from the Secret.
-	var want []string
-	for _, mm := range regexp.MustCompile(`password: \$(\w+)`).FindAllStringSubmatch(string(read(t, tenantsConf)), -1) {
-		want = append(want, mm[1])
-	}
-	if len(want) < 4 {
-		t.Fatalf("tenants.conf reads %v: want the passwords of gateway, worker, acme and globex", want)
-	}
+	want := tenantsConfPasswordEnv(t)
 	var got []string
 	secret := m.secrets[natsSecretName]
 	for name, e := range v.Container.Env {
@@ -664,4 +658,18 @@ func TestNATSHelmValuesAuth(t *testing.T) {
 	if !sameSet(keys, want) {
 		t.Errorf("Secret %s (%s) has %v, want %v", natsSecretName, natsSecretFile, keys, want)
 	}
+}
+
+// tenantsConfPasswordEnv are the environment variables tenants.conf reads
+// its users' passwords from.
+func tenantsConfPasswordEnv(t *testing.T) []string {
+	t.Helper()
+	var names []string
+	for _, m := range regexp.MustCompile(`password: \$(\w+)`).FindAllStringSubmatch(string(read(t, tenantsConf)), -1) {
+		names = append(names, m[1])
+	}
+	if len(names) < 4 {
+		t.Fatalf("tenants.conf reads %v: want the passwords of gateway, worker, acme and globex", names)
+	}
+	return names
 }
