@@ -3,6 +3,7 @@ package deploy
 import (
 	"context"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -56,6 +57,14 @@ func bindSource(s types.ServiceConfig, target string) (string, bool) {
 	return "", false
 }
 
+// strOf shows a compose environment value: unset, or quoted.
+func strOf(v *string) string {
+	if v == nil {
+		return "unset"
+	}
+	return strconv.Quote(*v)
+}
+
 func abs(t *testing.T, p string) string {
 	t.Helper()
 	a, err := filepath.Abs(p)
@@ -75,13 +84,13 @@ func TestComposeSchemaIsEnforced(t *testing.T) {
 	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := loadComposeFile(path, nil); err == nil || !strings.Contains(err.Error(), "stop_grace_periods") {
+	if _, err := loadComposeFile(path, composeEnv(natsPasswords())); err == nil || !strings.Contains(err.Error(), "stop_grace_periods") {
 		t.Fatalf("a misspelled key was accepted: %v", err)
 	}
 }
 
 func TestComposeNATSCluster(t *testing.T) {
-	p := loadCompose(t, nil)
+	p := loadCompose(t, composeEnv(natsPasswords()))
 	for _, node := range natsNodes {
 		s := service(t, p, node)
 		if !strings.HasPrefix(s.Image, "nats:") {
@@ -95,6 +104,23 @@ func TestComposeNATSCluster(t *testing.T) {
 		src, ok := bindSource(s, confPath)
 		if !ok || src != abs(t, filepath.Join(natsConfDir, node+".conf")) {
 			t.Errorf("%s: %s is %q, want deploy/nats/%s.conf", node, confPath, src, node)
+		}
+		// `include tenants.conf` reads the file next to the config.
+		included := path.Join(path.Dir(confPath), "tenants.conf")
+		if src, ok := bindSource(s, included); !ok || src != abs(t, tenantsConf) {
+			t.Errorf("%s: %s is %q, want deploy/nats/tenants.conf", node, included, src)
+		}
+		// tenants.conf's passwords, from the environment of compose: every
+		// one it reads (a tenant added with `natsagent tenant add` too).
+		for _, env := range tenantsConfPasswordEnv(t) {
+			if _, ok := s.Environment[env]; !ok {
+				t.Errorf("%s: %s, which tenants.conf reads, is not passed to the server", node, env)
+			}
+		}
+		for user, env := range tenantsPasswords {
+			if v := s.Environment[env]; v == nil || *v != natsPasswords()[user] {
+				t.Errorf("%s: %s is %s, want the value of %s in compose's environment", node, env, strOf(v), env)
+			}
 		}
 		// JetStream's store is a named volume that outlives the container.
 		o := loadNATSConf(t, node)
@@ -113,7 +139,7 @@ func TestComposeNATSCluster(t *testing.T) {
 }
 
 func TestComposeNatsagent(t *testing.T) {
-	p := loadCompose(t, nil)
+	p := loadCompose(t, composeEnv(natsPasswords()))
 	cfg := loadConfig(t, composeConfig)
 	if cfg.NATS.Replicas != 3 {
 		t.Errorf("%s: nats.replicas %d, want 3 on the 3-node cluster", composeConfig, cfg.NATS.Replicas)
@@ -174,6 +200,25 @@ func TestComposeNatsagent(t *testing.T) {
 		}
 	}
 
+	// Each process connects as its own user of tenants.conf, with that
+	// user's password and no other.
+	for _, user := range []string{"gateway", "worker"} {
+		env := service(t, p, user).Environment
+		if v := env[config.EnvNATSUser]; v == nil || *v != user {
+			t.Errorf("%s: %s is %s, want %s", user, config.EnvNATSUser, strOf(v), user)
+		}
+		if v := env[config.EnvNATSPassword]; v == nil || *v != natsPasswords()[user] {
+			t.Errorf("%s: %s is %s, want the value of %s", user, config.EnvNATSPassword, strOf(v), tenantsPasswords[user])
+		}
+		for other, pw := range natsPasswords() {
+			for k, v := range env {
+				if other != user && v != nil && *v == pw {
+					t.Errorf("%s: %s holds the password of %s", user, k, other)
+				}
+			}
+		}
+	}
+
 	gw := service(t, p, "gateway")
 	if len(gw.Ports) != 1 || gw.Ports[0].Target != uint32(portOf(t, cfg.Gateway.Listen)) {
 		t.Errorf("gateway publishes %+v, want the listen port %s", gw.Ports, cfg.Gateway.Listen)
@@ -185,17 +230,40 @@ func TestComposeNatsagent(t *testing.T) {
 	}
 }
 
+// No password is shipped: with any of the four unset or empty, compose
+// stops before anything starts, naming the variable and how to make one.
+func TestComposeRequiresNATSPasswords(t *testing.T) {
+	for _, missing := range tenantsPasswords {
+		for _, empty := range []bool{false, true} {
+			var env []string
+			for _, kv := range composeEnv(natsPasswords()) {
+				if strings.HasPrefix(kv, missing+"=") {
+					if !empty {
+						continue
+					}
+					kv = missing + "="
+				}
+				env = append(env, kv)
+			}
+			_, err := loadComposeFile(composeFile, env)
+			if err == nil || !strings.Contains(err.Error(), "set "+missing) || !strings.Contains(err.Error(), "openssl rand") {
+				t.Errorf("compose with %s unset (empty: %v): %v, want an error naming it and how to make one", missing, empty, err)
+			}
+		}
+	}
+}
+
 // The model settings pass through from the shell; unset, the demo model runs.
 func TestComposeModelEnvironment(t *testing.T) {
 	modelEnv := []string{config.EnvBaseURL, config.EnvAPIKey, config.EnvModel}
 	for _, name := range []string{"gateway", "worker"} {
-		s := service(t, loadCompose(t, nil), name)
+		s := service(t, loadCompose(t, composeEnv(natsPasswords())), name)
 		for _, k := range modelEnv {
 			if v, ok := s.Environment[k]; !ok || v == nil || *v != "" {
 				t.Errorf("%s: %s should be set and empty by default (demo model), got %v", name, k, v)
 			}
 		}
-		s = service(t, loadCompose(t, []string{"OPENAI_API_KEY=sk-test", "NATSAGENT_MODEL=m1", "OPENAI_BASE_URL=http://llm:8000/v1"}), name)
+		s = service(t, loadCompose(t, append(composeEnv(natsPasswords()), "OPENAI_API_KEY=sk-test", "NATSAGENT_MODEL=m1", "OPENAI_BASE_URL=http://llm:8000/v1")), name)
 		if v := s.Environment[config.EnvAPIKey]; v == nil || *v != "sk-test" {
 			t.Errorf("%s: %s was not passed through", name, config.EnvAPIKey)
 		}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/config"
+	"github.com/natsagent/natsagent/internal/natsjwt"
 )
 
 // Names the manifests agree on.
@@ -30,6 +32,9 @@ const (
 	configMapName   = "natsagent-config"
 	configKey       = "natsagent.yaml"
 	secretExample   = "secret.example.yaml"
+	natsSecretFile  = "nats-secret.example.yaml"
+	modelSecretName = "natsagent-model"
+	natsSecretName  = "natsagent-nats"
 	natsRelease     = "nats"
 	kedaAPIVersion  = "keda.sh/v1alpha1"
 	kedaTriggerType = "nats-jetstream"
@@ -133,12 +138,19 @@ type natsValues struct {
 			Enabled bool `json:"enabled"`
 			Port    int  `json:"port"`
 		} `json:"monitor"`
+		// Merge is merged into nats.conf; a key "$include" becomes an
+		// include directive of a file of the chart's ConfigMap.
+		Merge map[string]string `json:"merge"`
 	} `json:"config"`
 	Container struct {
 		Image struct {
 			Repository string `json:"repository"`
 			Tag        string `json:"tag"`
 		} `json:"image"`
+		// Env is the server's environment, by name.
+		Env map[string]struct {
+			ValueFrom *corev1.EnvVarSource `json:"valueFrom"`
+		} `json:"env"`
 	} `json:"container"`
 	PodTemplate struct {
 		TopologySpreadConstraints map[string]struct {
@@ -153,7 +165,7 @@ type manifests struct {
 	kust        kustomization
 	namespace   corev1.Namespace
 	configMap   corev1.ConfigMap
-	secret      corev1.Secret
+	secrets     map[string]corev1.Secret
 	services    map[string]corev1.Service
 	deployments map[string]appsv1.Deployment
 	scaled      scaledObject
@@ -175,8 +187,8 @@ func loadKustomization(t *testing.T) kustomization {
 // Secret example, strictly into the Kubernetes API types of its kind.
 func loadManifests(t *testing.T) manifests {
 	t.Helper()
-	m := manifests{kust: loadKustomization(t), services: map[string]corev1.Service{}, deployments: map[string]appsv1.Deployment{}}
-	files := append(slices.Clone(m.kust.Resources), secretExample)
+	m := manifests{kust: loadKustomization(t), services: map[string]corev1.Service{}, deployments: map[string]appsv1.Deployment{}, secrets: map[string]corev1.Secret{}}
+	files := append(slices.Clone(m.kust.Resources), secretExample, natsSecretFile)
 	kinds := map[string]int{}
 	for _, f := range files {
 		data := read(t, filepath.Join(k8sDir, f))
@@ -193,7 +205,9 @@ func loadManifests(t *testing.T) manifests {
 		case "ConfigMap":
 			err = strict(data, &m.configMap)
 		case "Secret":
-			err = strict(data, &m.secret)
+			var sec corev1.Secret
+			err = strict(data, &sec)
+			m.secrets[sec.Name] = sec
 		case "Service":
 			var s corev1.Service
 			err = strict(data, &s)
@@ -216,7 +230,7 @@ func loadManifests(t *testing.T) manifests {
 			t.Errorf("%s: apiVersion %q, want %q for a %s", f, tm.APIVersion, want, tm.Kind)
 		}
 	}
-	for kind, n := range map[string]int{"Namespace": 1, "ConfigMap": 1, "Secret": 1, "Service": 1, "Deployment": 2, "ScaledObject": 1} {
+	for kind, n := range map[string]int{"Namespace": 1, "ConfigMap": 1, "Secret": 2, "Service": 1, "Deployment": 2, "ScaledObject": 1} {
 		if kinds[kind] != n {
 			t.Errorf("%d %s manifests, want %d", kinds[kind], kind, n)
 		}
@@ -288,7 +302,7 @@ func TestKustomizationCoversTheManifests(t *testing.T) {
 	}
 	// Every YAML file here is applied, or is one of the documented
 	// exceptions: a stray file would be silently left out.
-	notApplied := []string{"kustomization.yaml", secretExample, filepath.Base(natsValuesFile)}
+	notApplied := []string{"kustomization.yaml", secretExample, natsSecretFile, filepath.Base(natsValuesFile)}
 	entries, err := os.ReadDir(k8sDir)
 	if err != nil {
 		t.Fatal(err)
@@ -298,8 +312,10 @@ func TestKustomizationCoversTheManifests(t *testing.T) {
 			t.Errorf("%s is neither in kustomization.yaml resources nor a documented exception", e.Name())
 		}
 	}
-	if slices.Contains(m.kust.Resources, secretExample) {
-		t.Errorf("%s is applied: it would overwrite the real key with the placeholder", secretExample)
+	for _, f := range []string{secretExample, natsSecretFile} {
+		if slices.Contains(m.kust.Resources, f) {
+			t.Errorf("%s is applied: it would overwrite the real secrets with the placeholders", f)
+		}
 	}
 	// Every container image is set by the kustomization's images.
 	for _, d := range m.deployments {
@@ -426,6 +442,35 @@ func checkPod(t *testing.T, d appsv1.Deployment, image string, listenPort int, p
 	}
 }
 
+// checkNATSUser checks that a Deployment's process connects as user of
+// tenants.conf: NATS_USER is the user, NATS_PASSWORD its password from the
+// required NATS Secret, and no other password reaches the pod.
+func checkNATSUser(t *testing.T, m manifests, d appsv1.Deployment, user string) {
+	t.Helper()
+	c := container(t, d)
+	env := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		env[e.Name] = e
+	}
+	if e := env[config.EnvNATSUser]; e.Value != user || e.ValueFrom != nil {
+		t.Errorf("%s: %s %+v, want %q", d.Name, config.EnvNATSUser, e, user)
+	}
+	want := tenantsPasswords[user]
+	ref := env[config.EnvNATSPassword].ValueFrom
+	if ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != natsSecretName || ref.SecretKeyRef.Key != want ||
+		(ref.SecretKeyRef.Optional != nil && *ref.SecretKeyRef.Optional) {
+		t.Errorf("%s: %s from %+v, want key %s of the required Secret %s", d.Name, config.EnvNATSPassword, ref, want, natsSecretName)
+	}
+	if _, ok := m.secrets[natsSecretName].StringData[want]; !ok {
+		t.Errorf("%s: Secret %s (%s) has no %s", d.Name, natsSecretName, natsSecretFile, want)
+	}
+	for _, ef := range c.EnvFrom {
+		if ef.SecretRef != nil && ef.SecretRef.Name == natsSecretName {
+			t.Errorf("%s: envFrom Secret %s gives the pod every user's password", d.Name, natsSecretName)
+		}
+	}
+}
+
 func TestGatewayDeploymentAndService(t *testing.T) {
 	m := loadManifests(t)
 	cfg := loadConfigData(t, configKey, m.configMap.Data[configKey])
@@ -433,6 +478,7 @@ func TestGatewayDeploymentAndService(t *testing.T) {
 	if !ok {
 		t.Fatalf("no Deployment %s", gatewayName)
 	}
+	checkNATSUser(t, m, d, "gateway")
 	listen := portOf(t, cfg.Gateway.Listen)
 	checkPod(t, d, gatewayName, listen, map[string]string{"startup": "/healthz", "liveness": "/healthz", "readiness": "/readyz"}, "internal/gateway/gateway.go")
 	if d.Spec.Replicas == nil || *d.Spec.Replicas < 2 {
@@ -469,6 +515,7 @@ func TestWorkerDeployment(t *testing.T) {
 	if d.Spec.Replicas != nil {
 		t.Error("the worker Deployment sets replicas: the ScaledObject owns the count, and every apply would reset it")
 	}
+	checkNATSUser(t, m, d, "worker")
 
 	// Kubernetes kills the pod terminationGracePeriodSeconds after SIGTERM:
 	// the worker needs its shutdown grace, then time to cancel the rest at
@@ -483,9 +530,13 @@ func TestWorkerDeployment(t *testing.T) {
 	}
 
 	// The model key comes from the optional Secret whose example is given.
+	model, ok := m.secrets[modelSecretName]
+	if !ok {
+		t.Fatalf("no Secret %s in %s", modelSecretName, secretExample)
+	}
 	found := false
 	for _, ef := range c.EnvFrom {
-		if ef.SecretRef != nil && ef.SecretRef.Name == m.secret.Name {
+		if ef.SecretRef != nil && ef.SecretRef.Name == model.Name {
 			found = true
 			if ef.SecretRef.Optional == nil || !*ef.SecretRef.Optional {
 				t.Error("the model Secret must be optional: without it the demo model runs")
@@ -493,14 +544,14 @@ func TestWorkerDeployment(t *testing.T) {
 		}
 	}
 	if !found {
-		t.Errorf("worker does not read Secret %s", m.secret.Name)
+		t.Errorf("worker does not read Secret %s", model.Name)
 	}
-	for k := range m.secret.StringData {
+	for k := range model.StringData {
 		if k != config.EnvAPIKey && k != config.EnvModel && k != config.EnvBaseURL {
 			t.Errorf("Secret key %s is not an environment variable natsagent reads", k)
 		}
 	}
-	if m.secret.StringData[config.EnvAPIKey] == "" {
+	if model.StringData[config.EnvAPIKey] == "" {
 		t.Errorf("the Secret example should show %s", config.EnvAPIKey)
 	}
 }
@@ -532,8 +583,11 @@ func TestKEDAScalesWorkersOnTheirConsumerLag(t *testing.T) {
 	if md["stream"] != names.RunsStream() || md["consumer"] != bus.RunsConsumer {
 		t.Errorf("trigger watches %s/%s, but workers consume %s/%s", md["stream"], md["consumer"], names.RunsStream(), bus.RunsConsumer)
 	}
-	if md["account"] != "$G" {
-		t.Errorf("account %q: the NATS values configure no accounts, so everything is in $G", md["account"])
+	// The NATS values include tenants.conf, whose service account AGENT
+	// holds the streams; /jsz names static accounts by name (the cluster
+	// test reads the lag under this account).
+	if md["account"] != natsjwt.ServiceAccount {
+		t.Errorf("account %q: the streams are in tenants.conf's service account %s, as /jsz names it", md["account"], natsjwt.ServiceAccount)
 	}
 	if n, err := strconv.Atoi(md["lagThreshold"]); err != nil || n != cfg.Worker.Concurrency {
 		t.Errorf("lagThreshold %q, want worker.concurrency (%d): the lag counts held runs too", md["lagThreshold"], cfg.Worker.Concurrency)
@@ -564,7 +618,58 @@ func TestNATSHelmValues(t *testing.T) {
 	if img.Repository != "nats" || !strings.HasPrefix(img.Tag, minor(server)+".") {
 		t.Errorf("NATS image %s:%s, want the nats %s.x server natsagent is tested against (go.mod %s)", img.Repository, img.Tag, minor(server), server)
 	}
-	if composeImage := loadCompose(t, nil).Services["nats-1"].Image; composeImage != img.Repository+":"+img.Tag {
+	if composeImage := loadCompose(t, composeEnv(natsPasswords())).Services["nats-1"].Image; composeImage != img.Repository+":"+img.Tag {
 		t.Errorf("compose runs %s, Kubernetes %s:%s: keep them the same", composeImage, img.Repository, img.Tag)
 	}
+}
+
+// The NATS servers run with tenants.conf: the chart's ConfigMap gets the
+// file (helm --set-file, as the values' header says) and nats.conf
+// includes it; every password it reads comes from the NATS Secret.
+func TestNATSHelmValuesAuth(t *testing.T) {
+	v := loadNATSValues(t)
+	m := loadManifests(t)
+	const file = "tenants.conf"
+	if got := v.Config.Merge["$include"]; got != file {
+		t.Errorf("config.merge.$include %q, want %s: the servers would run without accounts", got, file)
+	}
+	// The install command of the header puts the shipped file there.
+	setFile := `--set-file 'configMap.merge.data.tenants\.conf=deploy/nats/` + file + `'`
+	if !strings.Contains(string(read(t, natsValuesFile)), setFile) {
+		t.Errorf("%s: the helm install command should have %s", natsValuesFile, setFile)
+	}
+	// Every variable tenants.conf reads, and no other, from the Secret.
+	want := tenantsConfPasswordEnv(t)
+	var got []string
+	secret := m.secrets[natsSecretName]
+	for name, e := range v.Container.Env {
+		got = append(got, name)
+		if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil || e.ValueFrom.SecretKeyRef.Name != natsSecretName || e.ValueFrom.SecretKeyRef.Key != name {
+			t.Errorf("container.env %s: %+v, want key %s of Secret %s", name, e.ValueFrom, name, natsSecretName)
+		}
+	}
+	if !sameSet(got, want) {
+		t.Errorf("container.env %v, want the variables tenants.conf reads: %v", got, want)
+	}
+	var keys []string
+	for k := range secret.StringData {
+		keys = append(keys, k)
+	}
+	if !sameSet(keys, want) {
+		t.Errorf("Secret %s (%s) has %v, want %v", natsSecretName, natsSecretFile, keys, want)
+	}
+}
+
+// tenantsConfPasswordEnv are the environment variables tenants.conf reads
+// its users' passwords from.
+func tenantsConfPasswordEnv(t *testing.T) []string {
+	t.Helper()
+	var names []string
+	for _, m := range regexp.MustCompile(`password: \$(\w+)`).FindAllStringSubmatch(string(read(t, tenantsConf)), -1) {
+		names = append(names, m[1])
+	}
+	if len(names) < 4 {
+		t.Fatalf("tenants.conf reads %v: want the passwords of gateway, worker, acme and globex", names)
+	}
+	return names
 }
