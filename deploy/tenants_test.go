@@ -106,13 +106,16 @@ func TestTenantIsolation(t *testing.T) {
 	runAttackerSuite(t, attackDeployment{URL: url, Connect: passwordConnect(url), Account: func(tenant string) string { return tenant }})
 }
 
-// The ScaledObject's account is $G, right for the shipped Helm values,
-// which configure no accounts. With tenant accounts the streams are the
-// service account's: KEDA's query finds the workers' consumer and its lag
-// under AGENT (tenants.conf) or AGENT's public key (JWT mode), and nothing
-// under $G (docs/operations.md, Deploy).
+// With tenant accounts the streams are the service account's: KEDA's
+// query finds the workers' consumer and its lag under AGENT (tenants.conf,
+// the ScaledObject's account, as the shipped Helm values include it) or
+// AGENT's public key (JWT mode), and nothing under $G, the account of a
+// server without accounts (docs/operations.md, Deploy).
 func TestScalerAccountWithTenantAccounts(t *testing.T) {
 	trig := loadScaledObject(t).Spec.Triggers[0].Metadata
+	if trig["account"] != natsjwt.ServiceAccount {
+		t.Fatalf("the ScaledObject reads account %s; tenants.conf's streams are in %s", trig["account"], natsjwt.ServiceAccount)
+	}
 	static := startTenantsServer(t)
 	jd := newJWTDeployment(t)
 	agent, err := jd.store.Account(natsjwt.ServiceAccount)
@@ -149,12 +152,12 @@ func TestScalerAccountWithTenantAccounts(t *testing.T) {
 				cons := jsz.consumer(c.account, trig["stream"], trig["consumer"])
 				return cons != nil && cons.NumPending+cons.NumAckPending == 1
 			})
-			jsz, err := fetchJsz(addr, trig["account"])
+			jsz, err := fetchJsz(addr, server.DEFAULT_GLOBAL_ACCOUNT)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if cons := jsz.consumer(trig["account"], trig["stream"], trig["consumer"]); cons != nil {
-				t.Fatalf("/jsz reports the consumer under %s too: %+v", trig["account"], cons)
+			if cons := jsz.consumer(server.DEFAULT_GLOBAL_ACCOUNT, trig["stream"], trig["consumer"]); cons != nil {
+				t.Fatalf("/jsz reports the consumer under %s too: %+v", server.DEFAULT_GLOBAL_ACCOUNT, cons)
 			}
 		})
 	}
