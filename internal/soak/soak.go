@@ -58,6 +58,17 @@ type Config struct {
 	// submission caught by a fault may be accepted until half-way through
 	// the rest.
 	SubmitWindow time.Duration
+	// Stall, when set, lets a soak go on past Duration while runs keep
+	// finishing: it ends once every run settled or none finished for
+	// Stall. On a starved machine (a loaded CI host) a run still
+	// progressing at Duration is slow, not lost; a wedged one still stops
+	// finishing and is counted lost. Zero: the soak ends at Duration.
+	Stall time.Duration
+	// AckWait is the runs consumer's ack wait (default 3s): how soon a
+	// killed worker's runs are taken over, and how long a starved worker
+	// may go without a confirmed heartbeat before its lease fence stops
+	// its runs (3/4 of it).
+	AckWait time.Duration
 	// Workers is how many workers run (default 3), each on its own
 	// connection.
 	Workers int
@@ -96,6 +107,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Workers <= 0 {
 		c.Workers = 3
+	}
+	if c.AckWait <= 0 {
+		c.AckWait = 3 * time.Second
 	}
 	if c.FaultEvery <= 0 {
 		c.FaultEvery = 4 * time.Second
@@ -205,7 +219,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		cfg.Dir = dir
 	}
 	s := &soak{cfg: cfg, log: cfg.Logger}
-	s.settings = bus.Settings{Replicas: 1, AckWait: 3 * time.Second, MaxDeliver: 20}.WithDefaults()
+	s.settings = bus.Settings{Replicas: 1, AckWait: cfg.AckWait, MaxDeliver: 20}.WithDefaults()
 
 	startCtx, cancelStart := context.WithTimeout(ctx, 60*time.Second)
 	defer cancelStart()
@@ -310,13 +324,27 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	defer tick.Stop()
 	timeUp := time.NewTimer(time.Until(deadline))
 	defer timeUp.Stop()
+	lastFin, lastProgress := s.nFin.Load(), time.Now()
+	var overtime <-chan time.Time // ticks past Duration, with Stall set
 wait:
 	for {
+		if n := s.nFin.Load(); n != lastFin {
+			lastFin, lastProgress = n, time.Now()
+		}
 		select {
 		case <-ctx.Done():
 			break wait
 		case <-timeUp.C:
-			break wait
+			if cfg.Stall <= 0 {
+				break wait
+			}
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			overtime = t.C
+		case <-overtime:
+			if time.Since(lastProgress) >= cfg.Stall {
+				break wait
+			}
 		case <-tick.C:
 			s.progress(start, len(refs))
 		case <-time.After(500 * time.Millisecond):

@@ -21,7 +21,7 @@ import (
 )
 
 // TestShortSoakWithFaults runs the soak command's engine (submissions over
-// 12s, at most 40s) on a 3-node cluster with every fault kind: node shutdowns and
+// 12s, 40s, longer while runs keep finishing) on a 3-node cluster with every fault kind: node shutdowns and
 // restarts, worker kills and failing model calls. Nothing submitted may
 // be lost, finish twice or overlap another run of its thread.
 func TestShortSoakWithFaults(t *testing.T) {
@@ -30,7 +30,14 @@ func TestShortSoakWithFaults(t *testing.T) {
 	}
 	var progress bytes.Buffer
 	res, err := Run(context.Background(), Config{
-		Runs: 150, Duration: 40 * time.Second, SubmitWindow: 12 * time.Second, Workers: 3, Cluster: true,
+		// Stall: on a loaded CI host a run still finishing at 40 s is
+		// slow, not lost; one that stops finishing for 20 s is. AckWait:
+		// with the CLI's 3 s, a starved host (stress-ng --cpu 6 with the
+		// race detector) went 2.25 s without confirmed heartbeats, so the
+		// lease fence stopped runs and they were redelivered in a loop
+		// (1 of 53 finished in 44 s).
+		Runs: 150, Duration: 40 * time.Second, SubmitWindow: 12 * time.Second, Stall: 20 * time.Second, AckWait: 8 * time.Second,
+		Workers: 3, Cluster: true,
 		Faults: Faults, FaultEvery: 2500 * time.Millisecond, ModelFaultRate: 0.05,
 		Progress: &progress, ProgressEvery: 2 * time.Second, Dir: t.TempDir(),
 		Logger: zaptest.NewLogger(t, zaptest.Level(soakLogLevel())),
