@@ -82,7 +82,7 @@ func runJWT(ctx context.Context, args []string, std stdio) error {
 		}
 		fs := newFlagSet("jwt "+c.name, "--dir <dir> "+c.synopsis, c.summary+".", std)
 		f := &jwtFlags{}
-		fs.StringVar(&f.dir, "dir", os.Getenv(envJWTDir), "the directory of keys, JWTs and creds made by `natsagent jwt init` (env "+envJWTDir+")")
+		fs.StringVar(&f.dir, "dir", os.Getenv(envJWTDir), "the directory of keys, JWTs and creds made by natsagent jwt init (env "+envJWTDir+")")
 		switch c.name {
 		case "tenant-add", "tenant-remove":
 			fs.StringVar(&f.tenant, "tenant", "", "the tenant (its account's name)")
