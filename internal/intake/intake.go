@@ -265,9 +265,6 @@ func (s *Service) submit(ctx context.Context, m *nats.Msg) (*jetstream.PubAck, e
 			req.Config.UserID = principal.User
 		}
 	}
-	if err := s.admit(ctx, req); err != nil {
-		return nil, err
-	}
 	data, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
@@ -369,19 +366,35 @@ func (s *Service) enqueue(ctx context.Context, req *protocol.RunRequest, data []
 		return nil, err
 	}
 	th, _, err := s.cfg.Stores.Threads.Get(ctx, req.Tenant, req.ThreadID)
+	missing := errors.Is(err, kv.ErrNotFound)
 	switch {
-	case errors.Is(err, kv.ErrNotFound):
-		now := time.Now().UTC()
-		th := &protocol.Thread{ThreadID: req.ThreadID, Tenant: req.Tenant, CreatedAt: now, UpdatedAt: now, Status: protocol.ThreadIdle,
-			Owner: principalUser(req.Principal)}
-		if _, err := s.cfg.Stores.Threads.Put(ctx, th, 0); err != nil && !errors.Is(err, kv.ErrExists) {
-			return nil, fmt.Errorf("create thread %s: %w", req.ThreadID, err)
-		}
+	case missing:
 	case err != nil:
 		return nil, err
 	case !s.mayUseThread(th, req.Principal):
 		// As for another tenant's thread: nothing says it exists.
 		return nil, refuse(404, ErrCodeNotFound, "thread %s not found", req.ThreadID)
+	}
+	// Limits last: a retry, or a run refused above, is not counted, and a
+	// refused run leaves no thread behind.
+	if err := s.admit(ctx, req); err != nil {
+		return nil, err
+	}
+	if missing {
+		now := time.Now().UTC()
+		th := &protocol.Thread{ThreadID: req.ThreadID, Tenant: req.Tenant, CreatedAt: now, UpdatedAt: now, Status: protocol.ThreadIdle,
+			Owner: principalUser(req.Principal)}
+		_, err := s.cfg.Stores.Threads.Put(ctx, th, 0)
+		if errors.Is(err, kv.ErrExists) {
+			// Another submission created it meanwhile: whose is it?
+			th, _, err = s.cfg.Stores.Threads.GetLatest(ctx, req.Tenant, req.ThreadID)
+			if err == nil && !s.mayUseThread(th, req.Principal) {
+				return nil, refuse(404, ErrCodeNotFound, "thread %s not found", req.ThreadID)
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("create thread %s: %w", req.ThreadID, err)
+		}
 	}
 	out, err := s.cfg.Queue.Enqueue(ctx, req, data)
 	switch {
