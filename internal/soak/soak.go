@@ -317,7 +317,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		defer close(faultsDone)
 		faultCtx, cancel := context.WithDeadline(runCtx, start.Add(cfg.SubmitWindow))
 		defer cancel()
-		s.injectFaults(faultCtx, pool)
+		s.injectFaults(faultCtx, runCtx, pool)
 	}()
 
 	tick := time.NewTicker(cfg.ProgressEvery)
@@ -487,7 +487,12 @@ func (s *soak) submitAll(ctx context.Context, sub *Submitter, refs []RunRef, win
 
 // injectFaults injects node and worker faults in turn every FaultEvery
 // until ctx ends; model faults are injected by the model all along.
-func (s *soak) injectFaults(ctx context.Context, pool *workerPool) {
+// injectFaults injects node and worker faults in turn, one every
+// FaultEvery, until ctx ends; then, within run, once more each kind not
+// injected yet: on a starved host one slow node fault could otherwise
+// fill the whole window, and a soak asked for both kinds would exercise
+// one.
+func (s *soak) injectFaults(ctx, run context.Context, pool *workerPool) {
 	var kinds []string
 	for _, f := range s.cfg.Faults {
 		if f == FaultNode || f == FaultWorker {
@@ -497,25 +502,35 @@ func (s *soak) injectFaults(ctx context.Context, pool *workerPool) {
 	if len(kinds) == 0 {
 		return
 	}
-	for i := 0; ; i++ {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(s.cfg.FaultEvery):
-		}
-		switch kind := kinds[i%len(kinds)]; kind {
+	injected := make(map[string]bool)
+	inject := func(ctx context.Context, kind string, i int) {
+		switch kind {
 		case FaultNode:
 			if err := s.nodeFault(ctx, i); err != nil {
 				s.log.Warn("node fault", zap.Error(err))
-				continue
+				return
 			}
 		case FaultWorker:
 			if err := pool.kill(rand.IntN(s.cfg.Workers)); err != nil {
 				s.log.Warn("worker fault", zap.Error(err))
-				continue
+				return
 			}
 		}
-		s.count(kinds[i%len(kinds)])
+		injected[kind] = true
+		s.count(kind)
+	}
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			for j, kind := range kinds {
+				if !injected[kind] && run.Err() == nil {
+					inject(run, kind, i+j)
+				}
+			}
+			return
+		case <-time.After(s.cfg.FaultEvery):
+		}
+		inject(ctx, kinds[i%len(kinds)], i)
 	}
 }
 
