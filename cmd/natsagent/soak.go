@@ -25,6 +25,7 @@ func runSoak(ctx context.Context, args []string, std stdio) error {
 	fs.SetOutput(std.err)
 	runs := fs.Int("runs", 300, "runs to submit, two per thread")
 	duration := fs.Duration("duration", 60*time.Second, "bound on the whole soak; runs are submitted over its first half")
+	stall := fs.Duration("stall", 0, "go on past --duration while runs keep finishing, until none finished for this long (0: end at --duration)")
 	window := fs.Duration("submit-window", 0, "how long submissions are spread over, faults injected meanwhile (default: half of --duration)")
 	workers := fs.Int("workers", 3, "in-process workers, each on its own NATS connection")
 	cluster := fs.Bool("cluster", false, "run a 3-node JetStream cluster (R3) instead of one server")
@@ -57,7 +58,7 @@ func runSoak(ctx context.Context, args []string, std stdio) error {
 		fmt.Fprintln(std.err, "natsagent soak: --runs, --workers and --duration must be positive")
 		return errUsage
 	}
-	cfg := soak.Config{Runs: *runs, Duration: *duration, SubmitWindow: *window, Workers: *workers, Cluster: *cluster,
+	cfg := soak.Config{Runs: *runs, Duration: *duration, Stall: *stall, SubmitWindow: *window, Workers: *workers, Cluster: *cluster,
 		Faults: kinds, FaultEvery: *faultEvery, ModelFaultRate: *modelRate}
 	if !*quiet {
 		cfg.Progress = std.err
