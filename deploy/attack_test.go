@@ -150,17 +150,7 @@ func startServices(t *testing.T, d attackDeployment) *services {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wctx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- w.Run(wctx) }()
-		t.Cleanup(func() {
-			stop()
-			select {
-			case <-done:
-			case <-time.After(20 * time.Second):
-				t.Error("worker did not stop")
-			}
-		})
+		runWorker(t, ctx, w)
 		s.conns = append(s.conns, wc)
 	}
 	gwConn := d.user(t, "gateway")
@@ -506,6 +496,22 @@ func runAttackerSuite(t *testing.T, d attackDeployment) {
 	for _, u := range append(svc.conns, globex, acme) {
 		u.clean()
 	}
+}
+
+// runWorker runs w until the test ends, then stops it and waits for it.
+func runWorker(t *testing.T, ctx context.Context, w *worker.Worker) {
+	t.Helper()
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	t.Cleanup(func() {
+		stop()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Error("worker did not stop")
+		}
+	})
 }
 
 // waitRunFinished waits until tenant's run has a terminal record, read

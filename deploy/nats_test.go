@@ -436,17 +436,7 @@ func startComposeWorker(t *testing.T, cfg config.Config, name string) {
 	if err != nil {
 		t.Fatalf("worker as the worker user: %v", err)
 	}
-	wctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(wctx) }()
-	t.Cleanup(func() {
-		stop()
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			t.Error("worker did not stop")
-		}
-	})
+	runWorker(t, ctx, w)
 }
 
 // jsz is the part of the monitoring endpoint's /jsz answer that KEDA's
