@@ -109,7 +109,11 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = nc.Drain() }()
+	defer func() {
+		if err := bus.Drain(nc, drainTimeout); err != nil {
+			log.Warn("NATS connection", zap.Error(err))
+		}
+	}()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
@@ -285,7 +289,11 @@ func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer func() { _ = nc.Drain() }()
+			defer func() {
+				if err := bus.Drain(nc, drainTimeout); err != nil {
+					log.Warn("worker's NATS connection", zap.Error(err))
+				}
+			}()
 			if err := w.Run(workerCtx); err != nil {
 				log.Error("worker stopped", zap.Error(err))
 			}
@@ -299,3 +307,6 @@ func isSet(fs *flag.FlagSet, name string) bool {
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
 }
+
+// drainTimeout bounds the drain of a NATS connection at exit.
+const drainTimeout = 10 * time.Second

@@ -51,7 +51,11 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = nc.Drain() }()
+	defer func() {
+		if err := bus.Drain(nc, drainTimeout); err != nil {
+			log.Warn("NATS connection", zap.Error(err))
+		}
+	}()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
@@ -140,3 +144,7 @@ func run() error {
 	log.Info("natsagent worker", zap.String("nats", nc.ConnectedUrlRedacted()), zap.String("model", label), zap.String("prefix", settings.Names.Prefix))
 	return w.Run(ctx)
 }
+
+// drainTimeout bounds the drain of the NATS connection at exit, after the
+// runs were finished or handed back.
+const drainTimeout = 10 * time.Second

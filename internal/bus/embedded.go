@@ -113,3 +113,33 @@ func Connect(url, name string, opts ...nats.Option) (*nats.Conn, error) {
 	}
 	return nc, nil
 }
+
+// Drain drains nc and waits until it is closed, or until timeout, when it
+// closes it. nats.Conn.Drain returns at once and drains in the background:
+// a process that exits right after it loses the messages its subscriptions
+// were still handling and whatever it had not yet written out.
+func Drain(nc *nats.Conn, timeout time.Duration) error {
+	closed := nc.StatusChanged(nats.CLOSED)
+	defer nc.RemoveStatusListener(closed)
+	if err := nc.Drain(); err != nil {
+		if errors.Is(err, nats.ErrConnectionClosed) {
+			return nil
+		}
+		nc.Close()
+		return fmt.Errorf("drain the NATS connection: %w", err)
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for !nc.IsClosed() {
+		select {
+		case _, ok := <-closed:
+			if !ok {
+				closed = nil // closed with the connection: IsClosed says so now
+			}
+		case <-t.C:
+			nc.Close()
+			return fmt.Errorf("drain the NATS connection: not done after %s; closed it", timeout)
+		}
+	}
+	return nil
+}
