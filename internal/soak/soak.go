@@ -350,9 +350,12 @@ wait:
 		case <-time.After(500 * time.Millisecond):
 			select {
 			case <-submitDone:
-				// The live count may miss events while the admin
-				// connection reconnects: the records decide.
-				if s.nFin.Load() >= s.nSub.Load() || Settled(ctx, js, s.settings.Names, accepted) == len(accepted) {
+				// The records decide: the live count may miss events
+				// while the admin connection reconnects, and it counts
+				// runs whose submission went unanswered (not accepted,
+				// not audited) that ran anyway, so it can reach the
+				// accepted count with an accepted run still running.
+				if Settled(ctx, js, s.settings.Names, accepted) == len(accepted) {
 					break wait
 				}
 			default:
