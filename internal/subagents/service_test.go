@@ -231,7 +231,10 @@ func TestRawClientDrivesTheService(t *testing.T) {
 }
 
 // An await whose child does not end answers when its timeout passes, and
-// while awaits wait, the service keeps answering other requests at once.
+// while awaits wait, the service keeps answering other requests: a status
+// asked after them is answered before any of them (it would come after
+// them if it queued behind them). No wall-clock bound: a loaded host may
+// take seconds to answer either.
 func TestAwaitTimeoutDoesNotBlockOtherRequests(t *testing.T) {
 	e := newEnv(t)
 	heldLead(t, e)
@@ -240,12 +243,13 @@ func TestAwaitTimeoutDoesNotBlockOtherRequests(t *testing.T) {
 	c.ok(c.request("agent.subagent.default.start", map[string]any{"parent": map[string]string{"run_id": "lead1", "thread_id": "t1", "tool_call_id": "b"}, "subagent": "researcher", "task": "block"}, 10*time.Second), &blocked)
 
 	const awaits = 100
-	body, _ := json.Marshal(map[string]any{"run_id": blocked.RunID, "timeout_ms": 1500})
+	const timeout = 5 * time.Second
+	body, _ := json.Marshal(map[string]any{"run_id": blocked.RunID, "timeout_ms": timeout.Milliseconds()})
 	began := time.Now()
 	replies := make(chan *nats.Msg, awaits)
 	for range awaits {
 		go func() {
-			msg, err := c.nc.Request("agent.subagent.default.await", body, 10*time.Second)
+			msg, err := c.nc.Request("agent.subagent.default.await", body, timeout+30*time.Second)
 			if err != nil {
 				t.Error(err)
 				replies <- nil
@@ -258,13 +262,12 @@ func TestAwaitTimeoutDoesNotBlockOtherRequests(t *testing.T) {
 	// behind them.
 	time.Sleep(200 * time.Millisecond)
 	var st protocol.SubagentStatus
-	asked := time.Now()
-	c.ok(c.request("agent.subagent.default.status", map[string]string{"run_id": blocked.RunID}, 5*time.Second), &st)
-	if took := time.Since(asked); took > time.Second || st.Status == "" {
-		t.Errorf("status took %s while awaits waited (%+v)", took, st)
+	c.ok(c.request("agent.subagent.default.status", map[string]string{"run_id": blocked.RunID}, timeout+30*time.Second), &st)
+	if st.Status == "" {
+		t.Errorf("status answered %+v", st)
 	}
-	if len(replies) != 0 {
-		t.Fatalf("%d awaits answered before their timeout", len(replies))
+	if n := len(replies); n != 0 {
+		t.Fatalf("%d awaits answered before the status asked after them (queued behind them, or answered before their timeout)", n)
 	}
 	for range awaits {
 		msg := <-replies
@@ -277,7 +280,7 @@ func TestAwaitTimeoutDoesNotBlockOtherRequests(t *testing.T) {
 			t.Fatalf("await answered %+v", got)
 		}
 	}
-	if took := time.Since(began); took < 1400*time.Millisecond || took > 6*time.Second {
-		t.Errorf("awaits answered after %s, want about 1.5 s", took)
+	if took := time.Since(began); took < timeout {
+		t.Errorf("awaits answered after %s, before their timeout of %s", took, timeout)
 	}
 }
