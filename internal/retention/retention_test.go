@@ -511,5 +511,3 @@ func TestScheduledSweepRunsThroughTheJobsQueue(t *testing.T) {
 		t.Fatalf("the schedule after Unschedule: %v", err)
 	}
 }
-
-
