@@ -74,11 +74,44 @@ func (p Policy) For(tenant string) Rules {
 }
 
 // ThreadEraser deletes a whole thread: its record, runs, checkpoints,
-// files, usage and events. It refuses (with an error) a thread that is
-// busy. internal/erase provides it.
+// files, usage and events. internal/erase's Eraser does, through an
+// EraserFunc that gives it its options and maps its errors:
+//
+//	retention.EraserFunc(func(ctx context.Context, tenant, thread string) error {
+//		err := eraser.DeleteThread(ctx, tenant, thread, erase.ThreadOptions{})
+//		switch {
+//		case errors.Is(err, erase.ErrBusy):
+//			return fmt.Errorf("%w: %w", retention.ErrThreadBusy, err)
+//		case errors.Is(err, erase.ErrNotFound):
+//			return retention.ErrThreadGone
+//		}
+//		return err
+//	})
 type ThreadEraser interface {
 	DeleteThread(ctx context.Context, tenant, thread string) error
 }
+
+// EraserFunc is a ThreadEraser.
+type EraserFunc func(ctx context.Context, tenant, thread string) error
+
+// DeleteThread calls f.
+func (f EraserFunc) DeleteThread(ctx context.Context, tenant, thread string) error {
+	return f(ctx, tenant, thread)
+}
+
+// Errors a ThreadEraser returns for a thread the sweep leaves alone
+// without failing: a run started on it since the sweep read it (busy), or
+// it is already deleted (by a person, or a sweep running at once).
+var (
+	ErrThreadBusy = errors.New("thread busy")
+	ErrThreadGone = errors.New("thread already deleted")
+)
+
+// MaxThreadsPerSweep bounds the idle threads one sweep deletes (each
+// deletion waits for submissions in flight to settle, about a second): a
+// tenant with more is finished by the next sweeps, within the job's
+// timeout.
+const MaxThreadsPerSweep = 100
 
 // CheckpointGrace is how old a checkpoint off a thread's history must be
 // before it is removed: a run or a compaction job writes its checkpoint

@@ -358,7 +358,9 @@ func TestCheckpointsOffTheHistoryBeyondTheNewestGo(t *testing.T) {
 	}
 }
 
-// eraser deletes a thread's record, as internal/erase does (and more).
+// eraser deletes a thread's record, as internal/erase does (with the rest
+// of the thread), and refuses a thread a run took (busy) or one already
+// gone, as an adapter of erase's errors does.
 type eraser struct {
 	e       *env
 	mu      sync.Mutex
@@ -366,14 +368,27 @@ type eraser struct {
 }
 
 func (x *eraser) DeleteThread(ctx context.Context, tenant, thread string) error {
-	x.mu.Lock()
-	x.deleted = append(x.deleted, tenant+"."+thread)
-	x.mu.Unlock()
+	th, rev, err := x.e.stores.Threads.Get(ctx, tenant, thread)
+	if errors.Is(err, kv.ErrNotFound) {
+		return ErrThreadGone
+	}
+	if err != nil {
+		return err
+	}
+	if th.Lease != nil || th.Title == "taken" {
+		return fmt.Errorf("%w: thread %s has run %s", ErrThreadBusy, thread, "r")
+	}
 	store, err := x.e.js.KeyValue(ctx, x.e.names.ThreadsBucket())
 	if err != nil {
 		return err
 	}
-	return store.Purge(ctx, bus.Key(tenant, thread))
+	if err := store.Purge(ctx, bus.Key(tenant, thread), jetstream.LastRevision(rev)); err != nil {
+		return ErrThreadGone
+	}
+	x.mu.Lock()
+	x.deleted = append(x.deleted, tenant+"."+thread)
+	x.mu.Unlock()
+	return nil
 }
 
 func TestThreadsIdleForTheTenantsAgeAreDeleted(t *testing.T) {
@@ -389,6 +404,8 @@ func TestThreadsIdleForTheTenantsAgeAreDeleted(t *testing.T) {
 	put(&protocol.Thread{ThreadID: "queued", Tenant: "acme"})
 	put(&protocol.Thread{ThreadID: "steered", Tenant: "acme", Preempt: []protocol.Preemption{{RunID: "r2", Strategy: "steer"}}})
 	put(&protocol.Thread{ThreadID: "idle", Tenant: "globex"})
+	// A run took this one after the sweep read it: the eraser refuses.
+	put(&protocol.Thread{ThreadID: "taken", Tenant: "acme", Title: "taken"})
 	if _, err := e.js.Publish(e.ctx, e.names.RunSubject("acme", "queued"), []byte("{}")); err != nil {
 		t.Fatal(err)
 	}
@@ -397,8 +414,21 @@ func TestThreadsIdleForTheTenantsAgeAreDeleted(t *testing.T) {
 
 	x := &eraser{e: e}
 	p := Policy{Tenants: map[string]Rules{"acme": {ThreadsIdle: 24 * time.Hour}}}
-	if rep := e.sweep(e.sweeper(p, at(mid.Add(24*time.Hour)), x), "acme"); rep.Threads != 1 {
-		t.Errorf("threads deleted %d, want 1", rep.Threads)
+	var wg sync.WaitGroup
+	reps := make([]Report, 2)
+	for i := range reps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			if reps[i], err = e.sweeper(p, at(mid.Add(24*time.Hour)), x).Sweep(e.ctx, "acme"); err != nil {
+				t.Errorf("sweep %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if got := reps[0].Threads + reps[1].Threads; got != 1 {
+		t.Errorf("threads deleted %d by two sweeps at once, want 1", got)
 	}
 	if len(x.deleted) != 1 || x.deleted[0] != "acme.idle" {
 		t.Errorf("deleted %v, want acme.idle", x.deleted)

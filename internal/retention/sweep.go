@@ -404,7 +404,15 @@ func (s *Sweeper) sweepThreads(ctx context.Context, tenant string, cutoff time.T
 			errs = append(errs, err)
 			continue
 		}
-		if err := s.cfg.Eraser.DeleteThread(ctx, tenant, thread); err != nil {
+		if removed >= MaxThreadsPerSweep {
+			s.log.Info("idle threads left for the next sweep", zap.String("tenant", tenant), zap.Int("deleted", removed))
+			break
+		}
+		err = s.cfg.Eraser.DeleteThread(ctx, tenant, thread)
+		switch {
+		case errors.Is(err, ErrThreadBusy), errors.Is(err, ErrThreadGone):
+			continue
+		case err != nil:
 			errs = append(errs, fmt.Errorf("delete idle thread %s: %w", thread, err))
 			continue
 		}
