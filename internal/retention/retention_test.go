@@ -337,6 +337,14 @@ func TestCheckpointsOffTheHistoryBeyondTheNewestGo(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// h3's head names a delta the sweep does not see: what its history
+	// holds is unknown, so it keeps everything.
+	for _, id := range []string{"x1", "x2", "x3", "x4"} {
+		e.writeDelta("acme", "h3", id, "")
+	}
+	if _, err := e.stores.Threads.Put(e.ctx, &protocol.Thread{ThreadID: "h3", Tenant: "acme", Head: "missing"}, 0); err != nil {
+		t.Fatal(err)
+	}
 	p := Policy{Tenants: map[string]Rules{"acme": {Checkpoints: 2}}}
 	// Younger than the grace: nothing goes.
 	if rep := e.sweep(e.sweeper(p, nil, nil), "acme"); rep.Checkpoints != 0 {
@@ -347,7 +355,7 @@ func TestCheckpointsOffTheHistoryBeyondTheNewestGo(t *testing.T) {
 		t.Fatalf("checkpoints removed %d, want 1 (b1: off the history, not among the newest 2)", rep.Checkpoints)
 	}
 	b := e.names.CheckpointsBucket()
-	for key, live := range map[string]bool{"acme.h1.b1": false, "acme.h1.b2": true, "acme.h1.c1": true, "acme.h1.c2": true, "acme.h1.c3": true, "acme.h2.b1": true} {
+	for key, live := range map[string]bool{"acme.h1.b1": false, "acme.h1.b2": true, "acme.h1.c1": true, "acme.h1.c2": true, "acme.h1.c3": true, "acme.h2.b1": true, "acme.h3.x1": true} {
 		if got := e.exists(b, key); got != live {
 			t.Errorf("checkpoint %s exists: %v, want %v", key, got, live)
 		}

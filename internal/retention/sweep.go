@@ -309,8 +309,10 @@ func (s *Sweeper) sweepCheckpoints(ctx context.Context, tenant string, keep int,
 }
 
 func (s *Sweeper) threadCheckpoints(ctx context.Context, tenant, thread string, deltas []jetstream.KeyValueEntry, keep int, cutoff time.Time) (int, error) {
+	// Any replica's copy will do: a head it has not seen yet was moved
+	// to deltas written since, which are younger than the grace.
 	threads := s.cfg.Stores.Threads
-	th, rev, err := threads.GetLatest(ctx, tenant, thread)
+	th, rev, err := threads.Get(ctx, tenant, thread)
 	head := ""
 	switch {
 	case err == nil:
@@ -323,15 +325,17 @@ func (s *Sweeper) threadCheckpoints(ctx context.Context, tenant, thread string, 
 		return 0, err
 	}
 	parent := make(map[string]string, len(deltas))
+	idOf := make(map[string]string, len(deltas)) // by key
 	for _, e := range deltas {
 		var d struct {
 			ID     string `json:"id"`
 			Parent string `json:"parent"`
 		}
 		if json.Unmarshal(e.Value(), &d) != nil || d.ID == "" {
-			return 0, fmt.Errorf("checkpoint %s does not decode: its thread is left alone", e.Key())
+			s.log.Warn("a checkpoint does not decode; its thread's checkpoints are kept", zap.String("tenant", tenant), zap.String("thread_id", thread), zap.String("key", e.Key()))
+			return 0, nil
 		}
-		parent[d.ID] = d.Parent
+		parent[d.ID], idOf[e.Key()] = d.Parent, d.ID
 	}
 	chain := map[string]bool{}
 	for id := head; id != ""; id = parent[id] {
@@ -345,8 +349,7 @@ func (s *Sweeper) threadCheckpoints(ctx context.Context, tenant, thread string, 
 	slices.SortFunc(deltas, func(a, b jetstream.KeyValueEntry) int { return cmp.Compare(b.Revision(), a.Revision()) })
 	var old []jetstream.KeyValueEntry
 	for _, e := range deltas[keep:] {
-		id := splitSubject(e.Key())[2]
-		if !chain[id] && e.Created().Before(cutoff) {
+		if !chain[idOf[e.Key()]] && !chain[splitSubject(e.Key())[2]] && e.Created().Before(cutoff) {
 			old = append(old, e)
 		}
 	}
@@ -356,7 +359,7 @@ func (s *Sweeper) threadCheckpoints(ctx context.Context, tenant, thread string, 
 	// Nothing moved the head or took the lease since it was read: every
 	// delta listed was written before, and none of those off the chain
 	// can become part of it.
-	if _, now, err := threads.GetLatest(ctx, tenant, thread); (err == nil && now != rev) || (err != nil && !errors.Is(err, kv.ErrNotFound)) {
+	if _, now, err := threads.Get(ctx, tenant, thread); (err == nil && now != rev) || (err != nil && !errors.Is(err, kv.ErrNotFound)) {
 		return 0, err
 	}
 	removed := 0
