@@ -75,11 +75,6 @@ func (r Retention) For(tenant string) TenantRetention {
 	return out
 }
 
-// Any reports whether t removes anything.
-func (t TenantRetention) Any() bool {
-	return t != TenantRetention{}
-}
-
 func (r Retention) validate(n NATS, bad func(path, format string, args ...any)) {
 	if d := time.Duration(r.Interval); d < time.Second {
 		bad("retention.interval", "%s is too short: use at least 1s (default 1h)", d)

@@ -35,7 +35,7 @@ retention:
 	if other != (TenantRetention{Events: Duration(12 * time.Hour), Runs: Duration(720 * time.Hour), Checkpoints: 50}) {
 		t.Fatalf("default retention %+v", other)
 	}
-	if d := Default(); d.Retention.Default.Any() || time.Duration(d.Retention.Interval) != time.Hour {
+	if d := Default(); d.Retention.Default != (TenantRetention{}) || time.Duration(d.Retention.Interval) != time.Hour {
 		t.Fatalf("the default retention removes something: %+v", d.Retention)
 	}
 }
