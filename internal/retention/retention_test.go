@@ -36,6 +36,13 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	e := newEnvB(t)
+	e.t = t
+	return e
+}
+
+func newEnvB(t testing.TB) *env {
+	t.Helper()
 	srv := natstest.Start(t)
 	nc := srv.Connect()
 	settings := bus.Settings{AckWait: time.Second}.WithDefaults()
@@ -49,7 +56,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, srv: srv, js: js, names: settings.Names, stores: stores, ctx: ctx}
+	return &env{srv: srv, js: js, names: settings.Names, stores: stores, ctx: ctx}
 }
 
 // sweeper builds a sweeper over the env; now nil is the real clock.
