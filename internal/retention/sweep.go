@@ -81,8 +81,10 @@ func purge(ctx context.Context, js jetstream.JetStream, stream, filter string, u
 	return resp.Purged, nil
 }
 
-// entries reads the current entries of a bucket's keys matching filter.
-func entries(ctx context.Context, js jetstream.JetStream, bucket, filter string) ([]jetstream.KeyValueEntry, error) {
+// collect reads the current entries of a bucket's keys matching filter
+// and keeps what pick makes of those it picks, so a tenant's whole bucket
+// is never held in memory.
+func collect[T any](ctx context.Context, js jetstream.JetStream, bucket, filter string, pick func(jetstream.KeyValueEntry) (T, bool)) ([]T, error) {
 	store, err := js.KeyValue(ctx, bucket)
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", bucket, err)
@@ -94,7 +96,7 @@ func entries(ctx context.Context, js jetstream.JetStream, bucket, filter string)
 		return nil, fmt.Errorf("read %s of bucket %s: %w", filter, bucket, err)
 	}
 	defer func() { _ = w.Stop() }()
-	var out []jetstream.KeyValueEntry
+	var out []T
 	for {
 		select {
 		case <-ctx.Done():
@@ -106,9 +108,17 @@ func entries(ctx context.Context, js jetstream.JetStream, bucket, filter string)
 			if e == nil {
 				return out, nil
 			}
-			out = append(out, e)
+			if v, ok := pick(e); ok {
+				out = append(out, v)
+			}
 		}
 	}
+}
+
+// entry is a key at the revision it was read.
+type entry struct {
+	key string
+	rev uint64
 }
 
 // remove purges one key at the revision it was read at, leaving a marker
@@ -149,13 +159,11 @@ func splitSubject(s string) []string { return strings.Split(s, ".") }
 // their entries in their thread's run index.
 func (s *Sweeper) sweepRuns(ctx context.Context, tenant string, cutoff time.Time) (int, error) {
 	n := s.cfg.Names
-	all, err := entries(ctx, s.cfg.JS, n.RunsBucket(), tenant+".*")
-	if err != nil {
-		return 0, err
+	type finished struct {
+		entry
+		thread, run string
 	}
-	removed := 0
-	var errs []error
-	for _, e := range all {
+	old, err := collect(ctx, s.cfg.JS, n.RunsBucket(), tenant+".*", func(e jetstream.KeyValueEntry) (finished, bool) {
 		var r struct {
 			RunID      string          `json:"run_id"`
 			ThreadID   string          `json:"thread_id"`
@@ -163,16 +171,21 @@ func (s *Sweeper) sweepRuns(ctx context.Context, tenant string, cutoff time.Time
 			FinishedAt *time.Time      `json:"finished_at"`
 		}
 		if json.Unmarshal(e.Value(), &r) != nil || !r.Status.Terminal() {
-			continue
+			return finished{}, false
 		}
 		ended := e.Created()
 		if r.FinishedAt != nil && !r.FinishedAt.IsZero() {
 			ended = *r.FinishedAt
 		}
-		if !ended.Before(cutoff) {
-			continue
-		}
-		ok, err := remove(ctx, s.cfg.JS, n.RunsBucket(), e.Key(), e.Revision())
+		return finished{entry{e.Key(), e.Revision()}, r.ThreadID, r.RunID}, ended.Before(cutoff)
+	})
+	if err != nil {
+		return 0, err
+	}
+	removed := 0
+	var errs []error
+	for _, r := range old {
+		ok, err := remove(ctx, s.cfg.JS, n.RunsBucket(), r.key, r.rev)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -180,8 +193,8 @@ func (s *Sweeper) sweepRuns(ctx context.Context, tenant string, cutoff time.Time
 		if ok {
 			removed++
 		}
-		if protocol.ValidToken(r.ThreadID) && protocol.ValidToken(r.RunID) {
-			if _, err := remove(ctx, s.cfg.JS, n.ThreadsBucket(), bus.Key(tenant, r.ThreadID, "run", r.RunID), 0); err != nil {
+		if protocol.ValidToken(r.thread) && protocol.ValidToken(r.run) {
+			if _, err := remove(ctx, s.cfg.JS, n.ThreadsBucket(), bus.Key(tenant, r.thread, "run", r.run), 0); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -193,27 +206,26 @@ func (s *Sweeper) sweepRuns(ctx context.Context, tenant string, cutoff time.Time
 // before cutoff.
 func (s *Sweeper) sweepUsage(ctx context.Context, tenant string, cutoff time.Time) (int, error) {
 	bucket := s.cfg.Names.UsageBucket()
-	all, err := entries(ctx, s.cfg.JS, bucket, tenant+".>")
-	if err != nil {
-		return 0, err
-	}
-	removed := 0
-	var errs []error
-	for _, e := range all {
+	old, err := collect(ctx, s.cfg.JS, bucket, tenant+".>", func(e jetstream.KeyValueEntry) (entry, bool) {
 		var u struct {
 			UpdatedAt time.Time `json:"updated_at"`
 		}
 		if json.Unmarshal(e.Value(), &u) != nil {
-			continue
+			return entry{}, false
 		}
 		updated := u.UpdatedAt
 		if updated.IsZero() {
 			updated = e.Created()
 		}
-		if !updated.Before(cutoff) {
-			continue
-		}
-		ok, err := remove(ctx, s.cfg.JS, bucket, e.Key(), e.Revision())
+		return entry{e.Key(), e.Revision()}, updated.Before(cutoff)
+	})
+	if err != nil {
+		return 0, err
+	}
+	removed := 0
+	var errs []error
+	for _, e := range old {
+		ok, err := remove(ctx, s.cfg.JS, bucket, e.key, e.rev)
 		if err != nil {
 			errs = append(errs, err)
 		} else if ok {
@@ -223,19 +235,29 @@ func (s *Sweeper) sweepUsage(ctx context.Context, tenant string, cutoff time.Tim
 	return removed, errors.Join(errs...)
 }
 
-// threadRecords reads the tenant's thread records with their entries.
-func (s *Sweeper) threadRecords(ctx context.Context, tenant string) (map[string]jetstream.KeyValueEntry, error) {
-	all, err := entries(ctx, s.cfg.JS, s.cfg.Names.ThreadsBucket(), tenant+".*")
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]jetstream.KeyValueEntry, len(all))
-	for _, e := range all {
-		if _, thread, ok := strings.Cut(e.Key(), "."); ok && protocol.ValidToken(thread) {
-			out[thread] = e
+// threadRecord is what a sweep needs of a thread record.
+type threadRecord struct {
+	id string
+	// idle is when the thread last changed: its record's last write.
+	idle time.Time
+	// busy: a lease or a pending steer or rollback.
+	busy bool
+}
+
+// threadRecords reads the tenant's thread records.
+func (s *Sweeper) threadRecords(ctx context.Context, tenant string) ([]threadRecord, error) {
+	return collect(ctx, s.cfg.JS, s.cfg.Names.ThreadsBucket(), tenant+".*", func(e jetstream.KeyValueEntry) (threadRecord, bool) {
+		_, thread, _ := strings.Cut(e.Key(), ".")
+		var th protocol.Thread
+		if !protocol.ValidToken(thread) || json.Unmarshal(e.Value(), &th) != nil {
+			return threadRecord{}, false
 		}
-	}
-	return out, nil
+		r := threadRecord{id: thread, idle: e.Created(), busy: th.Lease != nil || len(th.Preempt) > 0}
+		if th.UpdatedAt.After(r.idle) {
+			r.idle = th.UpdatedAt
+		}
+		return r, true
+	})
 }
 
 // sweepFiles removes the workdir files of the tenant's threads last
@@ -248,7 +270,8 @@ func (s *Sweeper) sweepFiles(ctx context.Context, tenant string, cutoff time.Tim
 	}
 	removed := 0
 	var errs []error
-	for _, thread := range slices.Sorted(maps.Keys(threads)) {
+	for _, th := range threads {
+		thread := th.id
 		w := s.cfg.Workdirs(tenant, thread)
 		var old []string
 		err := w.Walk(ctx, "/", func(i files.Info) error {
@@ -281,16 +304,27 @@ func (s *Sweeper) sweepFiles(ctx context.Context, tenant string, cutoff time.Tim
 // each delta holds only what its step changed, so the state at the head
 // needs every one of them (there is no snapshot to fold them into).
 func (s *Sweeper) sweepCheckpoints(ctx context.Context, tenant string, keep int, cutoff time.Time) (int, error) {
-	n := s.cfg.Names
-	all, err := entries(ctx, s.cfg.JS, n.CheckpointsBucket(), tenant+".*.*")
+	all, err := collect(ctx, s.cfg.JS, s.cfg.Names.CheckpointsBucket(), tenant+".*.*", func(e jetstream.KeyValueEntry) (checkpoint, bool) {
+		t := splitSubject(e.Key())
+		if len(t) != 3 {
+			return checkpoint{}, false
+		}
+		c := checkpoint{entry: entry{e.Key(), e.Revision()}, thread: t[1], created: e.Created()}
+		var d struct {
+			ID     string `json:"id"`
+			Parent string `json:"parent"`
+		}
+		if json.Unmarshal(e.Value(), &d) == nil && d.ID != "" {
+			c.id, c.parent = d.ID, d.Parent
+		}
+		return c, true
+	})
 	if err != nil {
 		return 0, err
 	}
-	byThread := map[string][]jetstream.KeyValueEntry{}
-	for _, e := range all {
-		if t := splitSubject(e.Key()); len(t) == 3 {
-			byThread[t[1]] = append(byThread[t[1]], e)
-		}
+	byThread := map[string][]checkpoint{}
+	for _, c := range all {
+		byThread[c.thread] = append(byThread[c.thread], c)
 	}
 	removed := 0
 	var errs []error
@@ -308,7 +342,15 @@ func (s *Sweeper) sweepCheckpoints(ctx context.Context, tenant string, keep int,
 	return removed, errors.Join(errs...)
 }
 
-func (s *Sweeper) threadCheckpoints(ctx context.Context, tenant, thread string, deltas []jetstream.KeyValueEntry, keep int, cutoff time.Time) (int, error) {
+// checkpoint is what a sweep needs of a checkpoint delta; id is empty
+// when it does not decode.
+type checkpoint struct {
+	entry
+	thread, id, parent string
+	created            time.Time
+}
+
+func (s *Sweeper) threadCheckpoints(ctx context.Context, tenant, thread string, deltas []checkpoint, keep int, cutoff time.Time) (int, error) {
 	// Any replica's copy will do: a head it has not seen yet was moved
 	// to deltas written since, which are younger than the grace.
 	threads := s.cfg.Stores.Threads
@@ -325,17 +367,12 @@ func (s *Sweeper) threadCheckpoints(ctx context.Context, tenant, thread string, 
 		return 0, err
 	}
 	parent := make(map[string]string, len(deltas))
-	idOf := make(map[string]string, len(deltas)) // by key
-	for _, e := range deltas {
-		var d struct {
-			ID     string `json:"id"`
-			Parent string `json:"parent"`
-		}
-		if json.Unmarshal(e.Value(), &d) != nil || d.ID == "" {
-			s.log.Warn("a checkpoint does not decode; its thread's checkpoints are kept", zap.String("tenant", tenant), zap.String("thread_id", thread), zap.String("key", e.Key()))
+	for _, c := range deltas {
+		if c.id == "" {
+			s.log.Warn("a checkpoint does not decode; its thread's checkpoints are kept", zap.String("tenant", tenant), zap.String("thread_id", thread), zap.String("key", c.key))
 			return 0, nil
 		}
-		parent[d.ID], idOf[e.Key()] = d.Parent, d.ID
+		parent[c.id] = c.parent
 	}
 	chain := map[string]bool{}
 	for id := head; id != ""; id = parent[id] {
@@ -346,11 +383,11 @@ func (s *Sweeper) threadCheckpoints(ctx context.Context, tenant, thread string, 
 		}
 		chain[id] = true
 	}
-	slices.SortFunc(deltas, func(a, b jetstream.KeyValueEntry) int { return cmp.Compare(b.Revision(), a.Revision()) })
-	var old []jetstream.KeyValueEntry
-	for _, e := range deltas[keep:] {
-		if !chain[idOf[e.Key()]] && !chain[splitSubject(e.Key())[2]] && e.Created().Before(cutoff) {
-			old = append(old, e)
+	slices.SortFunc(deltas, func(a, b checkpoint) int { return cmp.Compare(b.rev, a.rev) })
+	var old []checkpoint
+	for _, c := range deltas[keep:] {
+		if !chain[c.id] && !chain[splitSubject(c.key)[2]] && c.created.Before(cutoff) {
+			old = append(old, c)
 		}
 	}
 	if len(old) == 0 {
@@ -364,8 +401,8 @@ func (s *Sweeper) threadCheckpoints(ctx context.Context, tenant, thread string, 
 	}
 	removed := 0
 	var errs []error
-	for _, e := range old {
-		ok, err := remove(ctx, s.cfg.JS, s.cfg.Names.CheckpointsBucket(), e.Key(), e.Revision())
+	for _, c := range old {
+		ok, err := remove(ctx, s.cfg.JS, s.cfg.Names.CheckpointsBucket(), c.key, c.rev)
 		if err != nil {
 			errs = append(errs, err)
 		} else if ok {
@@ -386,17 +423,9 @@ func (s *Sweeper) sweepThreads(ctx context.Context, tenant string, cutoff time.T
 	n := s.cfg.Names
 	removed := 0
 	var errs []error
-	for _, thread := range slices.Sorted(maps.Keys(threads)) {
-		e := threads[thread]
-		var th protocol.Thread
-		if json.Unmarshal(e.Value(), &th) != nil || th.Lease != nil || len(th.Preempt) > 0 {
-			continue
-		}
-		last := e.Created()
-		if th.UpdatedAt.After(last) {
-			last = th.UpdatedAt
-		}
-		if !last.Before(cutoff) {
+	for _, th := range threads {
+		thread, last := th.id, th.idle
+		if th.busy || !last.Before(cutoff) {
 			continue
 		}
 		_, err := bus.GetMsgFromLeader(ctx, s.cfg.JS, n.RunsStream(), bus.MsgQuery{LastBySubject: n.RunSubject(tenant, thread)})
