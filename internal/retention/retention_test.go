@@ -556,3 +556,53 @@ func TestScheduledSweepRunsThroughTheJobsQueue(t *testing.T) {
 		t.Fatalf("the schedule after Unschedule: %v", err)
 	}
 }
+
+// A sweep with more to remove than its job's time allows stops before the
+// deadline without failing, and the next sweep goes on.
+func TestASweepStopsAtItsBudgetAndTheNextGoesOn(t *testing.T) {
+	e := newEnv(t)
+	old := time.Now().Add(-2 * time.Hour)
+	const n = 3000
+	for i := range n {
+		data, _ := json.Marshal(finishedRun("acme", "h1", fmt.Sprintf("r%d", i), protocol.StatusSuccess, old))
+		if _, err := e.js.PublishAsync("$KV."+e.names.RunsBucket()+".acme.r"+fmt.Sprint(i), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-e.js.PublishAsyncComplete():
+	case <-time.After(eventually):
+		t.Fatal("seeding did not finish")
+	}
+	defer func(m time.Duration) { budgetMargin = m }(budgetMargin)
+	budgetMargin = time.Second
+	s := e.sweeper(Policy{Tenants: map[string]Rules{"acme": {Runs: time.Hour}}}, nil, nil)
+	removed, stopped := 0, 0
+	deadline := time.Now().Add(2 * time.Minute)
+	for sweeps := 1; ; sweeps++ {
+		ctx, cancel := context.WithTimeout(e.ctx, 3*time.Second)
+		rep, err := s.Sweep(ctx, "acme")
+		cancel()
+		if err != nil {
+			t.Fatalf("sweep %d: %v", sweeps, err)
+		}
+		removed += rep.Runs
+		left, err := e.stores.Runs.List(e.ctx, "acme", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(left) == 0 {
+			break
+		}
+		stopped++
+		// A removal in flight when the budget ran out may be done and not
+		// counted: at most one per sweep.
+		if lost := n - len(left) - removed; lost < 0 || lost > sweeps {
+			t.Fatalf("after %d sweeps: %d removed and %d left of %d", sweeps, removed, len(left), n)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sweeps and %d runs left", sweeps, len(left))
+		}
+	}
+	t.Logf("%d runs removed by %d sweeps, %d of them stopped at their budget", n, stopped+1, stopped)
+}
