@@ -606,3 +606,30 @@ func TestASweepStopsAtItsBudgetAndTheNextGoesOn(t *testing.T) {
 	}
 	t.Logf("%d runs removed by %d sweeps, %d of them stopped at their budget", n, stopped+1, stopped)
 }
+
+// The server removes a finished run's record at its TTL and leaves its
+// entry in the thread's run list: the sweep removes entries older than
+// the age whose record is gone, and no other.
+func TestRunListEntriesOfExpiredRunsGo(t *testing.T) {
+	e := newEnv(t)
+	running := finishedRun("acme", "h1", "running", protocol.StatusRunning, time.Now())
+	if _, err := e.stores.Runs.Create(e.ctx, running); err != nil {
+		t.Fatal(err)
+	}
+	b := e.names.ThreadsBucket()
+	for _, run := range []string{"expired", "running"} {
+		e.put(b, bus.Key("acme", "h1", "run", run), map[string]any{"created_at": time.Now()})
+	}
+	e.put(b, bus.Key("globex", "h1", "run", "expired"), map[string]any{"created_at": time.Now()})
+	mid := divide()
+	// Just submitted: its record may not be written yet.
+	e.put(b, bus.Key("acme", "h1", "run", "submitted"), map[string]any{"created_at": time.Now()})
+
+	p := Policy{Tenants: map[string]Rules{"acme": {Runs: time.Hour}}}
+	e.sweep(e.sweeper(p, at(mid.Add(time.Hour)), nil), "acme")
+	for key, live := range map[string]bool{"acme.h1.run.expired": false, "acme.h1.run.running": true, "acme.h1.run.submitted": true, "globex.h1.run.expired": true} {
+		if got := e.exists(b, key); got != live {
+			t.Errorf("run list entry %s exists: %v, want %v", key, got, live)
+		}
+	}
+}

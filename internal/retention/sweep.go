@@ -84,14 +84,14 @@ func purge(ctx context.Context, js jetstream.JetStream, stream, filter string, u
 // collect reads the current entries of a bucket's keys matching filter
 // and keeps what pick makes of those it picks, so a tenant's whole bucket
 // is never held in memory.
-func collect[T any](ctx context.Context, js jetstream.JetStream, bucket, filter string, pick func(jetstream.KeyValueEntry) (T, bool)) ([]T, error) {
+func collect[T any](ctx context.Context, js jetstream.JetStream, bucket, filter string, pick func(jetstream.KeyValueEntry) (T, bool), opts ...jetstream.WatchOpt) ([]T, error) {
 	store, err := js.KeyValue(ctx, bucket)
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", bucket, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	w, err := store.Watch(ctx, filter, jetstream.IgnoreDeletes())
+	w, err := store.Watch(ctx, filter, append(opts, jetstream.IgnoreDeletes())...)
 	if err != nil {
 		return nil, fmt.Errorf("read %s of bucket %s: %w", filter, bucket, err)
 	}
@@ -199,7 +199,45 @@ func (s *Sweeper) sweepRuns(ctx context.Context, tenant string, cutoff time.Time
 			}
 		}
 	}
+	if err := s.sweepRunIndex(ctx, tenant, cutoff); err != nil {
+		errs = append(errs, err)
+	}
 	return removed, errors.Join(errs...)
+}
+
+// sweepRunIndex removes the threads' run-list entries, written before
+// cutoff, of runs whose record is gone: the server removed it at its TTL,
+// which leaves the entry behind. A run's record is written when its entry
+// is, so an entry that old without a record has none to wait for.
+func (s *Sweeper) sweepRunIndex(ctx context.Context, tenant string, cutoff time.Time) error {
+	n := s.cfg.Names
+	old, err := collect(ctx, s.cfg.JS, n.ThreadsBucket(), tenant+".*.run.*", func(e jetstream.KeyValueEntry) (entry, bool) {
+		return entry{e.Key(), e.Revision()}, e.Created().Before(cutoff)
+	})
+	if err != nil || len(old) == 0 {
+		return err
+	}
+	live, err := collect(ctx, s.cfg.JS, n.RunsBucket(), tenant+".*", func(e jetstream.KeyValueEntry) (string, bool) {
+		return e.Key(), true
+	}, jetstream.MetaOnly())
+	if err != nil {
+		return err
+	}
+	runs := make(map[string]bool, len(live))
+	for _, k := range live {
+		runs[k] = true
+	}
+	var errs []error
+	for _, e := range old {
+		t := splitSubject(e.key)
+		if len(t) != 4 || runs[bus.Key(tenant, t[3])] {
+			continue
+		}
+		if _, err := remove(ctx, s.cfg.JS, n.ThreadsBucket(), e.key, e.rev); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // sweepUsage removes usage totals (of runs and of threads) last updated
