@@ -73,44 +73,44 @@ func (p Policy) For(tenant string) Rules {
 	return p.Default
 }
 
-// ThreadEraser deletes a whole thread: its record, runs, checkpoints,
-// files, usage and events. internal/erase's Eraser does, through an
-// EraserFunc that gives it its options and maps its errors:
+// ThreadEraser deletes whole threads: their records, runs, checkpoints,
+// files, usage and events. DeleteThreads deletes those of threads that
+// exist and returns them; when one is busy (a run started on it since the
+// sweep read it) it refuses with a *BusyError naming it, and the sweep
+// tries again without it. internal/erase's Eraser does, through an
+// EraserFunc that gives it its options and maps its busy error:
 //
-//	retention.EraserFunc(func(ctx context.Context, tenant, thread string) error {
-//		err := eraser.DeleteThread(ctx, tenant, thread, erase.ThreadOptions{})
-//		switch {
-//		case errors.Is(err, erase.ErrBusy):
-//			return fmt.Errorf("%w: %w", retention.ErrThreadBusy, err)
-//		case errors.Is(err, erase.ErrNotFound):
-//			return retention.ErrThreadGone
+//	retention.EraserFunc(func(ctx context.Context, tenant string, threads []string) ([]string, error) {
+//		deleted, err := eraser.DeleteThreads(ctx, tenant, threads, erase.ThreadOptions{})
+//		var busy *erase.BusyError
+//		if errors.As(err, &busy) {
+//			return deleted, &retention.BusyError{Thread: busy.ThreadID, Err: err}
 //		}
-//		return err
+//		return deleted, err
 //	})
 type ThreadEraser interface {
-	DeleteThread(ctx context.Context, tenant, thread string) error
+	DeleteThreads(ctx context.Context, tenant string, threads []string) ([]string, error)
 }
 
 // EraserFunc is a ThreadEraser.
-type EraserFunc func(ctx context.Context, tenant, thread string) error
+type EraserFunc func(ctx context.Context, tenant string, threads []string) ([]string, error)
 
-// DeleteThread calls f.
-func (f EraserFunc) DeleteThread(ctx context.Context, tenant, thread string) error {
-	return f(ctx, tenant, thread)
+// DeleteThreads calls f.
+func (f EraserFunc) DeleteThreads(ctx context.Context, tenant string, threads []string) ([]string, error) {
+	return f(ctx, tenant, threads)
 }
 
-// Errors a ThreadEraser returns for a thread the sweep leaves alone
-// without failing: a run started on it since the sweep read it (busy), or
-// it is already deleted (by a person, or a sweep running at once).
-var (
-	ErrThreadBusy = errors.New("thread busy")
-	ErrThreadGone = errors.New("thread already deleted")
-)
+// BusyError is a ThreadEraser's refusal: Thread is busy.
+type BusyError struct {
+	Thread string
+	Err    error
+}
 
-// MaxThreadsPerSweep bounds the idle threads one sweep deletes (each
-// deletion waits for submissions in flight to settle, about a second): a
-// tenant with more is finished by the next sweeps, within the job's
-// timeout.
+func (e *BusyError) Error() string { return fmt.Sprintf("thread %s is busy: %v", e.Thread, e.Err) }
+func (e *BusyError) Unwrap() error { return e.Err }
+
+// MaxThreadsPerSweep bounds the idle threads one sweep deletes: a tenant
+// with more is finished by the next sweeps, within the job's timeout.
 const MaxThreadsPerSweep = 100
 
 // CheckpointGrace is how old a checkpoint off a thread's history must be

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -373,37 +374,56 @@ func TestCheckpointsOffTheHistoryBeyondTheNewestGo(t *testing.T) {
 	}
 }
 
-// eraser deletes a thread's record, as internal/erase does (with the rest
-// of the thread), and refuses a thread a run took (busy) or one already
-// gone, as an adapter of erase's errors does.
+// eraser deletes threads' records, as internal/erase does (with the rest
+// of each thread): it skips a thread already gone, and refuses the whole
+// call, touching none, when one is busy (here: titled "taken").
 type eraser struct {
 	e       *env
 	mu      sync.Mutex
 	deleted []string
+	calls   int
 }
 
-func (x *eraser) DeleteThread(ctx context.Context, tenant, thread string) error {
-	th, rev, err := x.e.stores.Threads.Get(ctx, tenant, thread)
-	if errors.Is(err, kv.ErrNotFound) {
-		return ErrThreadGone
-	}
-	if err != nil {
-		return err
-	}
-	if th.Lease != nil || th.Title == "taken" {
-		return fmt.Errorf("%w: thread %s has run %s", ErrThreadBusy, thread, "r")
+func (x *eraser) DeleteThreads(ctx context.Context, tenant string, threads []string) ([]string, error) {
+	x.mu.Lock()
+	x.calls++
+	x.mu.Unlock()
+	revs := map[string]uint64{}
+	for _, thread := range threads {
+		th, rev, err := x.e.stores.Threads.Get(ctx, tenant, thread)
+		if errors.Is(err, kv.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if th.Lease != nil || th.Title == "taken" {
+			return nil, &BusyError{Thread: thread, Err: errors.New("a run took it")}
+		}
+		revs[thread] = rev
 	}
 	store, err := x.e.js.KeyValue(ctx, x.e.names.ThreadsBucket())
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := store.Purge(ctx, bus.Key(tenant, thread), jetstream.LastRevision(rev)); err != nil {
-		return ErrThreadGone
+	var deleted []string
+	for _, thread := range threads {
+		rev, ok := revs[thread]
+		if !ok {
+			continue
+		}
+		// Another sweep deleting it at once: gone, skipped.
+		if err := store.Purge(ctx, bus.Key(tenant, thread), jetstream.LastRevision(rev)); err != nil {
+			continue
+		}
+		deleted = append(deleted, thread)
 	}
 	x.mu.Lock()
-	x.deleted = append(x.deleted, tenant+"."+thread)
+	for _, thread := range deleted {
+		x.deleted = append(x.deleted, tenant+"."+thread)
+	}
 	x.mu.Unlock()
-	return nil
+	return deleted, nil
 }
 
 func TestThreadsIdleForTheTenantsAgeAreDeleted(t *testing.T) {
@@ -415,6 +435,7 @@ func TestThreadsIdleForTheTenantsAgeAreDeleted(t *testing.T) {
 		}
 	}
 	put(&protocol.Thread{ThreadID: "idle", Tenant: "acme"})
+	put(&protocol.Thread{ThreadID: "idle2", Tenant: "acme"})
 	put(&protocol.Thread{ThreadID: "leased", Tenant: "acme", Lease: &protocol.Lease{RunID: "r1", Worker: "w"}})
 	put(&protocol.Thread{ThreadID: "queued", Tenant: "acme"})
 	put(&protocol.Thread{ThreadID: "steered", Tenant: "acme", Preempt: []protocol.Preemption{{RunID: "r2", Strategy: "steer"}}})
@@ -442,14 +463,17 @@ func TestThreadsIdleForTheTenantsAgeAreDeleted(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if got := reps[0].Threads + reps[1].Threads; got != 1 {
-		t.Errorf("threads deleted %d by two sweeps at once, want 1", got)
+	if got := reps[0].Threads + reps[1].Threads; got != 2 {
+		t.Errorf("threads deleted %d by two sweeps at once, want 2", got)
 	}
-	if len(x.deleted) != 1 || x.deleted[0] != "acme.idle" {
-		t.Errorf("deleted %v, want acme.idle", x.deleted)
+	slices.Sort(x.deleted)
+	if !slices.Equal(x.deleted, []string{"acme.idle", "acme.idle2"}) {
+		t.Errorf("deleted %v, want acme.idle and acme.idle2", x.deleted)
 	}
-	if e.exists(e.names.ThreadsBucket(), "acme.idle") || !e.exists(e.names.ThreadsBucket(), "globex.idle") {
-		t.Error("the wrong thread records are gone")
+	for key, live := range map[string]bool{"acme.idle": false, "acme.idle2": false, "acme.taken": true, "acme.queued": true, "acme.leased": true, "acme.steered": true, "acme.young": true, "globex.idle": true} {
+		if got := e.exists(e.names.ThreadsBucket(), key); got != live {
+			t.Errorf("thread %s exists: %v, want %v", key, got, live)
+		}
 	}
 	// Without an eraser the rule is skipped, not failed.
 	if _, err := e.sweeper(p, at(mid.Add(48*time.Hour)), nil).Sweep(e.ctx, "acme"); err != nil {

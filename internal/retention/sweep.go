@@ -452,42 +452,50 @@ func (s *Sweeper) threadCheckpoints(ctx context.Context, tenant, thread string, 
 
 // sweepThreads deletes the threads without a run since cutoff: no lease,
 // nothing preempting, no run request queued, and the record last written
-// before cutoff (every run takes and gives back the lease in it).
+// before cutoff (every run takes and gives back the lease in it). The
+// eraser checks again as it marks each thread deleting.
 func (s *Sweeper) sweepThreads(ctx context.Context, tenant string, cutoff time.Time) (int, error) {
 	threads, err := s.threadRecords(ctx, tenant)
 	if err != nil {
 		return 0, err
 	}
 	n := s.cfg.Names
-	removed := 0
+	var idle []string
 	var errs []error
 	for _, th := range threads {
-		thread, last := th.id, th.idle
-		if th.busy || !last.Before(cutoff) {
+		if th.busy || !th.idle.Before(cutoff) {
 			continue
 		}
-		_, err := bus.GetMsgFromLeader(ctx, s.cfg.JS, n.RunsStream(), bus.MsgQuery{LastBySubject: n.RunSubject(tenant, thread)})
-		if err == nil {
-			continue // a run is queued
-		}
-		if !errors.Is(err, jetstream.ErrMsgNotFound) {
-			errs = append(errs, err)
-			continue
-		}
-		if removed >= MaxThreadsPerSweep {
-			s.log.Info("idle threads left for the next sweep", zap.String("tenant", tenant), zap.Int("deleted", removed))
+		if len(idle) == MaxThreadsPerSweep {
+			s.log.Info("idle threads left for the next sweep", zap.String("tenant", tenant), zap.Int("deleting", len(idle)))
 			break
 		}
-		err = s.cfg.Eraser.DeleteThread(ctx, tenant, thread)
+		_, err := bus.GetMsgFromLeader(ctx, s.cfg.JS, n.RunsStream(), bus.MsgQuery{LastBySubject: n.RunSubject(tenant, th.id)})
 		switch {
-		case errors.Is(err, ErrThreadBusy), errors.Is(err, ErrThreadGone):
-			continue
-		case err != nil:
-			errs = append(errs, fmt.Errorf("delete idle thread %s: %w", thread, err))
-			continue
+		case err == nil:
+			// A run is queued.
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			idle = append(idle, th.id)
+		default:
+			errs = append(errs, err)
 		}
-		removed++
-		s.log.Info("idle thread deleted", zap.String("tenant", tenant), zap.String("thread_id", thread), zap.Time("last_run", last))
+	}
+	removed := 0
+	for len(idle) > 0 {
+		deleted, err := s.cfg.Eraser.DeleteThreads(ctx, tenant, idle)
+		removed += len(deleted)
+		for _, thread := range deleted {
+			s.log.Info("idle thread deleted", zap.String("tenant", tenant), zap.String("thread_id", thread))
+		}
+		var busy *BusyError
+		if !errors.As(err, &busy) || !slices.Contains(idle, busy.Thread) {
+			if err != nil {
+				errs = append(errs, fmt.Errorf("delete idle threads: %w", err))
+			}
+			break
+		}
+		// A run took it since it was read: the others again, without it.
+		idle = slices.DeleteFunc(idle, func(t string) bool { return t == busy.Thread || slices.Contains(deleted, t) })
 	}
 	return removed, errors.Join(errs...)
 }
