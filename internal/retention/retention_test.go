@@ -381,13 +381,9 @@ type eraser struct {
 	e       *env
 	mu      sync.Mutex
 	deleted []string
-	calls   int
 }
 
 func (x *eraser) DeleteThreads(ctx context.Context, tenant string, threads []string) ([]string, error) {
-	x.mu.Lock()
-	x.calls++
-	x.mu.Unlock()
 	revs := map[string]uint64{}
 	for _, thread := range threads {
 		th, rev, err := x.e.stores.Threads.Get(ctx, tenant, thread)
