@@ -257,12 +257,13 @@ func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config
 			nc.Close()
 			return err
 		}
-		jobRunner, err := app.Jobs(ctx, wjs, cfg, settings, mem, m, log, app.WithCompaction(agents, workdirs))
+		lim, err := app.Limiter(ctx, wjs, cfg, settings)
 		if err != nil {
 			nc.Close()
 			return err
 		}
-		lim, err := app.Limiter(ctx, wjs, cfg, settings)
+		jobRunner, err := app.Jobs(ctx, wjs, cfg, settings, mem, m, log, app.WithCompaction(agents, workdirs),
+			app.WithRetention(cfg.Retention, app.QuotaFiles(workdirs, lim), nil))
 		if err != nil {
 			nc.Close()
 			return err
@@ -281,6 +282,7 @@ func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config
 			Metrics:       tel.Metrics,
 			Traces:        tel.TracerProvider,
 			Submit:        submitHooks,
+			KeyTTLs:       app.KeyTTLs(cfg.Retention),
 		})
 		if err != nil {
 			nc.Close()

@@ -100,7 +100,12 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	jobRunner, err := app.Jobs(ctx, js, cfg, settings, mem, m, log, app.WithCompaction(agents, workdirs))
+	lim, err := app.Limiter(ctx, js, cfg, settings)
+	if err != nil {
+		return err
+	}
+	jobRunner, err := app.Jobs(ctx, js, cfg, settings, mem, m, log, app.WithCompaction(agents, workdirs),
+		app.WithRetention(cfg.Retention, app.QuotaFiles(workdirs, lim), nil))
 	if err != nil {
 		return err
 	}
@@ -111,10 +116,6 @@ func run() error {
 	defer stopTelemetry()
 	if *listen == "" && tel.InlineMetrics() != nil {
 		log.Info("metrics are not served: set --listen (health and /metrics) or telemetry.metrics.listen")
-	}
-	lim, err := app.Limiter(ctx, js, cfg, settings)
-	if err != nil {
-		return err
 	}
 	w, err := worker.New(ctx, nc, worker.Config{
 		Settings:      settings,
@@ -130,6 +131,7 @@ func run() error {
 		Metrics:       tel.Metrics,
 		Traces:        tel.TracerProvider,
 		Submit:        submitHooks,
+		KeyTTLs:       app.KeyTTLs(cfg.Retention),
 	})
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/natsagent/natsagent/internal/config"
 	"github.com/natsagent/natsagent/internal/model"
@@ -44,6 +45,9 @@ func TestConfigurationReferenceLoads(t *testing.T) {
 	}
 	if cfg.NATS.Replicas != 3 || cfg.Model.Name != "qwen2.5:7b" || len(cfg.Gateway.APIKeys) != 2 || len(cfg.MCP.Servers) != 1 {
 		t.Fatalf("sections lost: %+v", cfg)
+	}
+	if r := cfg.Retention.For("acme"); time.Duration(r.Events) != 12*time.Hour || time.Duration(r.Runs) != 168*time.Hour || r.Checkpoints != 50 {
+		t.Fatalf("retention: %+v", r)
 	}
 	if w := cfg.ContextWindows(); w["qwen2.5:7b"] != 32768 || w["deepseek-chat"] != 65536 {
 		t.Fatalf("models: %v", w)

@@ -17,8 +17,12 @@ type MsgQuery struct {
 	Seq uint64
 	// LastBySubject gets the last message of a subject.
 	LastBySubject string
-	// NextBySubject gets the first message of a subject at or after Seq.
+	// NextBySubject gets the first message of a subject at or after Seq
+	// (or StartTime).
 	NextBySubject string
+	// StartTime gets the first message stored at or after it (instead of
+	// Seq).
+	StartTime time.Time
 }
 
 // GetMsgFromLeader reads a stream message through the stream's leader
@@ -32,11 +36,16 @@ type MsgQuery struct {
 // concluding a message is gone. It returns jetstream.ErrMsgNotFound when
 // no message matches.
 func GetMsgFromLeader(ctx context.Context, js jetstream.JetStream, stream string, q MsgQuery) (*jetstream.RawStreamMsg, error) {
+	var start *time.Time
+	if !q.StartTime.IsZero() {
+		start = &q.StartTime
+	}
 	body, err := json.Marshal(struct {
-		Seq     uint64 `json:"seq,omitempty"`
-		LastFor string `json:"last_by_subj,omitempty"`
-		NextFor string `json:"next_by_subj,omitempty"`
-	}{q.Seq, q.LastBySubject, q.NextBySubject})
+		Seq       uint64     `json:"seq,omitempty"`
+		LastFor   string     `json:"last_by_subj,omitempty"`
+		NextFor   string     `json:"next_by_subj,omitempty"`
+		StartTime *time.Time `json:"start_time,omitempty"`
+	}{q.Seq, q.LastBySubject, q.NextBySubject, start})
 	if err != nil {
 		return nil, err
 	}
@@ -62,10 +71,11 @@ func GetMsgFromLeader(ctx context.Context, js jetstream.JetStream, stream string
 	var resp struct {
 		Error   *jetstream.APIError `json:"error,omitempty"`
 		Message *struct {
-			Subject  string `json:"subject"`
-			Sequence uint64 `json:"seq"`
-			Header   []byte `json:"hdrs,omitempty"`
-			Data     []byte `json:"data,omitempty"`
+			Subject  string    `json:"subject"`
+			Sequence uint64    `json:"seq"`
+			Header   []byte    `json:"hdrs,omitempty"`
+			Data     []byte    `json:"data,omitempty"`
+			Time     time.Time `json:"time"`
 		} `json:"message,omitempty"`
 	}
 	if err := json.Unmarshal(reply.Data, &resp); err != nil {
@@ -80,7 +90,7 @@ func GetMsgFromLeader(ctx context.Context, js jetstream.JetStream, stream string
 	if resp.Message == nil {
 		return nil, jetstream.ErrInvalidJetStreamResponse
 	}
-	m := &jetstream.RawStreamMsg{Subject: resp.Message.Subject, Sequence: resp.Message.Sequence, Data: resp.Message.Data}
+	m := &jetstream.RawStreamMsg{Subject: resp.Message.Subject, Sequence: resp.Message.Sequence, Data: resp.Message.Data, Time: resp.Message.Time}
 	if len(resp.Message.Header) > 0 {
 		if m.Header, err = nats.DecodeHeadersMsg(resp.Message.Header); err != nil {
 			return nil, err

@@ -57,6 +57,13 @@ const (
 	DefaultDLQMaxAge       = 7 * 24 * time.Hour
 )
 
+// KVMarkerTTL is the limit marker TTL of the runs, threads, checkpoints
+// and usage buckets: it lets a key carry its own TTL (a finished run's
+// record, usage totals: retention in docs/configuration.md), and is how
+// long the marker of a key removed by its TTL, or by a retention sweep,
+// is kept so watchers see the removal.
+const KVMarkerTTL = 15 * time.Minute
+
 // WithDefaults returns s with zero fields filled.
 func (s Settings) WithDefaults() Settings {
 	if s.Names.Prefix == "" {
@@ -241,12 +248,17 @@ func Provision(ctx context.Context, js jetstream.JetStream, s Settings) error {
 		return err
 	}
 	for _, b := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket(), n.MemoryBucket(), n.LimitsBucket()} {
-		if err := ensureBucket(ctx, js, jetstream.KeyValueConfig{
+		cfg := jetstream.KeyValueConfig{
 			Bucket:   b,
 			History:  1,
 			Storage:  s.Storage,
 			Replicas: s.Replicas,
-		}); err != nil {
+		}
+		switch b {
+		case n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket():
+			cfg.LimitMarkerTTL = KVMarkerTTL
+		}
+		if err := ensureBucket(ctx, js, cfg); err != nil {
 			return err
 		}
 	}
@@ -459,6 +471,18 @@ func ensureBucket(ctx context.Context, js jetstream.JetStream, want jetstream.Ke
 		return fmt.Errorf("read bucket %s: %w", want.Bucket, err)
 	}
 	have := st.CachedInfo().Config
+	if want.LimitMarkerTTL > 0 && (!have.AllowMsgTTL || have.SubjectDeleteMarkerTTL <= 0) {
+		// A bucket created before keys had TTLs: allowing them changes
+		// nothing that is stored, so do it.
+		cfg := have
+		cfg.AllowMsgTTL, cfg.SubjectDeleteMarkerTTL = true, want.LimitMarkerTTL
+		updated, err := js.UpdateStream(ctx, cfg)
+		if err != nil {
+			return fmt.Errorf("bucket %s has no per-key TTL; allowing it failed: %w (allow it with `nats stream edit KV_%s --allow-msg-ttl --subject-del-markers-ttl=%s --force`, which needs nats-server 2.11 or later)",
+				want.Bucket, err, want.Bucket, natsDuration(want.LimitMarkerTTL))
+		}
+		have = updated.CachedInfo().Config
+	}
 	var diff []string
 	diff = appendDiff(diff, "history", have.MaxMsgsPerSubject, int64(want.History))
 	diff = appendDiff(diff, "storage", have.Storage, want.Storage)

@@ -240,3 +240,55 @@ func TestNatsBytesAsTheCLIReadsThem(t *testing.T) {
 		}
 	}
 }
+
+// Buckets created before keys had TTLs get them in place at the next
+// start, keeping their keys; a key written with a TTL then expires
+// (nats-server#6920 left such keys forever on 2.11.3).
+func TestProvisionAllowsKeyTTLsOnExistingBuckets(t *testing.T) {
+	js := startServer(t)
+	ctx := context.Background()
+	n := DefaultNames()
+	old, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: n.RunsBucket(), History: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Put(ctx, "default.kept", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	if err := Provision(ctx, js, Settings{}); err != nil {
+		t.Fatalf("provision over a bucket without key TTLs: %v", err)
+	}
+	for _, b := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket()} {
+		st, err := js.Stream(ctx, "KV_"+b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := st.CachedInfo().Config; !c.AllowMsgTTL || c.SubjectDeleteMarkerTTL != KVMarkerTTL {
+			t.Fatalf("bucket %s: allow msg ttl %v, marker ttl %s", b, c.AllowMsgTTL, c.SubjectDeleteMarkerTTL)
+		}
+	}
+	if err := Provision(ctx, js, Settings{}); err != nil {
+		t.Fatalf("provision again: %v", err)
+	}
+	kv, err := js.KeyValue(ctx, n.RunsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Create(ctx, "default.brief", []byte("{}"), jetstream.KeyTTL(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := kv.Get(ctx, "default.brief")
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a key with a 1s TTL is still there after 30s: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if _, err := kv.Get(ctx, "default.kept"); err != nil {
+		t.Fatalf("the key written before lost: %v", err)
+	}
+}

@@ -39,6 +39,8 @@ type Config struct {
 	Policy Policy `yaml:"policy"`
 	// Limits bounds each tenant's runs (limits.go).
 	Limits Limits `yaml:"limits"`
+	// Retention bounds how long each tenant's data is kept (retention.go).
+	Retention Retention `yaml:"retention"`
 }
 
 // Agent is an agent profile.
@@ -201,6 +203,7 @@ func Default() Config {
 		RemoteTools: defaultRemoteTools(),
 		Telemetry:   defaultTelemetry(),
 		Limits:      defaultLimits(),
+		Retention:   defaultRetention(),
 	}
 }
 
@@ -308,6 +311,7 @@ func (c *Config) Validate() error {
 	c.Policy.validate(c.Gateway.APIKeys, bad)
 	c.Telemetry.validate(c.Gateway.Authenticated(), bad)
 	c.Limits.validate(bad)
+	c.Retention.validate(c.NATS, bad)
 	seen := make(map[string]bool)
 	for i, a := range c.Agents {
 		path := fmt.Sprintf("agents[%d]", i)

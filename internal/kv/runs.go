@@ -18,6 +18,8 @@ type Runs struct {
 	kv     jetstream.KeyValue
 	js     jetstream.JetStream
 	bucket string
+	// ttl is the key TTL of a tenant's finished runs (SetTTLs).
+	ttl func(tenant string) time.Duration
 }
 
 // Get reads a run record.
@@ -36,13 +38,22 @@ func (s *Runs) GetLatest(ctx context.Context, tenant, run string) (*protocol.Run
 
 // Create writes a new run record; ErrExists if the run id is taken.
 func (s *Runs) Create(ctx context.Context, r *protocol.Run) (uint64, error) {
-	return put(ctx, s.kv, bus.Key(r.Tenant, r.RunID), r, 0)
+	return putTTL(ctx, s.js, s.kv, s.bucket, bus.Key(r.Tenant, r.RunID), r, 0, s.finishedTTL(r))
 }
 
 // Update compare-and-sets a run record at revision rev; ErrConflict if it
 // changed since.
 func (s *Runs) Update(ctx context.Context, r *protocol.Run, rev uint64) (uint64, error) {
-	return put(ctx, s.kv, bus.Key(r.Tenant, r.RunID), r, rev)
+	return putTTL(ctx, s.js, s.kv, s.bucket, bus.Key(r.Tenant, r.RunID), r, rev, s.finishedTTL(r))
+}
+
+// finishedTTL is the key TTL of r: its tenant's retention of finished
+// runs once it finished, none before.
+func (s *Runs) finishedTTL(r *protocol.Run) time.Duration {
+	if !r.Status.Terminal() {
+		return 0
+	}
+	return ttlOf(s.ttl, r.Tenant)
 }
 
 // Mutate applies fn to the current record and writes it with CAS,

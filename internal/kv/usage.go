@@ -31,6 +31,8 @@ type Usage struct {
 	bucket string
 	// Keep bounds the run entries of a thread record (0: the default).
 	Keep int
+	// ttl is the key TTL of a tenant's totals (SetTTLs).
+	ttl func(tenant string) time.Duration
 
 	once sync.Once
 	kv   jetstream.KeyValue
@@ -121,7 +123,8 @@ func (s *Usage) PutRun(ctx context.Context, u *protocol.RunUsage) error {
 	next.Recompute()
 	next.UpdatedAt = time.Now().UTC()
 	// A run's totals are written once, at its end: try the create first.
-	_, err = put(ctx, kv, key, next, 0)
+	ttl := ttlOf(s.ttl, u.Tenant)
+	_, err = putTTL(ctx, s.js, kv, s.bucket, key, next, 0, ttl)
 	if !errors.Is(err, ErrExists) {
 		return err
 	}
@@ -135,7 +138,7 @@ func (s *Usage) PutRun(ctx context.Context, u *protocol.RunUsage) error {
 		case cur.ThreadID != next.ThreadID:
 			return fmt.Errorf("usage: run %s belongs to thread %s, not %s", u.RunID, cur.ThreadID, u.ThreadID)
 		}
-		_, err = put(ctx, kv, key, next, rev)
+		_, err = putTTL(ctx, s.js, kv, s.bucket, key, next, rev, ttl)
 		if err == nil {
 			return nil
 		}
@@ -178,7 +181,7 @@ func (s *Usage) ApplyToThread(ctx context.Context, u *protocol.RunUsage) error {
 			return nil
 		}
 		next.UpdatedAt = time.Now().UTC()
-		newRev, err := put(ctx, kv, key, next, rev)
+		newRev, err := putTTL(ctx, s.js, kv, s.bucket, key, next, rev, ttlOf(s.ttl, u.Tenant))
 		if err == nil {
 			s.remember(key, next, newRev)
 			return nil

@@ -82,6 +82,9 @@ type Config struct {
 	// Limits enforces the tenants' limits (run time, steps, running runs);
 	// nil enforces none beyond the protocol's bounds.
 	Limits *limits.Limiter
+	// KeyTTLs expire the tenants' finished runs and usage totals by the
+	// server (the configuration's retention); zero keeps them.
+	KeyTTLs kv.TTLs
 }
 
 func (c Config) withDefaults() Config {
@@ -189,6 +192,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
+	stores.SetTTLs(cfg.KeyTTLs)
 	pub, err := events.NewPublisher(ctx, js, names, cfg.Logger.With(zap.String("worker", cfg.ID)))
 	if err != nil {
 		return nil, err
