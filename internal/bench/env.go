@@ -235,10 +235,10 @@ func (d *deployment) deleteAssets() {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	n := d.names
-	for _, s := range []string{n.RunsStream(), n.EventsStream(), n.DLQStream()} {
+	for _, s := range []string{n.RunsStream(), n.EventsStream(), n.DLQStream(), n.JobsStream()} {
 		_ = d.e.js.DeleteStream(ctx, s)
 	}
-	for _, b := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket()} {
+	for _, b := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket(), n.MemoryBucket(), n.LimitsBucket()} {
 		_ = d.e.js.DeleteKeyValue(ctx, b)
 	}
 	_ = d.e.js.DeleteObjectStore(ctx, n.FilesBucket())
