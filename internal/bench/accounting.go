@@ -57,7 +57,7 @@ const settleFor = 3 * time.Second
 // settlePoll apart agree, at most settleFor), then returns the CPU time
 // and the stored messages since startMeter.
 func (m *meter) stop(ctx context.Context) (cost, error) {
-	const settlePoll = 30 * time.Millisecond
+	const settlePoll = 100 * time.Millisecond
 	deadline := time.Now().Add(settleFor)
 	seqs, err := lastSeqs(ctx, m.js, m.prefix)
 	for err == nil && time.Now().Before(deadline) {
@@ -81,6 +81,21 @@ func (m *meter) stop(ctx context.Context) (cost, error) {
 		c.cpu, c.cpuOK = cpu-m.cpu0, true
 	}
 	return c, nil
+}
+
+// finish is stop for the end of a scenario's window: it reads the
+// streams even when ctx ran out (the window's time is what ran out, not
+// the server's), and notes a failure on s instead of failing the
+// scenario.
+func (m *meter) finish(ctx context.Context, s *scenarioRun) (cost, bool) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleFor+10*time.Second)
+	defer cancel()
+	c, err := m.stop(sctx)
+	if err != nil {
+		s.note("could not count the stored messages: %v", err)
+		return cost{}, false
+	}
+	return c, true
 }
 
 // lastSeqs returns the last sequence of every stream of the deployment

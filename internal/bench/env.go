@@ -244,6 +244,12 @@ func (d *deployment) deleteAssets() {
 	_ = d.e.js.DeleteObjectStore(ctx, n.FilesBucket())
 }
 
+// meter starts metering a window of the deployment: the process's CPU
+// time and what the deployment's streams store.
+func (d *deployment) meter(ctx context.Context) (*meter, error) {
+	return startMeter(ctx, d.e.js, d.names.Prefix)
+}
+
 // model returns the model a scenario asked for: in-process, or the same
 // answers from an OpenAI-compatible server on loopback.
 func (d *deployment) model(p policy) (model.Model, error) {
