@@ -37,10 +37,10 @@ type cost struct {
 	stored map[string]uint64
 }
 
-// startMeter reads the streams of the deployment named prefix and the
-// process's CPU time.
+// startMeter reads the streams of the deployment named prefix, once the
+// writes of what ran before have landed, and the process's CPU time.
 func startMeter(ctx context.Context, js jetstream.JetStream, prefix string) (*meter, error) {
-	seqs, err := lastSeqs(ctx, js, prefix)
+	seqs, err := settledSeqs(ctx, js, prefix)
 	if err != nil {
 		return nil, err
 	}
@@ -49,30 +49,14 @@ func startMeter(ctx context.Context, js jetstream.JetStream, prefix string) (*me
 	return m, nil
 }
 
-// settleFor bounds how long stop waits for the writes a window started
-// (a run's usage is written after its run.finished) to land.
+// settleFor bounds how long a reading waits for the writes already
+// started (a run's usage is written after its run.finished) to land.
 const settleFor = 3 * time.Second
 
-// stop waits until the deployment's streams stop growing (two readings
-// settlePoll apart agree, at most settleFor), then returns the CPU time
-// and the stored messages since startMeter.
+// stop returns the CPU time and the stored messages since startMeter,
+// once the deployment's streams stop growing.
 func (m *meter) stop(ctx context.Context) (cost, error) {
-	const settlePoll = 100 * time.Millisecond
-	deadline := time.Now().Add(settleFor)
-	seqs, err := lastSeqs(ctx, m.js, m.prefix)
-	for err == nil && time.Now().Before(deadline) {
-		if !sleepCtx(ctx, settlePoll) {
-			break
-		}
-		var next map[string]uint64
-		if next, err = lastSeqs(ctx, m.js, m.prefix); err != nil {
-			break
-		}
-		if maps.Equal(next, seqs) {
-			break
-		}
-		seqs = next
-	}
+	seqs, err := settledSeqs(ctx, m.js, m.prefix)
 	if err != nil {
 		return cost{}, err
 	}
@@ -81,6 +65,22 @@ func (m *meter) stop(ctx context.Context) (cost, error) {
 		c.cpu, c.cpuOK = cpu-m.cpu0, true
 	}
 	return c, nil
+}
+
+// settledSeqs reads lastSeqs until two readings settlePoll apart agree,
+// at most settleFor.
+func settledSeqs(ctx context.Context, js jetstream.JetStream, prefix string) (map[string]uint64, error) {
+	const settlePoll = 100 * time.Millisecond
+	deadline := time.Now().Add(settleFor)
+	seqs, err := lastSeqs(ctx, js, prefix)
+	for err == nil && time.Now().Before(deadline) && sleepCtx(ctx, settlePoll) {
+		var next map[string]uint64
+		if next, err = lastSeqs(ctx, js, prefix); err == nil && maps.Equal(next, seqs) {
+			break
+		}
+		seqs = next
+	}
+	return seqs, err
 }
 
 // finish is stop for the end of a scenario's window: it reads the

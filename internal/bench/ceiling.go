@@ -26,21 +26,21 @@ import (
 // usage.go) for the first delivery of a request a plain publish sent, on
 // a new thread; each numbered stage waits for the server:
 //
-//	0. client: the request, published async with Nats-Msg-Id (runs stream)
-//	1. look: thread record get ∥ the thread's oldest request (direct get)
-//	2. admit: the lease, a CAS create of the thread record (threads)
-//	3. start: run.queued async (events), then the run record created as
-//	   running (runs); the run index put async (threads); run.started async
-//	   (events)
-//	   loop: 4 more events async (message.delta, message.completed, usage,
-//	   updates)
-//	4. finalize: the last step's checkpoint delta (checkpoints)
-//	5. the terminal record (CAS update, runs) ∥ the lease's release (CAS
-//	   update, threads)
-//	6. the events emitted so far are confirmed stored
-//	7. run.finished, with its Nats-Msg-Id (events)
-//	   then the request is acked (not waited for), and usage is written in
-//	   the background: the run's totals ∥ the thread's (usage, 2 creates)
+//  0. client: the request, published async with Nats-Msg-Id (runs stream)
+//  1. look: thread record get ∥ the thread's oldest request (direct get)
+//  2. admit: the lease, a CAS create of the thread record (threads)
+//  3. start: run.queued async (events), then the run record created as
+//     running (runs); the run index put async (threads); run.started async
+//     (events)
+//     loop: 4 more events async (message.delta, message.completed, usage,
+//     updates)
+//  4. finalize: the last step's checkpoint delta (checkpoints)
+//  5. the terminal record (CAS update, runs) ∥ the lease's release (CAS
+//     update, threads)
+//  6. the events emitted so far are confirmed stored
+//  7. run.finished, with its Nats-Msg-Id (events)
+//     then the request is acked (not waited for), and usage is written in
+//     the background: the run's totals ∥ the thread's (usage, 2 creates)
 //
 // 16 stored messages: 1 request, 7 events, 2 run records, 3 thread
 // writes, 1 checkpoint, 2 usage. When the protocol changes what a run
