@@ -164,7 +164,7 @@ func (c *ceiling) run(ctx context.Context, reqs []*nats.Msg, slots int) (outcome
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	pulled := make(chan error, 1)
-	go func() { pulled <- c.pull(wctx, slots) }()
+	go func() { pulled <- c.pull(wctx, ctx, slots) }()
 	tracks := make([]*track, 0, len(reqs))
 	for i, m := range reqs {
 		if ctx.Err() != nil {
@@ -191,8 +191,10 @@ func (c *ceiling) run(ctx context.Context, reqs []*nats.Msg, slots int) (outcome
 }
 
 // pull is the worker's pull loop: one fetch for every free slot, one
-// goroutine per request.
-func (c *ceiling) pull(ctx context.Context, slots int) error {
+// goroutine per request. It stops when ctx ends; the runs it started go
+// on under runCtx (the run.finished the observer saw may not be
+// acknowledged yet, and the usage writes follow it).
+func (c *ceiling) pull(ctx, runCtx context.Context, slots int) error {
 	free := make(chan struct{}, slots)
 	for ctx.Err() == nil {
 		select {
@@ -229,7 +231,7 @@ func (c *ceiling) pull(ctx context.Context, slots int) error {
 			go func() {
 				defer c.wg.Done()
 				defer func() { <-free }()
-				if err := c.handle(ctx, msg); ctx.Err() == nil {
+				if err := c.handle(runCtx, msg); runCtx.Err() == nil {
 					c.fail(err)
 				}
 			}()

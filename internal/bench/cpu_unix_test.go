@@ -4,6 +4,8 @@ package bench
 
 import (
 	"crypto/sha256"
+	"os"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -30,6 +32,12 @@ func TestRusageCPU(t *testing.T) {
 	}
 	if now, _ := processCPU(); now <= before {
 		t.Errorf("CPU time did not grow after work: %v then %v", before, now)
+	}
+	if runtime.GOOS == "linux" {
+		// /proc agrees the process used CPU time (its ticks are coarser).
+		if d, err := procCPU(os.Getpid()); err != nil || d <= 0 {
+			t.Errorf("procCPU = %v, %v", d, err)
+		}
 	}
 	c := cost{cpu: 10 * time.Millisecond, cpuOK: true}
 	if d, ok := c.perRun(4); !ok || d != 2500*time.Microsecond {
