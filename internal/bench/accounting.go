@@ -30,8 +30,10 @@ type meter struct {
 
 // cost is what one window used.
 type cost struct {
-	cpu   time.Duration
-	cpuOK bool
+	// counted is false when the streams could not be read.
+	counted bool
+	cpu     time.Duration
+	cpuOK   bool
 	// stored is the messages stored per asset (see assetOf) during the
 	// window.
 	stored map[string]uint64
@@ -60,7 +62,7 @@ func (m *meter) stop(ctx context.Context) (cost, error) {
 	if err != nil {
 		return cost{}, err
 	}
-	c := cost{stored: storedSince(m.seqs0, seqs, m.prefix)}
+	c := cost{counted: true, stored: storedSince(m.seqs0, seqs, m.prefix)}
 	if cpu, ok := processCPU(); ok && m.cpuOK {
 		c.cpu, c.cpuOK = cpu-m.cpu0, true
 	}
@@ -87,15 +89,14 @@ func settledSeqs(ctx context.Context, js jetstream.JetStream, prefix string) (ma
 // streams even when ctx ran out (the window's time is what ran out, not
 // the server's), and notes a failure on s instead of failing the
 // scenario.
-func (m *meter) finish(ctx context.Context, s *scenarioRun) (cost, bool) {
+func (m *meter) finish(ctx context.Context, s *scenarioRun) cost {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleFor+10*time.Second)
 	defer cancel()
 	c, err := m.stop(sctx)
 	if err != nil {
 		s.note("could not count the stored messages: %v", err)
-		return cost{}, false
 	}
-	return c, true
+	return c
 }
 
 // lastSeqs returns the last sequence of every stream of the deployment
@@ -162,6 +163,20 @@ func (c cost) perRun(n int) (time.Duration, bool) {
 	return c.cpu / time.Duration(n), true
 }
 
+// rowsFor are rows for the runs of oc, n units of work; none when a run
+// did not finish (its writes and CPU time would count against the
+// finished ones), which s notes.
+func (c cost) rowsFor(s *scenarioRun, oc outcome, key, label, unit string, n int) []Row {
+	if !c.counted {
+		return nil
+	}
+	if oc.lost > 0 {
+		s.note("%s: no CPU or stored figures: %d of %d runs did not finish", label, oc.lost, oc.submitted)
+		return nil
+	}
+	return c.rows(key, label, unit, n)
+}
+
 // rows are the CPU time and the stored messages per unit of work (what is
 // one "run"), keyed key.cpu_per_<unit> and key.stored_per_<unit>; the
 // stored row breaks the figure down by asset.
@@ -184,7 +199,7 @@ func (c cost) rows(key, label, unit string, n int) []Row {
 		Key:       key + ".stored_per_" + unit,
 		Metric:    fmt.Sprintf("stored msgs per %s, %s (%s)", unit, label, strings.Join(parts, ", ")),
 		Value:     float64(c.total()) / float64(n),
-		Unit:      unitPerRun,
+		Unit:      unitMsgs,
 		Breakdown: breakdown,
 	})
 	return rows

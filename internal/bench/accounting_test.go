@@ -149,3 +149,20 @@ func TestAssetOf(t *testing.T) {
 		}
 	}
 }
+
+// A window some of whose runs did not finish reports no per-run figure:
+// their writes would count against the finished runs.
+func TestRowsForUnfinished(t *testing.T) {
+	c := cost{counted: true, cpu: time.Second, cpuOK: true, stored: map[string]uint64{"events": 70, "runs_stream": 20}}
+	s := &scenarioRun{name: "x"}
+	if rows := c.rowsFor(s, outcome{submitted: 20, finished: 10, lost: 10}, "x", "c=1", "run", 10); rows != nil || len(s.notes) != 1 {
+		t.Errorf("unfinished runs: rows %+v, notes %q", rows, s.notes)
+	}
+	rows := c.rowsFor(s, outcome{submitted: 10, finished: 10}, "x", "c=1", "run", 10)
+	if len(rows) != 2 || rows[0].Key != "x.cpu_per_run" || rows[0].Value != 100_000 || rows[1].Value != 9 {
+		t.Errorf("rows %+v", rows)
+	}
+	if rows := (cost{}).rowsFor(s, outcome{submitted: 10, finished: 10}, "x", "c=1", "run", 10); rows != nil {
+		t.Errorf("rows of an uncounted window: %+v", rows)
+	}
+}

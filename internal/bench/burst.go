@@ -127,7 +127,7 @@ func burstCeiling(ctx context.Context, e *env, s *scenarioRun, c int) (ceilingRe
 		// ceiling's loss, not the burst's: it is reported, and measured.
 		s.note("raw ceiling: %v", err)
 	}
-	used, _ := meter.finish(ctx, s)
+	used := meter.finish(ctx, s)
 	if !done {
 		s.note("the raw ceiling ran out of its time after %d of %d runs", oc.finished, oc.submitted)
 	}
@@ -135,7 +135,7 @@ func burstCeiling(ctx context.Context, e *env, s *scenarioRun, c int) (ceilingRe
 	res := ceilingResult{throughput: oc.throughput()}
 	s.note("raw ceiling: natsagent's write set with plain nats.go calls, stage by stage: %s", ceilingStages)
 	s.add(Row{Key: "burst.ceiling.throughput", Metric: fmt.Sprintf("raw ceiling of natsagent's write set, %s runs, %s", group(float64(oc.finished)), label), Value: res.throughput, Unit: unitRunsPerSec})
-	for _, r := range used.rows("burst.ceiling", "raw ceiling "+label, "run", oc.finished) {
+	for _, r := range used.rowsFor(s, oc, "burst.ceiling", "raw ceiling "+label, "run", oc.finished) {
 		switch {
 		case strings.HasSuffix(r.Key, ".cpu_per_run"):
 			res.cpuPerRun = r.Value
@@ -195,7 +195,7 @@ func burstLevel(ctx context.Context, e *env, s *scenarioRun, c int, base float64
 		}
 	}
 	done := d.obs.waitAll(ctx, tracks)
-	used, _ := meter.finish(ctx, s)
+	used := meter.finish(ctx, s)
 	oc := d.obs.outcome(tracks)
 	checkStatuses(s, fmt.Sprintf("concurrency %d", c), oc, protocol.StatusSuccess)
 	rows := runRows(fmt.Sprintf("burst.c%d", c), fmt.Sprintf("c=%d", c), oc, !done, true)
@@ -203,7 +203,7 @@ func burstLevel(ctx context.Context, e *env, s *scenarioRun, c int, base float64
 	if top {
 		thr = thr.atLeast(7500, "≥ 7,500 runs/s")
 	}
-	rows = append(append([]Row{thr}, used.rows(fmt.Sprintf("burst.c%d", c), fmt.Sprintf("c=%d", c), "run", oc.finished)...), rows...)
+	rows = append(append([]Row{thr}, used.rowsFor(s, oc, fmt.Sprintf("burst.c%d", c), fmt.Sprintf("c=%d", c), "run", oc.finished)...), rows...)
 	if n := d.publishErrors(); n > 0 {
 		rows = append(rows, Row{Key: fmt.Sprintf("burst.c%d.publish_errors", c), Metric: "failed publishes, c=" + fmt.Sprint(c), Value: float64(n), Unit: unitCount}.atMost(0, "0"))
 	}

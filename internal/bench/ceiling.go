@@ -32,12 +32,13 @@ import (
 //  3. start: run.queued async (events), then the run record created as
 //     running (runs); the run index put async (threads); run.started async
 //     (events)
-//     loop: 4 more events async (message.delta, message.completed, usage,
-//     updates)
+//     loop: 4 more events async (thread.titled, message.delta, usage.model,
+//     message.completed)
 //  4. finalize: the last step's checkpoint delta (checkpoints)
 //  5. the terminal record (CAS update, runs) ∥ the lease's release (CAS
 //     update, threads)
-//  6. the events emitted so far are confirmed stored
+//  6. the events emitted so far are confirmed stored (usually answered
+//     already: no round trip of its own)
 //  7. run.finished, with its Nats-Msg-Id (events)
 //     then the request is acked (not waited for), and usage is written in
 //     the background: the run's totals ∥ the thread's (usage, 2 creates)
@@ -318,10 +319,10 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 		return err
 	}
 	for i, ev := range []struct{ kind, typ string }{
+		{protocol.KindUpdates, "thread.titled"},
 		{protocol.KindMessages, protocol.EventMessageDelta},
-		{protocol.KindMessages, protocol.EventMessageCompleted},
 		{protocol.KindUsage, protocol.EventUsageModel},
-		{protocol.KindUpdates, "updates"},
+		{protocol.KindMessages, protocol.EventMessageCompleted},
 	} {
 		if err := emit(3+i, ev.kind, ev.typ, "", `,"delta":"ok"`); err != nil {
 			return err

@@ -78,7 +78,7 @@ func runLatency(ctx context.Context, e *env, s *scenarioRun) error {
 		waitOne(ictx, d, t)
 	}
 	cancel()
-	used, _ := meter.finish(ctx, s)
+	used := meter.finish(ctx, s)
 	oc := d.obs.outcome(idle)
 	idleOut := len(idle) < cfg.IdleRuns
 	if idleOut {
@@ -89,7 +89,7 @@ func runLatency(ctx context.Context, e *env, s *scenarioRun) error {
 	rows := runRows("latency.idle", "idle", oc, false, true)
 	rows[0] = rows[0].withBaseline(rt50, unitMillis).atMost(1, "≤ 1 ms")
 	rows[2] = rows[2].withBaseline(rt99, unitMillis).atMost(3, "≤ 3 ms")
-	for _, r := range append(rows, used.rows("latency.idle", "idle", "run", oc.finished)...) {
+	for _, r := range append(rows, used.rowsFor(s, oc, "latency.idle", "idle", "run", oc.finished)...) {
 		s.add(r)
 	}
 
@@ -118,7 +118,7 @@ func runLatency(ctx context.Context, e *env, s *scenarioRun) error {
 	}
 	sent := time.Since(start)
 	done := d.obs.waitAll(ctx, paced)
-	used, _ = meter.finish(ctx, s)
+	used = meter.finish(ctx, s)
 	oc = d.obs.outcome(paced)
 	if !done || len(paced) < cfg.PacedRuns {
 		s.outOfTime = true
@@ -129,7 +129,7 @@ func runLatency(ctx context.Context, e *env, s *scenarioRun) error {
 	rows = runRows("latency.paced", label, oc, !done, true)
 	rows[0] = rows[0].withBaseline(rt50, unitMillis)
 	rows[2] = rows[2].withBaseline(rt99, unitMillis).atMost(5, "≤ 5 ms")
-	for _, r := range append(rows, used.rows("latency.paced", label, "run", oc.finished)...) {
+	for _, r := range append(rows, used.rowsFor(s, oc, "latency.paced", label, "run", oc.finished)...) {
 		s.add(r)
 	}
 	if n := d.publishErrors(); n > 0 {

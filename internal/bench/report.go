@@ -20,9 +20,9 @@ const (
 	unitKiB        = "KiB"
 	unitTimes      = "x"
 	unitCount      = "count"
-	// unitPerRun is a count per unit of work (messages per run), with
-	// decimals.
-	unitPerRun = "per run"
+	// unitMsgs is a count of messages per unit of work (a run, a
+	// sample), with decimals.
+	unitMsgs = "msgs"
 )
 
 // Row is one measured figure. Baseline is the comparable figure of the raw
@@ -232,7 +232,7 @@ func formatValue(v float64, unit string) string {
 		return formatRatio(v) + "×"
 	case unitCount, "":
 		return group(v)
-	case unitPerRun:
+	case unitMsgs:
 		return formatPerRun(v)
 	}
 	return fmt.Sprintf("%.2f %s", v, unit)

@@ -114,7 +114,7 @@ func scalingStep(ctx context.Context, e *env, s *scenarioRun, n int) (float64, [
 		}
 	}
 	done := d.obs.waitAll(ctx, tracks)
-	used, _ := meter.finish(ctx, s)
+	used := meter.finish(ctx, s)
 	childCPU1, err := childrenCPU(children)
 	if childErr == nil && err == nil {
 		// The workers run in their own processes: their CPU time counts.
@@ -126,7 +126,7 @@ func scalingStep(ctx context.Context, e *env, s *scenarioRun, n int) (float64, [
 	oc := d.obs.outcome(tracks)
 	checkStatuses(s, fmt.Sprintf("%d processes", n), oc, "success")
 	rows := runRows(fmt.Sprintf("scaling.p%d", n), fmt.Sprintf("%d proc", n), oc, !done, false)
-	rows = append(rows[2:], used.rows(fmt.Sprintf("scaling.p%d", n), fmt.Sprintf("%d proc (bench and worker processes)", n), "run", oc.finished)...)
+	rows = append(rows[2:], used.rowsFor(s, oc, fmt.Sprintf("scaling.p%d", n), fmt.Sprintf("%d proc (bench and worker processes)", n), "run", oc.finished)...)
 	return oc.throughput(), rows, !done, nil
 }
 

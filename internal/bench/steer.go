@@ -121,7 +121,7 @@ feed:
 
 	// Everything submitted must end, the steer runs included.
 	done := d.obs.waitAll(ctx, all)
-	used, _ := meter.finish(ctx, s)
+	used := meter.finish(ctx, s)
 	oc := d.obs.outcome(all)
 	if ctx.Err() != nil {
 		s.outOfTime = true
@@ -143,7 +143,7 @@ feed:
 		s.add(r)
 	}
 	// Per sample: the streaming run (cut short) and, for steer, the steer run.
-	for _, r := range used.rows(name, fmt.Sprintf("%s of a streaming run", name), "sample", len(active)) {
+	for _, r := range used.rowsFor(s, oc, name, fmt.Sprintf("%s of a streaming run", name), "sample", len(active)) {
 		s.add(r)
 	}
 	if len(lat) < len(active) {

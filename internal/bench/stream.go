@@ -50,7 +50,7 @@ func runStream(ctx context.Context, e *env, s *scenarioRun) error {
 		}
 	}
 	done := d.obs.waitAll(ctx, tracks)
-	used, counted := meter.finish(ctx, s)
+	used := meter.finish(ctx, s)
 	oc := d.obs.outcome(tracks)
 	if !done {
 		s.outOfTime = true
@@ -58,13 +58,13 @@ func runStream(ctx context.Context, e *env, s *scenarioRun) error {
 	checkStatuses(s, "stream", oc, protocol.StatusSuccess)
 	label := fmt.Sprintf("%d deltas a run, c=%d", cfg.StreamDeltas, c)
 	s.add(Row{Key: "stream.throughput", Metric: "throughput, " + label, Value: oc.throughput(), Unit: unitRunsPerSec})
-	if counted && oc.finished > 0 {
+	if rows := used.rowsFor(s, oc, "stream", label, "run", oc.finished); len(rows) > 0 {
 		window := oc.last.Sub(oc.first)
 		s.add(Row{Key: "stream.events_per_sec", Metric: "events stored a second, " + label, Value: rate(int(used.stored["events"]), window), Unit: unitMsgPerSec})
 		if cpu, ok := used.perRun(oc.finished * cfg.StreamDeltas); ok {
 			s.add(Row{Key: "stream.cpu_per_delta", Metric: "CPU per delta (whole process), " + label, Value: us(cpu), Unit: unitMicros})
 		}
-		for _, r := range used.rows("stream", label, "run", oc.finished) {
+		for _, r := range rows {
 			s.add(r)
 		}
 		if n := float64(used.stored["events"]) / float64(oc.finished); n < float64(cfg.StreamDeltas) {
