@@ -135,7 +135,8 @@ func burstCeiling(ctx context.Context, e *env, s *scenarioRun, c int) (ceilingRe
 	res := ceilingResult{throughput: oc.throughput()}
 	s.note("raw ceiling: natsagent's write set with plain nats.go calls, stage by stage: %s", ceilingStages)
 	s.add(Row{Key: "burst.ceiling.throughput", Metric: fmt.Sprintf("raw ceiling of natsagent's write set, %s runs, %s", group(float64(oc.finished)), label), Value: res.throughput, Unit: unitRunsPerSec})
-	for _, r := range used.rowsFor(s, oc, "burst.ceiling", "raw ceiling "+label, "run", oc.finished) {
+	lat := runRows("burst.ceiling", "raw ceiling "+label, oc, !done, false)
+	for _, r := range append(used.rowsFor(s, oc, "burst.ceiling", "raw ceiling "+label, "run", oc.finished), lat[0], lat[1]) {
 		switch {
 		case strings.HasSuffix(r.Key, ".cpu_per_run"):
 			res.cpuPerRun = r.Value
