@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -105,6 +106,20 @@ func newEnv(cfg Config, p *progress) (*env, error) {
 	if e.js, err = jetstream.New(nc); err != nil {
 		e.close()
 		return nil, err
+	}
+	if e.emb != nil {
+		// nats-server (2.15) removes an account's store directory in the
+		// background when its last stream is deleted, racing with the
+		// next stream's creation ("could not create storage directory"):
+		// every scenario deletes all it made, so one file stream stays for
+		// the whole invocation.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: strings.ToUpper(cfg.Prefix) + "_KEEP", Subjects: []string{cfg.Prefix + ".keep"}, Storage: jetstream.FileStorage})
+		cancel()
+		if err != nil {
+			e.close()
+			return nil, fmt.Errorf("create the bench's store anchor: %w", err)
+		}
 	}
 	return e, nil
 }
