@@ -5,7 +5,10 @@
 // HTTP server. Runs go through the public path only (a run request
 // published to the runs stream, lifecycle events read until run.finished),
 // and every throughput and latency is printed next to the raw JetStream
-// baseline measured on the same server in the same invocation. It is the
+// baseline measured on the same server in the same invocation. Every
+// measured window also reports what stays put on a noisy machine: the CPU
+// time and the stored messages per run (accounting.go), and the burst
+// stands beside the raw ceiling of natsagent's own write set (ceiling.go). It is the
 // engine of `natsagent bench`, after River's riverbench. It owns nothing a
 // deployment uses: every asset it creates carries its own prefix and is
 // deleted when a scenario ends.

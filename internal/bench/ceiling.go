@@ -66,7 +66,9 @@ type ceiling struct {
 	firstErr error // the first run that failed
 }
 
-// Payloads of about the sizes natsagent writes for a no-op run.
+// Payloads shaped like what natsagent writes for a no-op run. Their sizes
+// are close, not equal (natsagent's records carry more fields); at a few
+// hundred bytes a write's cost barely depends on its size.
 var (
 	ceilThread     = []byte(`{"thread_id":"%s","tenant":"default","status":"busy","epoch":1,"last_run_id":"%s","lease":{"run_id":"%s","worker":"ceiling","epoch":1,"msg_seq":1,"acquired_at":"2026-12-01T00:00:00Z","renewed_at":"2026-12-01T00:00:00Z"},"created_at":"2026-12-01T00:00:00Z"}`)
 	ceilRecord     = []byte(`{"run_id":"%s","thread_id":"%s","tenant":"default","agent":"chatbot","status":"%s","attempt":1,"worker":"ceiling","epoch":1,"seq":%d,"msg_seq":1,"multitask_strategy":"enqueue","created_at":"2026-12-01T00:00:00Z","started_at":"2026-12-01T00:00:00Z","output":{"role":"assistant","content":"ok"}}`)
