@@ -55,7 +55,7 @@ func commands() []command {
 		{name: "usage", summary: "token usage of a run or a thread", run: runUsage},
 		{name: "tenant", summary: "add a tenant (its own NATS account) to a static accounts file, or list them", run: runTenant},
 		{name: "compact", summary: "summarize an idle thread's older messages (a job on the queue)", run: runCompact},
-		{name: "bench", summary: "measure throughput, latency, steer/cancel, long threads, scaling and memory", run: runBench},
+		{name: "bench", summary: "measure throughput, CPU and stored messages per run, latency, streaming, steer/cancel, long threads, scaling and memory", run: runBench},
 		{name: "bench-worker", summary: "a worker process started by bench", hidden: true, run: runBenchWorker},
 		{name: "soak", summary: "run runs under node, worker and model faults and audit every one", run: runSoak},
 		{name: "jwt", summary: "NATS JWT auth: operator, tenant accounts and users, server config, push", run: runJWT},
@@ -130,7 +130,9 @@ func runBench(ctx context.Context, args []string, std stdio) error {
 		fmt.Fprintln(std.err, "Starts an embedded NATS server on loopback (or uses --nats-url), the project's real workers and a")
 		fmt.Fprintln(std.err, "model of configurable latency, and measures through the public path: a run request published,")
 		fmt.Fprintln(std.err, "lifecycle events read until run.finished. Each figure is printed next to the raw JetStream baseline")
-		fmt.Fprintln(std.err, "measured on the same server. Every asset it creates has its own prefix and is deleted afterwards.")
+		fmt.Fprintln(std.err, "measured on the same server, with the CPU time and the stored messages per run of every window, and the")
+		fmt.Fprintln(std.err, "burst beside the raw ceiling of natsagent's own write set (plain nats.go calls, same stages and")
+		fmt.Fprintln(std.err, "concurrency). Every asset it creates has its own prefix and is deleted afterwards.")
 		fmt.Fprintln(std.err)
 		fmt.Fprintln(std.err, "Flags:")
 		fs.PrintDefaults()
@@ -139,6 +141,8 @@ func runBench(ctx context.Context, args []string, std stdio) error {
 	runs := fs.Int("runs", def.Runs, "no-op runs per burst")
 	concurrency := intList(def.Concurrency)
 	fs.Var(&concurrency, "concurrency", "worker concurrencies of the burst, comma-separated (the largest also serves latency, steer and cancel)")
+	streamRuns := fs.Int("stream-runs", def.StreamRuns, "runs of the streaming scenario")
+	streamDeltas := fs.Int("stream-deltas", def.StreamDeltas, "deltas each run's model streams in the streaming scenario")
 	idleRuns := fs.Int("idle-runs", def.IdleRuns, "runs measured one at a time")
 	pacedRate := fs.Int("paced-rate", def.PacedRate, "runs per second of the paced latency measurement")
 	pacedRuns := fs.Int("paced-runs", def.PacedRuns, "runs of the paced latency measurement")
@@ -178,6 +182,8 @@ func runBench(ctx context.Context, args []string, std stdio) error {
 	cfg := bench.Config{
 		Runs:               *runs,
 		Concurrency:        concurrency,
+		StreamRuns:         *streamRuns,
+		StreamDeltas:       *streamDeltas,
 		IdleRuns:           *idleRuns,
 		PacedRate:          *pacedRate,
 		PacedRuns:          *pacedRuns,

@@ -82,7 +82,7 @@ func TestBenchJSON(t *testing.T) {
 	for _, r := range rep.Rows {
 		got[r.Key] = r.Value
 	}
-	for _, k := range []string{"latency.idle.p50", "latency.paced.p99", "scaling.p1.throughput"} {
+	for _, k := range []string{"latency.idle.p50", "latency.paced.p99", "scaling.p1.throughput", "latency.idle.stored_per_run", "scaling.p1.stored_per_run"} {
 		if got[k] <= 0 {
 			t.Errorf("%s = %v", k, got[k])
 		}

@@ -5,7 +5,10 @@
 // HTTP server. Runs go through the public path only (a run request
 // published to the runs stream, lifecycle events read until run.finished),
 // and every throughput and latency is printed next to the raw JetStream
-// baseline measured on the same server in the same invocation. It is the
+// baseline measured on the same server in the same invocation. Every
+// measured window also reports what stays put on a noisy machine: the CPU
+// time and the stored messages per run (accounting.go), and the burst
+// stands beside the raw ceiling of natsagent's own write set (ceiling.go). It is the
 // engine of `natsagent bench`, after River's riverbench. It owns nothing a
 // deployment uses: every asset it creates carries its own prefix and is
 // deleted when a scenario ends.
@@ -30,6 +33,7 @@ import (
 const (
 	ScenarioBurst   = "burst"
 	ScenarioLatency = "latency"
+	ScenarioStream  = "stream"
 	ScenarioSteer   = "steer"
 	ScenarioCancel  = "cancel"
 	ScenarioThread  = "thread"
@@ -48,6 +52,11 @@ type Config struct {
 	// Concurrency lists the worker concurrencies of the burst; the largest
 	// also serves the latency, steer and cancel scenarios.
 	Concurrency []int
+
+	// StreamRuns are runs whose model streams StreamDeltas pieces at once,
+	// at the largest concurrency.
+	StreamRuns   int
+	StreamDeltas int
 
 	// IdleRuns are measured one at a time; PacedRuns at PacedRate a second.
 	IdleRuns  int
@@ -119,6 +128,8 @@ func DefaultConfig() Config {
 		Scenarios:          AllScenarios(),
 		Runs:               20000,
 		Concurrency:        []int{1, 16, 64},
+		StreamRuns:         2000,
+		StreamDeltas:       50,
 		IdleRuns:           500,
 		PacedRate:          1000,
 		PacedRuns:          3000,
@@ -142,7 +153,7 @@ func DefaultConfig() Config {
 
 // AllScenarios lists every scenario in the order they run.
 func AllScenarios() []string {
-	return []string{ScenarioBurst, ScenarioLatency, ScenarioSteer, ScenarioCancel, ScenarioThread, ScenarioScaling, ScenarioMemory}
+	return []string{ScenarioBurst, ScenarioLatency, ScenarioStream, ScenarioSteer, ScenarioCancel, ScenarioThread, ScenarioScaling, ScenarioMemory}
 }
 
 func (c Config) withDefaults() Config {
@@ -154,6 +165,8 @@ func (c Config) withDefaults() Config {
 	if len(c.Concurrency) == 0 {
 		c.Concurrency = d.Concurrency
 	}
+	setDefault(&c.StreamRuns, d.StreamRuns)
+	setDefault(&c.StreamDeltas, d.StreamDeltas)
 	setDefault(&c.IdleRuns, d.IdleRuns)
 	setDefault(&c.PacedRate, d.PacedRate)
 	setDefault(&c.PacedRuns, d.PacedRuns)
@@ -225,7 +238,7 @@ func (c Config) validate() error {
 			return fmt.Errorf("thread size %d: use 4 to 5,000 messages", n)
 		}
 	}
-	if c.Runs < 1 || c.IdleRuns < 1 || c.PacedRuns < 1 || c.PacedRate < 1 || c.SteerRuns < 1 || c.MemoryRuns < 1 {
+	if c.Runs < 1 || c.StreamRuns < 1 || c.StreamDeltas < 1 || c.IdleRuns < 1 || c.PacedRuns < 1 || c.PacedRate < 1 || c.SteerRuns < 1 || c.MemoryRuns < 1 {
 		return errors.New("run counts and rates must be positive")
 	}
 	return nil
@@ -241,6 +254,7 @@ type scenario struct {
 var scenarios = []scenario{
 	{ScenarioBurst, 40, runBurst},
 	{ScenarioLatency, 10, runLatency},
+	{ScenarioStream, 10, runStream},
 	{ScenarioSteer, 5, runSteer},
 	{ScenarioCancel, 5, runCancel},
 	{ScenarioThread, 8, runThread},
@@ -297,6 +311,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		Prefix:  cfg.Prefix,
 		Settings: map[string]any{
 			"scenarios": cfg.Scenarios, "runs": cfg.Runs, "concurrency": cfg.Concurrency,
+			"stream_runs": cfg.StreamRuns, "stream_deltas": cfg.StreamDeltas,
 			"idle_runs": cfg.IdleRuns, "paced_rate": cfg.PacedRate, "paced_runs": cfg.PacedRuns,
 			"steer_runs": cfg.SteerRuns, "steer_parallel": cfg.SteerParallel, "steer_pieces": cfg.SteerPieces, "steer_piece_delay": cfg.SteerPieceDelay.String(),
 			"thread_sizes": cfg.ThreadSizes, "thread_samples": cfg.ThreadSamples,

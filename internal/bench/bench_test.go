@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
 	"runtime"
@@ -35,6 +36,8 @@ func tiny() Config {
 	return Config{
 		Runs:               60,
 		Concurrency:        []int{1, 4},
+		StreamRuns:         20,
+		StreamDeltas:       50,
 		IdleRuns:           20,
 		PacedRate:          200,
 		PacedRuns:          40,
@@ -73,9 +76,16 @@ func TestEveryScenario(t *testing.T) {
 		"thread.h10.checkpoint_bytes", "thread.h40.checkpoint_bytes", "thread.h10.prepare_first", "thread.h40.prepare_next",
 		"scaling.p1.throughput", "scaling.p2.throughput", "scaling.p2.speedup",
 		"memory.heap_per_run", "memory.goroutines_per_run",
+		"burst.c1.stored_per_run", "burst.c4.stored_per_run", "burst.ceiling.throughput", "burst.ceiling.stored_per_run", "burst.c4.vs_ceiling",
+		"latency.idle.stored_per_run", "latency.paced.stored_per_run", "stream.throughput", "stream.events_per_sec", "stream.stored_per_run",
+		"steer.stored_per_sample", "cancel.stored_per_sample", "scaling.p1.stored_per_run", "scaling.p2.stored_per_run",
 	}
 	if runtime.GOOS == "linux" {
-		want = append(want, "memory.rss_per_run")
+		want = append(want, "memory.rss_per_run", "scaling.p1.cpu_per_run", "scaling.p2.cpu_per_run")
+	}
+	if _, ok := processCPU(); ok {
+		want = append(want, "burst.baseline.cpu_per_msg", "burst.c1.cpu_per_run", "burst.c4.cpu_per_run", "burst.ceiling.cpu_per_run", "burst.c4.cpu_vs_ceiling",
+			"latency.idle.cpu_per_run", "latency.paced.cpu_per_run", "stream.cpu_per_delta", "stream.cpu_per_run", "steer.cpu_per_sample", "cancel.cpu_per_sample")
 	}
 	rows := byKey(rep)
 	for _, k := range want {
@@ -92,6 +102,30 @@ func TestEveryScenario(t *testing.T) {
 		if r := rows[k]; r.Value != 0 {
 			t.Errorf("%s = %v: a streaming run did not end as asked", k, r.Value)
 		}
+	}
+	// A stored figure is the sum of its parts; the ceiling does exactly
+	// its documented write set, and natsagent's matches it.
+	for k, r := range rows {
+		if !strings.Contains(k, ".stored_per_") {
+			continue
+		}
+		var sum float64
+		for _, v := range r.Breakdown {
+			sum += v
+		}
+		if math.Abs(sum-r.Value) > 1e-9 || r.Breakdown["events"] <= 0 {
+			t.Errorf("%s = %v, breakdown %v", k, r.Value, r.Breakdown)
+		}
+	}
+	if r := rows["burst.ceiling.stored_per_run"]; r.Value != 16 {
+		t.Errorf("the raw ceiling stored %v messages a run, want its 16: %v", r.Value, r.Breakdown)
+	}
+	if a, b := rows["burst.c4.stored_per_run"], rows["burst.ceiling.stored_per_run"]; math.Abs(a.Value-b.Value) >= 0.5 {
+		t.Errorf("natsagent stores %v a run (%v), the raw ceiling %v (%v): update internal/bench/ceiling.go", a.Value, a.Breakdown, b.Value, b.Breakdown)
+	}
+	// Each delta is an event today.
+	if r := rows["stream.stored_per_run"]; r.Breakdown["events"] < 50 {
+		t.Errorf("stream: %v events a run for 50 deltas", r.Breakdown["events"])
 	}
 	// The burst's throughput sits next to the raw baseline.
 	if r := rows["burst.c4.throughput"]; r.Baseline == nil || r.Ratio == nil || *r.Baseline <= 0 {

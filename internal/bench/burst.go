@@ -27,13 +27,18 @@ func runBurst(ctx context.Context, e *env, s *scenarioRun) error {
 	}
 	// The baseline gets at most a fifth of the scenario's time.
 	bctx, cancel := shareOf(ctx, 0.2)
+	cpu0, cpuOK := processCPU()
 	base, measured, err := b.throughput(bctx, cfg.Runs, payload)
+	cpu1, _ := processCPU()
 	cancel()
 	b.close()
 	if err != nil && err != errOutOfTime {
 		return err
 	}
 	s.add(Row{Key: "burst.baseline", Metric: fmt.Sprintf("raw JetStream: sync publish + pull + ack, %s msgs of %d B", group(float64(measured)), len(payload)), Value: base, Unit: unitMsgPerSec})
+	if cpuOK && measured > 0 {
+		s.add(Row{Key: "burst.baseline.cpu_per_msg", Metric: "CPU per message (whole process), raw JetStream", Value: us((cpu1 - cpu0) / time.Duration(measured)), Unit: unitMicros})
+	}
 	if measured < cfg.Runs {
 		s.note("the raw baseline ran out of its time after %d of %d messages", measured, cfg.Runs)
 	}
@@ -44,6 +49,15 @@ func runBurst(ctx context.Context, e *env, s *scenarioRun) error {
 	slices.Sort(levels)
 	slices.Reverse(levels)
 	top := levels[0]
+
+	// The raw ceiling of natsagent's write set gets at most a fifth of
+	// what is left.
+	cctx, cancel := shareOf(ctx, 0.2)
+	ceil, err := burstCeiling(cctx, e, s, top)
+	cancel()
+	if err != nil {
+		return err
+	}
 	var results = map[int][]Row{}
 	for i, c := range levels {
 		if ctx.Err() != nil {
@@ -71,7 +85,67 @@ func runBurst(ctx context.Context, e *env, s *scenarioRun) error {
 			s.add(r)
 		}
 	}
+	for _, r := range results[top] {
+		label := fmt.Sprintf("c=%d", top)
+		switch {
+		case r.Key == fmt.Sprintf("burst.c%d.stored_per_run", top) && ceil.storedPerRun > 0 && math.Abs(r.Value-ceil.storedPerRun) >= 0.5:
+			s.note("natsagent stored %.2f messages a run and the raw ceiling %.2f: the ceiling no longer does natsagent's write set; update internal/bench/ceiling.go", r.Value, ceil.storedPerRun)
+		case r.Key == fmt.Sprintf("burst.c%d.throughput", top) && ceil.throughput > 0:
+			s.add(Row{Key: fmt.Sprintf("burst.c%d.vs_ceiling", top), Metric: "throughput against the raw ceiling of its write set, " + label, Value: r.Value, Unit: unitRunsPerSec}.withBaseline(ceil.throughput, unitRunsPerSec))
+		case r.Key == fmt.Sprintf("burst.c%d.cpu_per_run", top) && ceil.cpuPerRun > 0:
+			s.add(Row{Key: fmt.Sprintf("burst.c%d.cpu_vs_ceiling", top), Metric: "CPU per run against the raw ceiling of its write set, " + label, Value: r.Value, Unit: unitMicros}.withBaseline(ceil.cpuPerRun, unitMicros))
+		}
+	}
 	return nil
+}
+
+// ceilingResult is what the raw ceiling measured.
+type ceilingResult struct {
+	throughput   float64 // runs/s
+	cpuPerRun    float64 // µs
+	storedPerRun float64
+}
+
+// burstCeiling measures the raw ceiling of natsagent's write set (see
+// ceiling) with cfg.Runs runs at concurrency c.
+func burstCeiling(ctx context.Context, e *env, s *scenarioRun, c int) (ceilingResult, error) {
+	cfg := e.cfg
+	e.progress.stage(fmt.Sprintf("burst: raw ceiling c=%d", c), cfg.Runs)
+	ceil, err := e.newCeiling(ctx, "ceiling")
+	if err != nil {
+		return ceilingResult{}, err
+	}
+	defer ceil.close()
+	reqs := ceil.requests(cfg.Runs)
+	meter, err := startMeter(ctx, e.js, ceil.names.Prefix)
+	if err != nil {
+		return ceilingResult{}, err
+	}
+	oc, done, err := ceil.run(ctx, reqs, c)
+	if err != nil {
+		// A run the server failed (a timeout on a starved host) is the
+		// ceiling's loss, not the burst's: it is reported, and measured.
+		s.note("raw ceiling: %v", err)
+	}
+	used := meter.finish(ctx, s)
+	if !done {
+		s.note("the raw ceiling ran out of its time after %d of %d runs", oc.finished, oc.submitted)
+	}
+	label := fmt.Sprintf("c=%d", c)
+	res := ceilingResult{throughput: oc.throughput()}
+	s.note("raw ceiling: natsagent's write set with plain nats.go calls, stage by stage: %s", ceilingStages)
+	s.add(Row{Key: "burst.ceiling.throughput", Metric: fmt.Sprintf("raw ceiling of natsagent's write set, %s runs, %s", group(float64(oc.finished)), label), Value: res.throughput, Unit: unitRunsPerSec})
+	lat := runRows("burst.ceiling", "raw ceiling "+label, oc, !done, false)
+	for _, r := range append(used.rowsFor(s, oc, "burst.ceiling", "raw ceiling "+label, "run", oc.finished), lat[0], lat[1]) {
+		switch {
+		case strings.HasSuffix(r.Key, ".cpu_per_run"):
+			res.cpuPerRun = r.Value
+		case strings.HasSuffix(r.Key, ".stored_per_run"):
+			res.storedPerRun = r.Value
+		}
+		s.add(r)
+	}
+	return res, nil
 }
 
 // levelWeight is a level's share of the burst budget: a worker with one
@@ -106,6 +180,10 @@ func burstLevel(ctx context.Context, e *env, s *scenarioRun, c int, base float64
 		payloads[i] = request(fmt.Sprintf("t%d", i), fmt.Sprintf("r%d", i), "hi", "")
 	}
 	e.progress.stage(fmt.Sprintf("burst c=%d", c), cfg.Runs)
+	meter, err := d.meter(ctx)
+	if err != nil {
+		return nil, false, err
+	}
 	tracks := make([]*track, 0, cfg.Runs)
 	for i := range cfg.Runs {
 		if ctx.Err() != nil {
@@ -118,6 +196,7 @@ func burstLevel(ctx context.Context, e *env, s *scenarioRun, c int, base float64
 		}
 	}
 	done := d.obs.waitAll(ctx, tracks)
+	used := meter.finish(ctx, s)
 	oc := d.obs.outcome(tracks)
 	checkStatuses(s, fmt.Sprintf("concurrency %d", c), oc, protocol.StatusSuccess)
 	rows := runRows(fmt.Sprintf("burst.c%d", c), fmt.Sprintf("c=%d", c), oc, !done, true)
@@ -125,7 +204,7 @@ func burstLevel(ctx context.Context, e *env, s *scenarioRun, c int, base float64
 	if top {
 		thr = thr.atLeast(7500, "≥ 7,500 runs/s")
 	}
-	rows = append([]Row{thr}, rows...)
+	rows = append(append([]Row{thr}, used.rowsFor(s, oc, fmt.Sprintf("burst.c%d", c), fmt.Sprintf("c=%d", c), "run", oc.finished)...), rows...)
 	if n := d.publishErrors(); n > 0 {
 		rows = append(rows, Row{Key: fmt.Sprintf("burst.c%d.publish_errors", c), Metric: "failed publishes, c=" + fmt.Sprint(c), Value: float64(n), Unit: unitCount}.atMost(0, "0"))
 	}

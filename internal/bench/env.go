@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -105,6 +106,20 @@ func newEnv(cfg Config, p *progress) (*env, error) {
 	if e.js, err = jetstream.New(nc); err != nil {
 		e.close()
 		return nil, err
+	}
+	if e.emb != nil {
+		// nats-server (2.15) removes an account's store directory in the
+		// background when its last stream is deleted, racing with the
+		// next stream's creation ("could not create storage directory"):
+		// every scenario deletes all it made, so one file stream stays for
+		// the whole invocation.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: strings.ToUpper(cfg.Prefix) + "_KEEP", Subjects: []string{cfg.Prefix + ".keep"}, Storage: jetstream.FileStorage})
+		cancel()
+		if err != nil {
+			e.close()
+			return nil, fmt.Errorf("create the bench's store anchor: %w", err)
+		}
 	}
 	return e, nil
 }
@@ -235,13 +250,19 @@ func (d *deployment) deleteAssets() {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	n := d.names
-	for _, s := range []string{n.RunsStream(), n.EventsStream(), n.DLQStream()} {
+	for _, s := range []string{n.RunsStream(), n.EventsStream(), n.DLQStream(), n.JobsStream()} {
 		_ = d.e.js.DeleteStream(ctx, s)
 	}
-	for _, b := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket()} {
+	for _, b := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket(), n.MemoryBucket(), n.LimitsBucket()} {
 		_ = d.e.js.DeleteKeyValue(ctx, b)
 	}
 	_ = d.e.js.DeleteObjectStore(ctx, n.FilesBucket())
+}
+
+// meter starts metering a window of the deployment: the process's CPU
+// time and what the deployment's streams store.
+func (d *deployment) meter(ctx context.Context) (*meter, error) {
+	return startMeter(ctx, d.e.js, d.names.Prefix)
 }
 
 // model returns the model a scenario asked for: in-process, or the same

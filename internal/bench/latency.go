@@ -58,6 +58,11 @@ func runLatency(ctx context.Context, e *env, s *scenarioRun) error {
 	// Idle: one run at a time; it gets at most half of what is left.
 	e.progress.stage("latency: idle", cfg.IdleRuns)
 	ictx, cancel := shareOf(ctx, 0.5)
+	meter, err := d.meter(ctx)
+	if err != nil {
+		cancel()
+		return err
+	}
 	var idle []*track
 	for i := range cfg.IdleRuns {
 		if ictx.Err() != nil {
@@ -73,6 +78,7 @@ func runLatency(ctx context.Context, e *env, s *scenarioRun) error {
 		waitOne(ictx, d, t)
 	}
 	cancel()
+	used := meter.finish(ctx, s)
 	oc := d.obs.outcome(idle)
 	idleOut := len(idle) < cfg.IdleRuns
 	if idleOut {
@@ -83,7 +89,7 @@ func runLatency(ctx context.Context, e *env, s *scenarioRun) error {
 	rows := runRows("latency.idle", "idle", oc, false, true)
 	rows[0] = rows[0].withBaseline(rt50, unitMillis).atMost(1, "≤ 1 ms")
 	rows[2] = rows[2].withBaseline(rt99, unitMillis).atMost(3, "≤ 3 ms")
-	for _, r := range rows {
+	for _, r := range append(rows, used.rowsFor(s, oc, "latency.idle", "idle", "run", oc.finished)...) {
 		s.add(r)
 	}
 
@@ -92,6 +98,9 @@ func runLatency(ctx context.Context, e *env, s *scenarioRun) error {
 	e.progress.stage(fmt.Sprintf("latency: %d/s", cfg.PacedRate), cfg.PacedRuns)
 	interval := time.Second / time.Duration(cfg.PacedRate)
 	var paced []*track
+	if meter, err = d.meter(ctx); err != nil {
+		return err
+	}
 	start := time.Now()
 	for i := range cfg.PacedRuns {
 		if ctx.Err() != nil {
@@ -109,6 +118,7 @@ func runLatency(ctx context.Context, e *env, s *scenarioRun) error {
 	}
 	sent := time.Since(start)
 	done := d.obs.waitAll(ctx, paced)
+	used = meter.finish(ctx, s)
 	oc = d.obs.outcome(paced)
 	if !done || len(paced) < cfg.PacedRuns {
 		s.outOfTime = true
@@ -119,7 +129,7 @@ func runLatency(ctx context.Context, e *env, s *scenarioRun) error {
 	rows = runRows("latency.paced", label, oc, !done, true)
 	rows[0] = rows[0].withBaseline(rt50, unitMillis)
 	rows[2] = rows[2].withBaseline(rt99, unitMillis).atMost(5, "≤ 5 ms")
-	for _, r := range rows {
+	for _, r := range append(rows, used.rowsFor(s, oc, "latency.paced", label, "run", oc.finished)...) {
 		s.add(r)
 	}
 	if n := d.publishErrors(); n > 0 {

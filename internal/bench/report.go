@@ -20,6 +20,9 @@ const (
 	unitKiB        = "KiB"
 	unitTimes      = "x"
 	unitCount      = "count"
+	// unitMsgs is a count of messages per unit of work (a run, a
+	// sample), with decimals.
+	unitMsgs = "msgs"
 )
 
 // Row is one measured figure. Baseline is the comparable figure of the raw
@@ -36,6 +39,8 @@ type Row struct {
 	Ratio        *float64 `json:"ratio,omitempty"`
 	Target       string   `json:"target,omitempty"`
 	OK           *bool    `json:"ok,omitempty"`
+	// Breakdown splits Value into its parts (stored messages by asset).
+	Breakdown map[string]float64 `json:"breakdown,omitempty"`
 }
 
 // withBaseline sets the baseline and the ratio value / baseline.
@@ -227,9 +232,15 @@ func formatValue(v float64, unit string) string {
 		return formatRatio(v) + "×"
 	case unitCount, "":
 		return group(v)
+	case unitMsgs:
+		return formatPerRun(v)
 	}
 	return fmt.Sprintf("%.2f %s", v, unit)
 }
+
+// formatPerRun shows a per-run count with two decimals: 16.00 messages a
+// run, 0.05 of a dead-letter.
+func formatPerRun(v float64) string { return fmt.Sprintf("%.2f", v) }
 
 // group formats v rounded to an integer with thousands separators.
 func group(v float64) string {

@@ -2,9 +2,11 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 )
 
 // runScaling starts 1, 2, 4... worker processes (each with
@@ -70,14 +72,14 @@ func scalingStep(ctx context.Context, e *env, s *scenarioRun, n int) (float64, [
 	}
 	e.progress.stage(fmt.Sprintf("scaling: %d proc start", n), 0)
 	errs := make([]error, n)
+	children := make([]*child, n)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := d.startChildLocked(ctx, &mu, childSpec{id: fmt.Sprintf("scale%d-%d", n, i), concurrency: cfg.ScalingConcurrency, latency: cfg.ScalingLatency, modelURL: url})
-			errs[i] = err
+			children[i], errs[i] = d.startChildLocked(ctx, &mu, childSpec{id: fmt.Sprintf("scale%d-%d", n, i), concurrency: cfg.ScalingConcurrency, latency: cfg.ScalingLatency, modelURL: url})
 		}()
 	}
 	wg.Wait()
@@ -95,6 +97,11 @@ func scalingStep(ctx context.Context, e *env, s *scenarioRun, n int) (float64, [
 		payloads[i] = request(fmt.Sprintf("t%d", i), fmt.Sprintf("r%d", i), "hi", "")
 	}
 	e.progress.stage(fmt.Sprintf("scaling: %d proc", n), runs)
+	meter, err := d.meter(ctx)
+	if err != nil {
+		return 0, nil, false, err
+	}
+	childCPU0, childErr := childrenCPU(children)
 	var tracks []*track
 	for i := range runs {
 		if ctx.Err() != nil {
@@ -107,10 +114,33 @@ func scalingStep(ctx context.Context, e *env, s *scenarioRun, n int) (float64, [
 		}
 	}
 	done := d.obs.waitAll(ctx, tracks)
+	used := meter.finish(ctx, s)
+	childCPU1, err := childrenCPU(children)
+	if childErr == nil && err == nil {
+		// The workers run in their own processes: their CPU time counts.
+		used.cpu += childCPU1 - childCPU0
+	} else {
+		used.cpuOK = false
+		s.note("no CPU figure for %d processes: %v", n, errors.Join(childErr, err))
+	}
 	oc := d.obs.outcome(tracks)
 	checkStatuses(s, fmt.Sprintf("%d processes", n), oc, "success")
 	rows := runRows(fmt.Sprintf("scaling.p%d", n), fmt.Sprintf("%d proc", n), oc, !done, false)
-	return oc.throughput(), rows[2:], !done, nil
+	rows = append(rows[2:], used.rowsFor(s, oc, fmt.Sprintf("scaling.p%d", n), fmt.Sprintf("%d proc (bench and worker processes)", n), "run", oc.finished)...)
+	return oc.throughput(), rows, !done, nil
+}
+
+// childrenCPU is the CPU time the worker processes used so far.
+func childrenCPU(children []*child) (time.Duration, error) {
+	var sum time.Duration
+	for _, c := range children {
+		d, err := procCPU(c.pid())
+		if err != nil {
+			return 0, err
+		}
+		sum += d
+	}
+	return sum, nil
 }
 
 // startChildLocked starts a worker process; mu guards the deployment's

@@ -75,6 +75,10 @@ func preempt(ctx context.Context, e *env, s *scenarioRun, cancel bool) error {
 			failures = append(failures, fmt.Sprintf(format, args...))
 		}
 	}
+	meter, err := d.meter(ctx)
+	if err != nil {
+		return err
+	}
 	jobs := make(chan int)
 	var wg sync.WaitGroup
 	for range max(cfg.SteerParallel, 1) {
@@ -117,6 +121,7 @@ feed:
 
 	// Everything submitted must end, the steer runs included.
 	done := d.obs.waitAll(ctx, all)
+	used := meter.finish(ctx, s)
 	oc := d.obs.outcome(all)
 	if ctx.Err() != nil {
 		s.outOfTime = true
@@ -135,6 +140,10 @@ feed:
 	s.add(Row{Key: name + ".wrong_status", Metric: fmt.Sprintf("streaming runs not ended %s", want), Value: float64(wrong), Unit: unitCount}.atMost(0, "0"))
 	rows := runRows(name+".runs", "all runs", oc, !done, false)
 	for _, r := range rows[2:] {
+		s.add(r)
+	}
+	// Per sample: the streaming run (cut short) and, for steer, the steer run.
+	for _, r := range used.rowsFor(s, oc, name, fmt.Sprintf("%s of a streaming run", name), "sample", len(active)) {
 		s.add(r)
 	}
 	if len(lat) < len(active) {

@@ -1,0 +1,394 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+// The raw ceiling is natsagent's write set for one no-op run, done with
+// plain nats.go calls and no natsagent code: the same stored messages, in
+// the same sequential stages, at the same concurrency, pulled the way the
+// worker pulls (one fetch per free slot). natsagent's burst divided by it
+// is how much of what the server allows its own code leaves on the table;
+// the write set itself is protocol v2's to shrink.
+//
+// The stages follow internal/worker/job.go (and admit.go, lease.go,
+// usage.go) for the first delivery of a request a plain publish sent, on
+// a new thread; each numbered stage waits for the server:
+//
+//  0. client: the request, published async with Nats-Msg-Id (runs stream)
+//  1. look: thread record get ∥ the thread's oldest request (direct get)
+//  2. admit: the lease, a CAS create of the thread record (threads)
+//  3. start: run.queued async (events), then the run record created as
+//     running (runs); the run index put async (threads); run.started async
+//     (events)
+//     loop: 4 more events async (thread.titled, message.delta, usage.model,
+//     message.completed)
+//  4. finalize: the last step's checkpoint delta (checkpoints)
+//  5. the terminal record (CAS update, runs) ∥ the lease's release (CAS
+//     update, threads)
+//  6. the events emitted so far are confirmed stored (usually answered
+//     already: no round trip of its own)
+//  7. run.finished, with its Nats-Msg-Id (events)
+//     then the request is acked (not waited for), and usage is written in
+//     the background: the run's totals ∥ the thread's (usage, 2 creates)
+//
+// 16 stored messages: 1 request, 7 events, 2 run records, 3 thread
+// writes, 1 checkpoint, 2 usage. When the protocol changes what a run
+// writes, this list changes with it.
+type ceiling struct {
+	e     *env
+	names bus.Names
+	wnc   *nats.Conn // the "worker"
+	wjs   jetstream.JetStream
+	cnc   *nats.Conn // the client
+	cjs   jetstream.JetStream
+	onc   *nats.Conn // the observer
+	obs   *observer
+
+	runs                                  jetstream.Stream
+	cons                                  jetstream.Consumer
+	kvRuns, kvThreads, kvCheckpoints, kvU jetstream.KeyValue
+	threadsBucket                         string
+
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	firstErr error // the first run that failed
+}
+
+// Payloads shaped like what natsagent writes for a no-op run. Their sizes
+// are close, not equal (natsagent's records carry more fields); at a few
+// hundred bytes a write's cost barely depends on its size.
+var (
+	ceilThread     = []byte(`{"thread_id":"%s","tenant":"default","status":"busy","epoch":1,"last_run_id":"%s","lease":{"run_id":"%s","worker":"ceiling","epoch":1,"msg_seq":1,"acquired_at":"2026-12-01T00:00:00Z","renewed_at":"2026-12-01T00:00:00Z"},"created_at":"2026-12-01T00:00:00Z"}`)
+	ceilRecord     = []byte(`{"run_id":"%s","thread_id":"%s","tenant":"default","agent":"chatbot","status":"%s","attempt":1,"worker":"ceiling","epoch":1,"seq":%d,"msg_seq":1,"multitask_strategy":"enqueue","created_at":"2026-12-01T00:00:00Z","started_at":"2026-12-01T00:00:00Z","output":{"role":"assistant","content":"ok"}}`)
+	ceilCheckpoint = []byte(`{"id":"1-1","parent":"","run_id":"%s","step":1,"time":"2026-12-01T00:00:00Z","update":{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"ok"}]}}`)
+	ceilUsage      = []byte(`{"run_id":"%s","thread_id":"%s","tenant":"default","total":{"input_tokens":10,"output_tokens":1,"total_tokens":11},"updated_at":"2026-12-01T00:00:00Z"}`)
+)
+
+func (e *env) newCeiling(ctx context.Context, suffix string) (*ceiling, error) {
+	names, err := bus.NewNames(e.cfg.Prefix + "-" + suffix)
+	if err != nil {
+		return nil, err
+	}
+	// Provisioned like a deployment, so each write costs the server what
+	// it costs natsagent (storage, duplicate window, direct gets, history).
+	settings := bus.Settings{Names: names}.WithDefaults()
+	c := &ceiling{e: e, names: names, threadsBucket: names.ThreadsBucket()}
+	if err := bus.Provision(ctx, e.js, settings); err != nil {
+		c.close()
+		return nil, fmt.Errorf("provision the ceiling's assets: %w", err)
+	}
+	if err := c.open(ctx); err != nil {
+		c.close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *ceiling) open(ctx context.Context) error {
+	var err error
+	if c.wnc, err = c.e.connect("natsagent-bench-ceiling-worker"); err != nil {
+		return err
+	}
+	if c.wjs, err = jetstream.New(c.wnc); err != nil {
+		return err
+	}
+	if c.cnc, err = c.e.connect("natsagent-bench-ceiling-client"); err != nil {
+		return err
+	}
+	if c.cjs, err = jetstream.New(c.cnc, jetstream.WithPublishAsyncMaxPending(4096)); err != nil {
+		return err
+	}
+	if c.onc, err = c.e.connect("natsagent-bench-ceiling-observer"); err != nil {
+		return err
+	}
+	if c.obs, err = newObserver(c.onc, c.names.Prefix+".events.*.*.*."+protocol.KindLifecycle, func() { c.e.progress.add(1) }); err != nil {
+		return err
+	}
+	if c.runs, err = c.wjs.Stream(ctx, c.names.RunsStream()); err != nil {
+		return err
+	}
+	if c.cons, err = c.wjs.Consumer(ctx, c.names.RunsStream(), bus.RunsConsumer); err != nil {
+		return err
+	}
+	for _, kv := range []struct {
+		dst    *jetstream.KeyValue
+		bucket string
+	}{{&c.kvRuns, c.names.RunsBucket()}, {&c.kvThreads, c.names.ThreadsBucket()}, {&c.kvCheckpoints, c.names.CheckpointsBucket()}, {&c.kvU, c.names.UsageBucket()}} {
+		if *kv.dst, err = c.wjs.KeyValue(ctx, kv.bucket); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *ceiling) close() {
+	c.wg.Wait()
+	if c.obs != nil {
+		c.obs.close()
+	}
+	for _, nc := range []*nats.Conn{c.wnc, c.cnc, c.onc} {
+		if nc != nil {
+			nc.Close()
+		}
+	}
+	d := &deployment{e: c.e, names: c.names}
+	d.deleteAssets()
+}
+
+// requests builds n run requests, one thread each, before the measured
+// window, as the burst does.
+func (c *ceiling) requests(n int) []*nats.Msg {
+	out := make([]*nats.Msg, n)
+	for i := range out {
+		thread, run := "t"+strconv.Itoa(i), "r"+strconv.Itoa(i)
+		m := nats.NewMsg(c.names.RunSubject(protocol.DefaultTenant, thread))
+		m.Data = request(thread, run, "hi", "")
+		m.Header.Set(nats.MsgIdHdr, protocol.RunMsgID(protocol.DefaultTenant, run))
+		out[i] = m
+	}
+	return out
+}
+
+// run executes the requests at concurrency slots and returns what the
+// observer saw, as the burst does for natsagent.
+func (c *ceiling) run(ctx context.Context, reqs []*nats.Msg, slots int) (outcome, bool, error) {
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	pulled := make(chan error, 1)
+	go func() { pulled <- c.pull(wctx, ctx, slots) }()
+	tracks := make([]*track, 0, len(reqs))
+	for i, m := range reqs {
+		if ctx.Err() != nil {
+			break
+		}
+		tracks = append(tracks, c.obs.expect("r"+strconv.Itoa(i)))
+		if _, err := c.cjs.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)); err != nil {
+			c.fail(fmt.Errorf("publish request: %w", err))
+			break
+		}
+	}
+	done := c.obs.waitAll(ctx, tracks)
+	stop()
+	c.fail(<-pulled)
+	// The usage writes of the last runs land before the count.
+	c.wg.Wait()
+	c.mu.Lock()
+	err := c.firstErr
+	c.mu.Unlock()
+	if err != nil {
+		err = fmt.Errorf("ceiling run: %w", err)
+	}
+	return c.obs.outcome(tracks), done, err
+}
+
+// pull is the worker's pull loop: one fetch for every free slot, one
+// goroutine per request. It stops when ctx ends; the runs it started go
+// on under runCtx (the run.finished the observer saw may not be
+// acknowledged yet, and the usage writes follow it).
+func (c *ceiling) pull(ctx, runCtx context.Context, slots int) error {
+	free := make(chan struct{}, slots)
+	for ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+			return nil
+		case free <- struct{}{}:
+		}
+		n := 1
+	more:
+		for n < slots {
+			select {
+			case free <- struct{}{}:
+				n++
+			default:
+				break more
+			}
+		}
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		batch, err := c.cons.Fetch(n, jetstream.FetchContext(fctx))
+		if err != nil {
+			cancel()
+			for range n {
+				<-free
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("ceiling fetch: %w", err)
+		}
+		got := 0
+		for msg := range batch.Messages() {
+			got++
+			c.wg.Add(1)
+			go func() {
+				defer c.wg.Done()
+				defer func() { <-free }()
+				if err := c.handle(runCtx, msg); runCtx.Err() == nil {
+					c.fail(err)
+				}
+			}()
+		}
+		cancel()
+		for range n - got {
+			<-free
+		}
+	}
+	return nil
+}
+
+// fail keeps the first error of a run.
+func (c *ceiling) fail(err error) {
+	if err == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.firstErr == nil {
+		c.firstErr = err
+	}
+}
+
+// handle is one run's write set, stage by stage (see ceiling).
+func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
+	tenant, thread, ok := c.names.ParseRunSubject(msg.Subject())
+	if !ok {
+		return fmt.Errorf("subject %s", msg.Subject())
+	}
+	run := protocol.RunIDFromMsgID(tenant, msg.Headers().Get(nats.MsgIdHdr))
+	threadKey, runKey := tenant+"."+thread, tenant+"."+run
+
+	// 1. The thread record ∥ the thread's oldest request.
+	var wg sync.WaitGroup
+	var headErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, headErr = c.runs.GetMsg(ctx, 0, jetstream.WithGetMsgSubject(msg.Subject()))
+	}()
+	_, thErr := c.kvThreads.Get(ctx, threadKey)
+	wg.Wait()
+	if headErr != nil {
+		return fmt.Errorf("head: %w", headErr)
+	}
+	if thErr != nil && thErr != jetstream.ErrKeyNotFound {
+		return fmt.Errorf("thread: %w", thErr)
+	}
+
+	// 2. The lease.
+	thRev, err := c.kvThreads.Create(ctx, threadKey, fmt.Appendf(nil, string(ceilThread), thread, run, run))
+	if err != nil {
+		return fmt.Errorf("lease: %w", err)
+	}
+
+	// 3. run.queued, the record, the run index, run.started; the loop's
+	// events.
+	var futures []jetstream.PubAckFuture
+	emit := func(seq int, kind, typ, msgID string, extra string) error {
+		m := nats.NewMsg(c.names.EventSubject(tenant, thread, run, kind))
+		m.Data = fmt.Appendf(nil, `{"type":%q,"seq":%d,"run_id":%q,"thread_id":%q,"tenant":%q,"time":"2026-12-01T00:00:00Z","data":{"attempt":1%s}}`, typ, seq, run, thread, tenant, extra)
+		if msgID != "" {
+			m.Header.Set(nats.MsgIdHdr, msgID)
+		}
+		if typ == protocol.EventRunQueued {
+			m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
+		}
+		f, err := c.wjs.PublishMsgAsync(m)
+		futures = append(futures, f)
+		return err
+	}
+	if err := emit(1, protocol.KindLifecycle, protocol.EventRunQueued, run+".queued", ""); err != nil {
+		return err
+	}
+	recRev, err := c.kvRuns.Create(ctx, runKey, fmt.Appendf(nil, string(ceilRecord), run, thread, "running", 2))
+	if err != nil {
+		return fmt.Errorf("record: %w", err)
+	}
+	if _, err := c.wjs.PublishAsync("$KV."+c.threadsBucket+"."+threadKey+".run."+run, []byte(`{"created_at":"2026-12-01T00:00:00Z"}`)); err != nil {
+		return err
+	}
+	if err := emit(2, protocol.KindLifecycle, protocol.EventRunStarted, run+".started.1", ""); err != nil {
+		return err
+	}
+	for i, ev := range []struct{ kind, typ string }{
+		{protocol.KindUpdates, "thread.titled"},
+		{protocol.KindMessages, protocol.EventMessageDelta},
+		{protocol.KindUsage, protocol.EventUsageModel},
+		{protocol.KindMessages, protocol.EventMessageCompleted},
+	} {
+		if err := emit(3+i, ev.kind, ev.typ, "", `,"delta":"ok"`); err != nil {
+			return err
+		}
+	}
+
+	// 4. The last step's checkpoint.
+	if _, err := c.kvCheckpoints.Put(ctx, threadKey+".1-1", fmt.Appendf(nil, string(ceilCheckpoint), run)); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+
+	// 5. The terminal record ∥ the release.
+	var relErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, relErr = c.kvThreads.Update(ctx, threadKey, []byte(`{"thread_id":"`+thread+`","tenant":"default","status":"idle","epoch":1,"head":"1-1","last_run_id":"`+run+`","created_at":"2026-12-01T00:00:00Z"}`), thRev)
+	}()
+	_, recErr := c.kvRuns.Update(ctx, runKey, fmt.Appendf(nil, string(ceilRecord), run, thread, "success", 7), recRev)
+	wg.Wait()
+	if recErr != nil || relErr != nil {
+		return fmt.Errorf("end: %v, %v", recErr, relErr)
+	}
+
+	// 6. The events are stored.
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return fmt.Errorf("event: %w", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+
+	// 7. run.finished.
+	fin := nats.NewMsg(c.names.EventSubject(tenant, thread, run, protocol.KindLifecycle))
+	fin.Data = fmt.Appendf(nil, `{"type":%q,"seq":7,"run_id":%q,"thread_id":%q,"tenant":%q,"time":"2026-12-01T00:00:00Z","data":{"status":"success","output":{"role":"assistant","content":"ok"}}}`, protocol.EventRunFinished, run, thread, tenant)
+	fin.Header.Set(nats.MsgIdHdr, run+".finished")
+	if _, err := c.wjs.PublishMsg(ctx, fin); err != nil {
+		return fmt.Errorf("run.finished: %w", err)
+	}
+	_ = msg.Ack()
+
+	// Usage, in the background.
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		var uw sync.WaitGroup
+		uw.Add(1)
+		go func() {
+			defer uw.Done()
+			_, err := c.kvU.Create(context.WithoutCancel(ctx), tenant+".thread."+thread, fmt.Appendf(nil, string(ceilUsage), run, thread))
+			c.fail(err)
+		}()
+		_, err := c.kvU.Create(context.WithoutCancel(ctx), tenant+".run."+run, fmt.Appendf(nil, string(ceilUsage), run, thread))
+		c.fail(err)
+		uw.Wait()
+	}()
+	return nil
+}
+
+// ceilingStages is the stage list for the report.
+var ceilingStages = strings.Join([]string{
+	"request", "thread ∥ head reads", "lease create", "record create (+ run index, events async)",
+	"checkpoint", "terminal record ∥ release", "events confirmed", "run.finished", "(usage async)",
+}, " → ")
