@@ -76,7 +76,7 @@ func TestDeleteService(t *testing.T) {
 
 	for _, c := range []struct {
 		subject, info, want string
-		status             int
+		status              int
 	}{
 		{"agent.ctl.acme.h1.delete", requestInfo("globex", "alice"), "forbidden", 403},
 		{"agent.ctl.acme.h1.delete", requestInfo("acme", "bob"), "not_found: thread h1", 404},

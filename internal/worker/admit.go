@@ -21,12 +21,12 @@ import (
 type verdict int
 
 const (
-	verdictStart  verdict = iota // the run holds the thread's lease
-	verdictWait                  // another run goes first
-	verdictReject                // reject strategy and the thread is busy
-	verdictGone                  // the request left the stream: nothing to do
-	verdictRetry                 // the thread changed under us: decide again now
-	verdictDeleting              // the thread is being deleted: drop the request
+	verdictStart    verdict = iota // the run holds the thread's lease
+	verdictWait                    // another run goes first
+	verdictReject                  // reject strategy and the thread is busy
+	verdictGone                    // the request left the stream: nothing to do
+	verdictRetry                   // the thread changed under us: decide again now
+	verdictDeleting                // the thread is being deleted: drop the request
 )
 
 type decision struct {
