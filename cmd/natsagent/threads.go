@@ -11,6 +11,9 @@ import (
 )
 
 func runThreads(ctx context.Context, args []string, std stdio) error {
+	if len(args) > 0 && args[0] == "delete" {
+		return runThreadsDelete(ctx, args[1:], std)
+	}
 	fs := newFlagSet("threads", "[flags]", `
 Lists the tenant's threads, most recently active first, with their status, the run holding them
 (or the last one) and their title. --json prints the thread records.`, std)
