@@ -46,6 +46,7 @@
 package erase
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -236,7 +237,7 @@ func (e *Eraser) deleteThread(ctx context.Context, tenant, thread string, opts T
 	if err := sleep(ctx, e.cfg.Settle); err != nil {
 		return err
 	}
-	if err := e.removeThread(ctx, tenant, thread); err != nil {
+	if err := e.removeThread(ctx, tenant, thread, runs); err != nil {
 		return fmt.Errorf("delete thread %s (it stays marked deleting; delete it again to finish): %w", thread, err)
 	}
 	if depth < maxDepth {
@@ -369,9 +370,10 @@ func (e *Eraser) cancel(ctx context.Context, tenant, thread, run string) error {
 	return nil
 }
 
-// threadRuns returns the records of the thread's runs: those its run index
-// names, and those of the tenant's records that name the thread (an index
-// entry is written without waiting, so one may be missing).
+// threadRuns returns the records of the tenant's runs that name the
+// thread: the thread's run index is written without waiting, so an entry
+// may be missing. It reads every run record of the tenant, once per
+// deletion; the removal adds the runs indexed since.
 func (e *Eraser) threadRuns(ctx context.Context, tenant, thread string) ([]*protocol.Run, error) {
 	return e.stores.Runs.List(ctx, tenant, func(r *protocol.Run) bool { return r.ThreadID == thread })
 }
@@ -396,17 +398,16 @@ func (e *Eraser) childThreads(ctx context.Context, tenant, thread string) ([]str
 const metaParentThread = "parent_thread_id"
 
 // removeThread removes every piece of a thread, the record last.
-func (e *Eraser) removeThread(ctx context.Context, tenant, thread string) error {
+func (e *Eraser) removeThread(ctx context.Context, tenant, thread string, recs []*protocol.Run) error {
 	n := e.names
 	// Queued requests first: no worker picks one up after this.
 	if err := e.purge(ctx, n.RunsStream(), n.RunSubject(tenant, thread)); err != nil {
 		return err
 	}
+	// The runs read before the mark, and those indexed since (a run
+	// submitted meanwhile is indexed right after its record is written,
+	// well within the settle delay).
 	ids, err := e.stores.Threads.RunIDs(ctx, tenant, thread)
-	if err != nil {
-		return err
-	}
-	recs, err := e.threadRuns(ctx, tenant, thread)
 	if err != nil {
 		return err
 	}
@@ -661,7 +662,11 @@ func (e *Eraser) deleteDeadRuns(ctx context.Context, tenant, thread, run string)
 		var req struct {
 			RunID string `json:"run_id"`
 		}
-		if json.Unmarshal(m.Data, &req) == nil && req.RunID == run {
+		// A dead letter keeps only the first 4 KiB of a large request,
+		// which is then not whole JSON: its run id is near the start.
+		mine := json.Unmarshal(m.Data, &req) == nil && req.RunID == run ||
+			bytes.Contains(m.Data, []byte(`"run_id":"`+run+`"`))
+		if mine {
 			if err := st.SecureDeleteMsg(ctx, m.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 				return fmt.Errorf("delete dead letter %d: %w", m.Sequence, err)
 			}
