@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -170,4 +171,120 @@ func TestDeleteIsOwned(t *testing.T) {
 		t.Fatalf("alice's notes after: %q %v", notes, err)
 	}
 	e.do("GET", "/threads/b1", nil, bearer(bobKey)...).expect(t, http.StatusOK)
+}
+
+// Runs submitted without pause while their thread is deleted (with
+// cancel): every run created before the deletion ended is gone, record
+// and events; what exists afterwards is a new, whole thread (its state
+// loads, it is not left deleting) made of runs created after.
+func TestDeleteRacesSubmissions(t *testing.T) {
+	e := newEnv(t, textModel(strings.Repeat("y ", 10), 10, 10*time.Millisecond))
+	ctx := context.Background()
+	type accepted struct {
+		run     string
+		created time.Time
+	}
+	var got []accepted
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			run := "race-" + strconv.Itoa(i)
+			r := e.do("POST", "/threads/race/runs", with(input("go"), "run_id", run))
+			if r.status == http.StatusOK {
+				var rec protocol.Run
+				r.decode(t, &rec)
+				got = append(got, accepted{run, rec.CreatedAt})
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	waitRunning := time.Now().Add(30 * time.Second)
+	for {
+		th, _, err := e.stores.Threads.Get(ctx, "default", "race")
+		if err == nil && th.Lease != nil {
+			break
+		}
+		if time.Now().After(waitRunning) {
+			t.Fatal("no run of the thread started")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	deleteStart := time.Now().UTC()
+	e.do("DELETE", "/threads/race?cancel=true", nil).expect(t, http.StatusNoContent)
+	time.Sleep(500 * time.Millisecond)
+	close(stop)
+	<-done
+
+	// Wait for the runs submitted after the deletion to end.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		recs, err := e.stores.Runs.List(ctx, "default", func(r *protocol.Run) bool { return r.ThreadID == "race" && !r.Status.Terminal() })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d runs of the new thread never ended", len(recs))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// The boundary is when the new thread was created, by the first run
+	// submitted once the old record was gone (the 204 arrives a little
+	// later); without a new thread, the end of the test.
+	boundary := time.Now().UTC()
+	th, _, err := e.stores.Threads.Get(ctx, "default", "race")
+	switch {
+	case errors.Is(err, kv.ErrNotFound):
+	case err != nil:
+		t.Fatal(err)
+	default:
+		if th.Status == protocol.ThreadDeleting || !th.CreatedAt.After(deleteStart) {
+			t.Fatalf("the thread after the deletion is not a new one: %+v", th)
+		}
+		boundary = th.CreatedAt
+		e.do("GET", "/threads/race/state", nil).expect(t, http.StatusOK)
+	}
+	var before, after int
+	events, err := e.js.Stream(ctx, e.settings.Names.EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range got {
+		if !a.created.Before(boundary) {
+			after++
+			continue
+		}
+		before++
+		if _, _, err := e.stores.Runs.Get(ctx, "default", a.run); !errors.Is(err, kv.ErrNotFound) {
+			t.Errorf("run %s, created before the deletion, still has a record (%v)", a.run, err)
+		}
+		if _, err := events.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(e.settings.Names.RunEvents("default", "race", a.run))); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Errorf("run %s, created before the deletion, still has events (%v)", a.run, err)
+		}
+	}
+	if before == 0 {
+		t.Fatal("no run was accepted before the deletion: the test proves nothing")
+	}
+	recs, err := e.stores.Runs.List(ctx, "default", func(r *protocol.Run) bool { return r.ThreadID == "race" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if r.CreatedAt.Before(boundary) {
+			t.Errorf("run %s (created %s, before the new thread %s) survived the deletion", r.RunID, r.CreatedAt, boundary)
+		}
+	}
+	if ids, err := e.stores.Threads.RunIDs(ctx, "default", "race"); err != nil || len(ids) != len(recs) {
+		t.Errorf("the new thread indexes %d runs, %d records name it (%v)", len(ids), len(recs), err)
+	}
+	t.Logf("%d runs accepted before the deletion, %d after", before, after)
 }
