@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/natsagent/natsagent/internal/erase"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -80,7 +81,15 @@ func TestDeleteThreadOverHTTP(t *testing.T) {
 // cancelled and the thread deleted. A running run cannot be deleted on
 // its own.
 func TestDeleteBusyThread(t *testing.T) {
-	e := newEnv(t, textModel(strings.Repeat("y ", 500), 500, 20*time.Millisecond))
+	// A long settle delay keeps the thread marked deleting while the test
+	// submits to it, however slow the machine.
+	e := newEnvWith(t, textModel(strings.Repeat("y ", 500), 500, 20*time.Millisecond), func(s *Server) {
+		var err error
+		s.eraser, err = erase.New(context.Background(), erase.Config{NC: s.nc, JS: s.js, Names: s.names, Stores: s.stores, Settle: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
 	rec := e.do("POST", "/threads/b1/runs", input("go")).expect(t, http.StatusOK).run(t)
 	waitStatus(t, e, rec.RunID, protocol.StatusRunning)
 	r := e.do("DELETE", "/threads/b1", nil).expect(t, http.StatusConflict)
