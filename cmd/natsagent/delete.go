@@ -15,6 +15,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/natsagent/natsagent/internal/app"
+	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/config"
 	"github.com/natsagent/natsagent/internal/erase"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -144,7 +147,8 @@ func runUsers(ctx context.Context, args []string, std stdio) error {
 Erases one user of a tenant: every thread the user owns (as threads delete) and their memory
 (notes, facts, memory jobs). For administrators: it uses the service account's JetStream access
 directly, and --cancel cancels the user's active runs first (workers must be running to stop
-them). Threads created without an owner are the tenant's and stay.`, std)
+them). With files.backend local (--config), it removes the workdirs under files.local_dir on this
+machine. Threads created without an owner are the tenant's and stay.`, std)
 	f := addClientFlags(fs)
 	user := fs.String("user", "", "the user to erase (required)")
 	cancelFirst := fs.Bool("cancel", false, "cancel the user's active runs first instead of stopping at a busy thread")
@@ -166,7 +170,15 @@ them). Threads created without an owner are the tenant's and stay.`, std)
 		return err
 	}
 	defer c.close()
-	e, err := erase.New(ctx, erase.Config{NC: c.nc, JS: c.js, Names: c.names, Stores: c.stores})
+	ecfg := erase.Config{NC: c.nc, JS: c.js, Names: c.names, Stores: c.stores}
+	if cfg, err := f.settings(); err == nil && cfg.Files.Backend == config.FilesLocal {
+		// The workers' workdirs on this machine's disk (the object store
+		// is cleared in any case).
+		if ecfg.Files, err = app.Files(ctx, cfg, c.nc, bus.Settings{Names: c.names}); err != nil {
+			return err
+		}
+	}
+	e, err := erase.New(ctx, ecfg)
 	if err != nil {
 		return c.missing(err)
 	}
