@@ -2,9 +2,10 @@
 // finished run, and everything of one user of a tenant. It is the one place
 // that knows every store a thread leaves data in, so the gateway, the
 // delete service (service.go), the CLI and a retention sweeper all call
-// the same three functions of an Eraser:
+// the same functions of an Eraser:
 //
 //	DeleteThread(ctx, tenant, thread, ThreadOptions{Cancel: false})
+//	DeleteThreads(ctx, tenant, threads, ThreadOptions{}) // many, one settle delay
 //	DeleteRun(ctx, tenant, thread, run)
 //	EraseUser(ctx, tenant, user, ThreadOptions{})
 //
@@ -187,74 +188,127 @@ type ThreadOptions struct {
 }
 
 // DeleteThread deletes a thread and everything keyed by it (the package
-// comment lists it), then the subagent threads started from it. It
+// comment lists it), the subagent threads started from it included. It
 // refuses with a *BusyError (errors.Is ErrBusy) while a run of the thread
 // is pending or running, unless opts.Cancel; ErrNotFound if the thread
 // does not exist. Once it returned nil, nothing of the thread is readable
 // by any path; a run submitted afterwards with the same thread id starts a
-// new, empty thread.
+// new, empty thread. It takes at least Config.Settle.
 func (e *Eraser) DeleteThread(ctx context.Context, tenant, thread string, opts ThreadOptions) error {
 	if err := checkIDs(tenant, thread); err != nil {
 		return err
 	}
-	return e.deleteThread(ctx, tenant, thread, opts, 0)
+	deleted, err := e.deleteThreads(ctx, tenant, []string{thread}, opts, 0)
+	if err == nil && len(deleted) == 0 {
+		return fmt.Errorf("thread %s: %w", thread, ErrNotFound)
+	}
+	return err
+}
+
+// DeleteThreads deletes several threads of a tenant as DeleteThread does,
+// with one settle delay for all: what a sweeper of idle threads calls. A
+// thread that does not exist is skipped; the threads deleted are returned.
+// Without opts.Cancel, a busy thread refuses the whole call before any is
+// touched.
+func (e *Eraser) DeleteThreads(ctx context.Context, tenant string, threads []string, opts ThreadOptions) ([]string, error) {
+	if err := checkIDs(append([]string{tenant}, threads...)...); err != nil {
+		return nil, err
+	}
+	return e.deleteThreads(ctx, tenant, threads, opts, 0)
 }
 
 // maxDepth bounds the recursion into subagent threads (a subagent cannot
 // start subagents: one level is all there is).
 const maxDepth = 4
 
-func (e *Eraser) deleteThread(ctx context.Context, tenant, thread string, opts ThreadOptions, depth int) error {
-	th, rev, err := e.stores.Threads.Get(ctx, tenant, thread)
-	if errors.Is(err, kv.ErrNotFound) {
-		return fmt.Errorf("thread %s: %w", thread, ErrNotFound)
+// deleteThreads marks the threads deleting, stops their runs (cancel),
+// deletes their subagent threads, waits the settle delay once, and
+// removes them.
+func (e *Eraser) deleteThreads(ctx context.Context, tenant string, threads []string, opts ThreadOptions, depth int) ([]string, error) {
+	type found struct {
+		th   *protocol.Thread
+		rev  uint64
+		runs []*protocol.Run
 	}
-	if err != nil {
-		return err
-	}
-	runs, err := e.threadRuns(ctx, tenant, thread)
-	if err != nil {
-		return err
-	}
-	if th.Status != protocol.ThreadDeleting && !opts.Cancel {
-		if err := busy(th, runs); err != nil {
-			return err
+	var todo []found
+	seen := map[string]bool{}
+	for _, thread := range threads {
+		if seen[thread] {
+			continue
 		}
+		seen[thread] = true
+		th, rev, err := e.stores.Threads.Get(ctx, tenant, thread)
+		if errors.Is(err, kv.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		runs, err := e.threadRuns(ctx, tenant, thread)
+		if err != nil {
+			return nil, err
+		}
+		if th.Status != protocol.ThreadDeleting && !opts.Cancel {
+			if err := busy(th, runs); err != nil {
+				return nil, err
+			}
+		}
+		todo = append(todo, found{th, rev, runs})
 	}
-	th, err = e.markDeleting(ctx, th, rev, opts.Cancel)
-	if err != nil {
-		return err
+	for i, f := range todo {
+		th, err := e.markDeleting(ctx, f.th, f.rev, opts.Cancel)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		todo[i].th = th
 	}
 	if opts.Cancel {
-		if err := e.stopRuns(ctx, th, runs); err != nil {
-			return err
-		}
-	}
-	e.log.Info("deleting thread", zap.String("tenant", tenant), zap.String("thread_id", thread), zap.Int("runs", len(runs)))
-	// Submissions that read the thread before the mark reach the stream
-	// within this delay; their requests are purged below, and a worker
-	// that reads the mark drops them.
-	if err := sleep(ctx, e.cfg.Settle); err != nil {
-		return err
-	}
-	if err := e.removeThread(ctx, tenant, thread, runs); err != nil {
-		return fmt.Errorf("delete thread %s (it stays marked deleting; delete it again to finish): %w", thread, err)
-	}
-	if depth < maxDepth {
-		children, err := e.childThreads(ctx, tenant, thread)
-		if err != nil {
-			return err
-		}
-		for _, c := range children {
-			// A child's runs ended with its parent's (the parent waits for
-			// them, or its cancel cancels them).
-			if err := e.deleteThread(ctx, tenant, c, ThreadOptions{Cancel: true}, depth+1); err != nil && !errors.Is(err, ErrNotFound) {
-				return fmt.Errorf("delete subagent thread %s of thread %s: %w", c, thread, err)
+		for _, f := range todo {
+			if err := e.stopRuns(ctx, f.th, f.runs); err != nil {
+				return nil, err
 			}
 		}
 	}
-	e.log.Info("thread deleted", zap.String("tenant", tenant), zap.String("thread_id", thread))
-	return nil
+	// The subagent threads first: found by their parent, they would be
+	// lost for a retry once the parent is gone.
+	if depth < maxDepth {
+		for _, f := range todo {
+			children, err := e.childThreads(ctx, tenant, f.th.ThreadID)
+			if err != nil {
+				return nil, err
+			}
+			if len(children) == 0 {
+				continue
+			}
+			// A child's runs end with its parent's (the parent waits for
+			// them, or its cancel cancels them); any left are cancelled.
+			if _, err := e.deleteThreads(ctx, tenant, children, ThreadOptions{Cancel: true}, depth+1); err != nil {
+				return nil, fmt.Errorf("delete the subagent threads of thread %s: %w", f.th.ThreadID, err)
+			}
+		}
+	}
+	// Submissions that read a thread before its mark reach the stream
+	// within this delay; their requests are purged below, and a worker
+	// that reads the mark drops them.
+	if len(todo) > 0 {
+		if err := sleep(ctx, e.cfg.Settle); err != nil {
+			return nil, err
+		}
+	}
+	var deleted []string
+	for _, f := range todo {
+		thread := f.th.ThreadID
+		e.log.Info("deleting thread", zap.String("tenant", tenant), zap.String("thread_id", thread), zap.Int("runs", len(f.runs)))
+		if err := e.removeThread(ctx, tenant, thread, f.runs); err != nil {
+			return deleted, fmt.Errorf("delete thread %s (it stays marked deleting; delete it again to finish): %w", thread, err)
+		}
+		e.log.Info("thread deleted", zap.String("tenant", tenant), zap.String("thread_id", thread))
+		deleted = append(deleted, thread)
+	}
+	return deleted, nil
 }
 
 // busy refuses a thread with an active run.
@@ -682,12 +736,12 @@ type UserErased struct {
 }
 
 // EraseUser removes everything of one user of a tenant: the threads the
-// user owns (DeleteThread, with opts), their memory (notes, facts,
+// user owns (DeleteThreads, with opts), their memory (notes, facts,
 // distillation cursors) and their memory jobs, queued or dead-lettered.
 // Threads created without an owner (an open gateway) are shared by the
-// tenant and stay. A thread that is busy without opts.Cancel stops the
-// erasure with a *BusyError, after the threads before it were deleted;
-// calling it again finishes.
+// tenant and stay. Without opts.Cancel, a busy thread refuses the erasure
+// with a *BusyError before anything is deleted; a failure half way is
+// finished by calling it again.
 func (e *Eraser) EraseUser(ctx context.Context, tenant, user string, opts ThreadOptions) (*UserErased, error) {
 	if err := checkIDs(tenant, user); err != nil {
 		return nil, err
@@ -697,18 +751,16 @@ func (e *Eraser) EraseUser(ctx context.Context, tenant, user string, opts Thread
 	if err != nil {
 		return out, err
 	}
+	var owned []string
 	for _, th := range all {
-		if th.Owner != user {
-			continue
+		if th.Owner == user {
+			owned = append(owned, th.ThreadID)
 		}
-		err := e.DeleteThread(ctx, tenant, th.ThreadID, opts)
-		if errors.Is(err, ErrNotFound) {
-			continue // deleted meanwhile (a subagent thread of an earlier one)
-		}
-		if err != nil {
-			return out, err
-		}
-		out.Threads = append(out.Threads, th.ThreadID)
+	}
+	deleted, err := e.deleteThreads(ctx, tenant, owned, opts, 0)
+	out.Threads = append(out.Threads, deleted...)
+	if err != nil {
+		return out, err
 	}
 	n := e.names
 	for _, step := range []struct{ stream, subject string }{

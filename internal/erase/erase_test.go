@@ -474,3 +474,60 @@ func TestEraseUser(t *testing.T) {
 		}
 	}
 }
+
+// Without cancel, one busy thread of the user refuses the erasure before
+// anything is touched.
+func TestEraseUserBusyTouchesNothing(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	e.seed(t, "acme", "h1", "alice")
+	e.seed(t, "acme", "h2", "alice")
+	_, _, err := e.stores.Threads.Mutate(ctx, "acme", "h2", func(th *protocol.Thread) error {
+		th.Status = protocol.ThreadBusy
+		th.Lease = &protocol.Lease{RunID: "h2-r9", Worker: "w1", Epoch: 2, AcquiredAt: time.Now(), RenewedAt: time.Now()}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := len(e.leftovers(t, "acme", "h1"))
+	if _, err := e.eraser.EraseUser(ctx, "acme", "alice", erase.ThreadOptions{}); !errors.Is(err, erase.ErrBusy) {
+		t.Fatalf("erase with a busy thread: %v, want busy", err)
+	}
+	th, _, err := e.stores.Threads.Get(ctx, "acme", "h1")
+	if err != nil || th.Status != protocol.ThreadIdle {
+		t.Fatalf("h1 after the refused erasure: %+v %v", th, err)
+	}
+	if n := len(e.leftovers(t, "acme", "h1")); n != before {
+		t.Fatalf("h1 had %d traces, now %d", before, n)
+	}
+}
+
+// A thread's subagent threads (metadata parent_thread_id) go with it;
+// DeleteThreads skips a thread that does not exist.
+func TestDeleteThreadTakesItsSubagentThreads(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	e.seed(t, "acme", "lead", "alice")
+	e.seed(t, "acme", "child", "alice")
+	e.seed(t, "acme", "other", "alice")
+	_, _, err := e.stores.Threads.Mutate(ctx, "acme", "child", func(th *protocol.Thread) error {
+		th.Metadata = map[string]any{"parent_thread_id": "lead", "subagent": "researcher"}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted, err := e.eraser.DeleteThreads(ctx, "acme", []string{"nope", "lead"}, erase.ThreadOptions{})
+	if err != nil || len(deleted) != 1 || deleted[0] != "lead" {
+		t.Fatalf("DeleteThreads: %v %v", deleted, err)
+	}
+	for _, h := range []string{"lead", "child"} {
+		if got := e.leftovers(t, "acme", h); len(got) > 0 {
+			t.Fatalf("acme/%s left:\n%s", h, strings.Join(got, "\n"))
+		}
+	}
+	if _, _, err := e.stores.Threads.Get(ctx, "acme", "other"); err != nil {
+		t.Fatalf("another thread: %v", err)
+	}
+}
