@@ -17,7 +17,6 @@ import (
 
 	"github.com/natsagent/natsagent/internal/app"
 	"github.com/natsagent/natsagent/internal/bus"
-	"github.com/natsagent/natsagent/internal/config"
 	"github.com/natsagent/natsagent/internal/erase"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -170,15 +169,23 @@ machine. Threads created without an owner are the tenant's and stay.`, std)
 		return err
 	}
 	defer c.close()
-	ecfg := erase.Config{NC: c.nc, JS: c.js, Names: c.names, Stores: c.stores}
-	if cfg, err := f.settings(); err == nil && cfg.Files.Backend == config.FilesLocal {
-		// The workers' workdirs on this machine's disk (the object store
-		// is cleared in any case).
-		if ecfg.Files, err = app.Files(ctx, cfg, c.nc, bus.Settings{Names: c.names}); err != nil {
-			return err
-		}
+	// Workdirs are opened as the workers open them, with the tenants' file
+	// quotas, so the erased files are no longer counted; with the local
+	// backend, those on this machine's disk.
+	cfg, err := f.settings()
+	if err != nil {
+		return err
 	}
-	e, err := erase.New(ctx, ecfg)
+	settings := bus.Settings{Names: c.names}
+	open, err := app.Files(ctx, cfg, c.nc, settings)
+	if err != nil {
+		return err
+	}
+	lim, err := app.Limiter(ctx, c.js, cfg, settings)
+	if err != nil {
+		return c.missing(err)
+	}
+	e, err := erase.New(ctx, erase.Config{NC: c.nc, JS: c.js, Names: c.names, Stores: c.stores, Files: app.QuotaFiles(open, lim)})
 	if err != nil {
 		return c.missing(err)
 	}

@@ -100,9 +100,12 @@ type Config struct {
 	Names bus.Names
 	// Stores are the deployment's (nil: opened from JS).
 	Stores *kv.Stores
-	// Files opens a thread's workdir when the files backend is not the
-	// object store (the local backend); nil: only the object store is
-	// cleared, which is always done.
+	// Files opens a thread's workdir as the deployment does, with the
+	// tenants' file quotas (app.QuotaFiles), so the deleted files are no
+	// longer counted against the tenant, and the local backend's files
+	// are removed too. The object store is always cleared as well (files
+	// no index lists, removed files' meta records); nil: only that, and
+	// the quota keeps counting the deleted files.
 	Files func(tenant, thread string) files.Workdir
 	// Logger logs each deletion (default: none).
 	Logger *zap.Logger
