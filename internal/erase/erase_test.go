@@ -20,6 +20,7 @@ import (
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/jobs"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/limits"
 	"github.com/natsagent/natsagent/internal/memory"
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/natstest"
@@ -529,5 +530,46 @@ func TestDeleteThreadTakesItsSubagentThreads(t *testing.T) {
 	}
 	if _, _, err := e.stores.Threads.Get(ctx, "acme", "other"); err != nil {
 		t.Fatalf("another thread: %v", err)
+	}
+}
+
+// Deleting a thread through workdirs opened with the tenants' quotas (as
+// the gateway and the workers open them) gives the tenant its file bytes
+// back.
+func TestDeleteThreadReturnsFileQuota(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	lim, err := limits.Open(ctx, e.js, bus.Settings{Names: e.names}, limits.Policy{Default: limits.Tenant{MaxFileBytes: 1 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := func(tenant, thread string) files.Workdir {
+		return lim.Files(files.NewObjectStore(e.obj, e.index, tenant, thread), tenant)
+	}
+	for _, h := range []string{"h1", "h2"} {
+		if _, _, err := e.stores.Threads.Mutate(ctx, "acme", h, func(*protocol.Thread) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []string{"/big.bin", "/dir/" + marker("acme", h)} {
+			if err := open("acme", h).Write(ctx, p, bytes.Repeat([]byte("x"), 500)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n, err := lim.FileBytes(ctx, "acme"); err != nil || n != 2000 {
+		t.Fatalf("counted %d bytes (%v), want 2000", n, err)
+	}
+	eraser, err := erase.New(ctx, erase.Config{NC: e.nc, JS: e.js, Names: e.names, Stores: e.stores, Files: open, Settle: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eraser.DeleteThread(ctx, "acme", "h1", erase.ThreadOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := lim.FileBytes(ctx, "acme"); err != nil || n != 1000 {
+		t.Fatalf("counted %d bytes (%v) after the deletion, want h2's 1000", n, err)
+	}
+	if got := e.leftovers(t, "acme", "h1"); len(got) > 0 {
+		t.Fatalf("acme/h1 left:\n%s", strings.Join(got, "\n"))
 	}
 }
