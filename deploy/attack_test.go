@@ -328,6 +328,8 @@ func runAttackerSuite(t *testing.T, d attackDeployment) {
 		{"agent.runs.globex.gw", approval},
 		{"agent.runs.globex.gn", runReq("x-new", "gn", "globex", "hi")},
 		{"agent.ctl.globex.gw.g-write.cancel", nil},
+		{"agent.ctl.globex.gd.delete", nil},
+		{"agent.ctl.globex.gd.g-done.delete", nil},
 		{"agent.submit.globex.gw", approval},
 		{"agent.submit.acme.ax", runReq("x-direct", "ax", "acme", "hi")},
 		{"agent.events.globex.gw.g-write.lifecycle", []byte(`{"type":"run.finished"}`)},
@@ -492,10 +494,40 @@ func runAttackerSuite(t *testing.T, d attackDeployment) {
 		t.Errorf("the submit service accepted submissions of %v, want acme's and globex's", tenants)
 	}
 
+	// 6. Deletion over NATS: acme deletes its own thread through its
+	// import; naming globex's thread on acme's subject finds nothing (the
+	// tenant is the subject's), and globex's thread stays.
+	if reply, err := acme.nc.Request("agent.ctl.acme.gd.delete", nil, 30*time.Second); err != nil || !strings.Contains(string(reply.Data), protocol.CodeNotFound) {
+		t.Fatalf("acme's delete of a thread named like globex's: %v %s", err, replyData(reply))
+	}
+	if reply, err := acme.nc.Request("agent.ctl.acme.ah.a-hi.delete", nil, 30*time.Second); err != nil || !strings.Contains(string(reply.Data), `"deleted":true`) {
+		t.Fatalf("acme deletes its finished run: %v %s", err, replyData(reply))
+	}
+	if reply, err := acme.nc.Request("agent.ctl.acme.ah.delete", nil, 60*time.Second); err != nil || !strings.Contains(string(reply.Data), `"deleted":true`) {
+		t.Fatalf("acme deletes its own thread: %v %s", err, replyData(reply))
+	}
+	threadsKV, err := sjs.KeyValue(ctx, "agent_threads")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := threadsKV.Get(ctx, "acme.ah"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("acme's deleted thread: %v", err)
+	}
+	if _, err := threadsKV.Get(ctx, "globex.gd"); err != nil {
+		t.Fatalf("globex's thread after acme's deletions: %v", err)
+	}
+
 	// The service users had every permission they used.
 	for _, u := range append(svc.conns, globex, acme) {
 		u.clean()
 	}
+}
+
+func replyData(m *nats.Msg) []byte {
+	if m == nil {
+		return nil
+	}
+	return m.Data
 }
 
 // runWorker runs w until the test ends, then stops it and waits for it.

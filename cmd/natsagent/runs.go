@@ -13,6 +13,9 @@ import (
 )
 
 func runRuns(ctx context.Context, args []string, std stdio) error {
+	if len(args) > 0 && args[0] == "delete" {
+		return runRunsDelete(ctx, args[1:], std)
+	}
 	fs := newFlagSet("runs", "--thread <thread> [flags]", `
 Lists a thread's runs, newest first: status, stop reason, when each was created, how long it
 waited for a worker and its thread, and how long it ran. --json prints the run records.`, std)

@@ -11,12 +11,15 @@ import (
 )
 
 func runThreads(ctx context.Context, args []string, std stdio) error {
+	if len(args) > 0 && args[0] == "delete" {
+		return runThreadsDelete(ctx, args[1:], std)
+	}
 	fs := newFlagSet("threads", "[flags]", `
 Lists the tenant's threads, most recently active first, with their status, the run holding them
 (or the last one) and their title. --json prints the thread records.`, std)
 	f := addClientFlags(fs)
 	limit := fs.Int("limit", 20, "show at most this many threads")
-	status := fs.String("status", "", "only threads with this status: idle, busy, interrupted or error")
+	status := fs.String("status", "", "only threads with this status: idle, busy, interrupted, error or deleting")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return parseErr(err)
@@ -28,9 +31,9 @@ Lists the tenant's threads, most recently active first, with their status, the r
 		return usageErr(std, "threads", "--limit must be at least 1")
 	}
 	switch *status {
-	case "", protocol.ThreadIdle, protocol.ThreadBusy, protocol.ThreadInterrupted, protocol.ThreadError:
+	case "", protocol.ThreadIdle, protocol.ThreadBusy, protocol.ThreadInterrupted, protocol.ThreadError, protocol.ThreadDeleting:
 	default:
-		return usageErr(std, "threads", "--status %q is not a thread status (idle, busy, interrupted, error)", *status)
+		return usageErr(std, "threads", "--status %q is not a thread status (idle, busy, interrupted, error, deleting)", *status)
 	}
 	c, err := f.connect(ctx)
 	if err != nil {

@@ -94,6 +94,40 @@ func (n Names) CancelSubject(tenant, thread, run string) string {
 // CancelSubjects matches every cancel request.
 func (n Names) CancelSubjects() string { return n.Prefix + ".ctl.*.*.*.cancel" }
 
+// ThreadDeleteSubject is the core request subject that deletes a thread
+// and everything keyed by it (internal/erase).
+func (n Names) ThreadDeleteSubject(tenant, thread string) string {
+	return n.Prefix + ".ctl." + tenant + "." + thread + ".delete"
+}
+
+// RunDeleteSubject is the core request subject that deletes a finished run.
+func (n Names) RunDeleteSubject(tenant, thread, run string) string {
+	return n.Prefix + ".ctl." + tenant + "." + thread + "." + run + ".delete"
+}
+
+// ThreadDeleteSubjects matches every thread delete request.
+func (n Names) ThreadDeleteSubjects() string { return n.Prefix + ".ctl.*.*.delete" }
+
+// RunDeleteSubjects matches every run delete request.
+func (n Names) RunDeleteSubjects() string { return n.Prefix + ".ctl.*.*.*.delete" }
+
+// ParseDeleteSubject returns the tokens of a delete subject; run is ""
+// for a thread's. The tokens are not validated.
+func (n Names) ParseDeleteSubject(subject string) (tenant, thread, run string, ok bool) {
+	rest, found := strings.CutPrefix(subject, n.Prefix+".ctl.")
+	if !found {
+		return "", "", "", false
+	}
+	parts := strings.Split(rest, ".")
+	switch {
+	case len(parts) == 3 && parts[2] == "delete":
+		return parts[0], parts[1], "", true
+	case len(parts) == 4 && parts[3] == "delete":
+		return parts[0], parts[1], parts[2], true
+	}
+	return "", "", "", false
+}
+
 // WorkerControl is the private control subject of one worker: cancel and
 // steer signals for the runs it holds are forwarded there.
 func (n Names) WorkerControl(worker string) string { return n.Prefix + ".worker." + worker + ".ctl" }

@@ -239,7 +239,7 @@ func (h *Handler) compact(ctx context.Context, req *Request, stream *events.Stre
 	// delta stays unreferenced.
 	head := th.Head
 	_, _, err = h.stores.Threads.MutateFrom(ctx, req.Tenant, req.ThreadID, th, rev, func(t *protocol.Thread) error {
-		if t.Lease != nil || t.Head != head {
+		if t.Lease != nil || t.Head != head || t.Status == protocol.ThreadDeleting {
 			return errMoved
 		}
 		t.Head = d.ID

@@ -40,6 +40,9 @@ type Role struct {
 	// ReadAllThreads lets the role use the threads other users of its
 	// tenant created.
 	ReadAllThreads bool `yaml:"read_all_threads"`
+	// EraseUsers lets the role erase a user of its tenant: every thread
+	// the user owns and their memory (DELETE /users/{user_id}).
+	EraseUsers bool `yaml:"erase_users"`
 }
 
 // ToolRule selects tools by name; a name ending in "*" selects every tool

@@ -47,6 +47,12 @@ func errConflict(msg string) *apiError {
 	return &apiError{status: http.StatusConflict, code: protocol.CodeConflict, msg: msg}
 }
 
+// errDeleting refuses a run on a thread being deleted.
+func errDeleting(thread string) *apiError {
+	return &apiError{status: http.StatusConflict, code: protocol.CodeBusy,
+		msg: fmt.Sprintf("thread %s is being deleted; a run submitted once the deletion ends starts a new thread", thread)}
+}
+
 func errUnavailable(msg string, cause error) *apiError {
 	return &apiError{status: http.StatusServiceUnavailable, code: protocol.CodeUnavailable, msg: msg, cause: cause}
 }

@@ -25,6 +25,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/erase"
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/kv"
@@ -94,6 +95,7 @@ type Server struct {
 	events jetstream.Stream
 	log    *zap.Logger
 	mux    *http.ServeMux
+	eraser *erase.Eraser
 	auth   *authenticator // nil: no API keys, the API is open
 	tracer trace.Tracer   // nil: the gateway does not trace
 
@@ -166,6 +168,10 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Server, error) {
 		submitTimeout: 15 * time.Second,
 		cancelTimeout: 30 * time.Second,
 	}
+	s.eraser, err = erase.New(ctx, erase.Config{NC: nc, JS: js, Names: names, Stores: stores, Files: cfg.Files, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
 	s.queue = &submit.Queue{JS: js, Names: names, Stores: stores, Events: pub, Submitter: "gateway"}
 	if cfg.Traces != nil {
 		s.tracer = telemetry.Tracer(cfg.Traces)
@@ -185,6 +191,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /threads", s.tenanted(s.createThread))
 	m.HandleFunc("GET /threads", s.tenanted(s.listThreads))
 	m.HandleFunc("GET /threads/{thread_id}", s.tenanted(s.getThread))
+	m.HandleFunc("DELETE /threads/{thread_id}", s.tenanted(s.deleteThread))
 	m.HandleFunc("GET /threads/{thread_id}/state", s.tenanted(s.threadState))
 	m.HandleFunc("GET /threads/{thread_id}/history", s.tenanted(s.threadHistory))
 	m.HandleFunc("POST /threads/{thread_id}/history", s.tenanted(s.threadHistory))
@@ -197,6 +204,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /threads/{thread_id}/runs/{run_id}", s.tenanted(s.getRun))
 	m.HandleFunc("GET /threads/{thread_id}/runs/{run_id}/stream", s.tenanted(s.joinStream))
 	m.HandleFunc("GET /threads/{thread_id}/runs/{run_id}/join", s.tenanted(s.joinRun))
+	m.HandleFunc("DELETE /threads/{thread_id}/runs/{run_id}", s.tenanted(s.deleteRun))
 	m.HandleFunc("POST /threads/{thread_id}/runs/{run_id}/cancel", s.tenanted(s.cancelRun))
 	m.HandleFunc("GET /threads/{thread_id}/runs/{run_id}/usage", s.tenanted(s.runUsage))
 	m.HandleFunc("GET /threads/{thread_id}/usage", s.tenanted(s.threadUsage))
@@ -208,6 +216,7 @@ func (s *Server) routes() {
 
 	m.HandleFunc("POST /runs", s.tenanted(s.createRun(modeBackground, true)))
 	m.HandleFunc("POST /runs/stream", s.tenanted(s.createRun(modeStream, true)))
+	m.HandleFunc("DELETE /users/{user_id}", s.tenanted(s.eraseUser))
 	m.HandleFunc("POST /runs/wait", s.tenanted(s.createRun(modeWait, true)))
 
 	s.consoleRoutes(m) // console.go

@@ -49,7 +49,7 @@ func newPolicyEnv(t *testing.T) *policyEnv {
 		Roles: map[string]config.Role{
 			"member": {Agents: []string{"chatbot"}, Tools: config.ToolRule{Allow: []string{"*"}, Deny: []string{"current_time"}}},
 			"viewer": {Agents: []string{"chatbot"}, Tools: config.ToolRule{Allow: []string{"read_*"}}},
-			"admin":  {Agents: []string{"*"}, Tools: config.ToolRule{Allow: []string{"*"}}, AlwaysTrust: true, ActForOthers: true, ReadAllThreads: true},
+			"admin":  {Agents: []string{"*"}, Tools: config.ToolRule{Allow: []string{"*"}}, AlwaysTrust: true, ActForOthers: true, ReadAllThreads: true, EraseUsers: true},
 		},
 	})
 	if err != nil {

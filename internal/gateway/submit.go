@@ -65,6 +65,9 @@ func (s *Server) submit(ctx context.Context, req *protocol.RunRequest, ifNotExis
 	if err != nil {
 		return nil, err
 	}
+	if th.Status == protocol.ThreadDeleting {
+		return nil, errDeleting(req.ThreadID)
+	}
 
 	if req.Command != nil {
 		if err := s.checkResume(ctx, req, th); err != nil {

@@ -374,6 +374,8 @@ func (s *Service) enqueue(ctx context.Context, req *protocol.RunRequest, data []
 	case !s.mayUseThread(th, req.Principal):
 		// As for another tenant's thread: nothing says it exists.
 		return nil, refuse(404, ErrCodeNotFound, "thread %s not found", req.ThreadID)
+	case th.Status == protocol.ThreadDeleting:
+		return nil, refuse(409, ErrCodeConflict, "thread %s is being deleted; a run submitted once the deletion ends starts a new thread", req.ThreadID)
 	}
 	// Limits last: a retry, or a run refused above, is not counted, and a
 	// refused run leaves no thread behind.
@@ -390,6 +392,9 @@ func (s *Service) enqueue(ctx context.Context, req *protocol.RunRequest, data []
 			th, _, err = s.cfg.Stores.Threads.GetLatest(ctx, req.Tenant, req.ThreadID)
 			if err == nil && !s.mayUseThread(th, req.Principal) {
 				return nil, refuse(404, ErrCodeNotFound, "thread %s not found", req.ThreadID)
+			}
+			if err == nil && th.Status == protocol.ThreadDeleting {
+				return nil, refuse(409, ErrCodeConflict, "thread %s is being deleted; a run submitted once the deletion ends starts a new thread", req.ThreadID)
 			}
 		}
 		if err != nil {

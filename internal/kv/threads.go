@@ -64,6 +64,11 @@ func (s *Threads) MutateFrom(ctx context.Context, tenant, thread string, t *prot
 		if err := fn(&next); err != nil {
 			return t, rev, err
 		}
+		if t != nil && t.Status == protocol.ThreadDeleting {
+			// Only the deletion ends this status (by removing the record):
+			// a run releasing the thread meanwhile must not reopen it.
+			next.Status = protocol.ThreadDeleting
+		}
 		next.UpdatedAt = time.Now().UTC()
 		newRev, err := s.Put(ctx, &next, rev)
 		if err == nil {

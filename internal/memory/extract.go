@@ -67,8 +67,8 @@ func (e *Extractor) Handle(ctx context.Context, job *jobs.Job) error {
 	log := e.log.With(zap.String("tenant", p.Tenant), zap.String("user", p.User), zap.String("thread_id", p.Thread), zap.String("agent", p.Agent), zap.String("job_id", job.ID))
 
 	rec, _, err := e.threads.Get(ctx, p.Tenant, p.Thread)
-	if errors.Is(err, kv.ErrNotFound) {
-		return nil // the thread is gone: nothing to remember
+	if errors.Is(err, kv.ErrNotFound) || (err == nil && rec.Status == protocol.ThreadDeleting) {
+		return nil // the thread is gone, or going (internal/erase): nothing to remember
 	}
 	if err != nil {
 		return err

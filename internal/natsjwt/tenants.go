@@ -21,20 +21,23 @@ type share struct {
 
 // shares are what AGENT exports to tenant and tenant imports: its
 // submissions (published to P.runs.T.<thread>, served by the workers'
-// submit service on P.submit.T.<thread>), its cancel requests, and its
-// runs' events.
+// submit service on P.submit.T.<thread>), its cancel and delete requests,
+// and its runs' events.
 func (s *Store) shares(tenant string) []share {
 	p := s.prefix
 	return []share{
 		{jwt.Service, "submit", p + ".submit." + tenant + ".*", p + ".runs." + tenant + ".*"},
 		{jwt.Service, "cancel", p + ".ctl." + tenant + ".*.*.cancel", p + ".ctl." + tenant + ".*.*.cancel"},
+		{jwt.Service, "delete-thread", p + ".ctl." + tenant + ".*.delete", p + ".ctl." + tenant + ".*.delete"},
+		{jwt.Service, "delete-run", p + ".ctl." + tenant + ".*.*.delete", p + ".ctl." + tenant + ".*.*.delete"},
 		{jwt.Stream, "events", p + ".events." + tenant + ".>", p + ".events." + tenant + ".>"},
 	}
 }
 
 // TenantPublish are the subjects a tenant's users may publish to.
 func (s *Store) TenantPublish(tenant string) []string {
-	return []string{s.prefix + ".runs." + tenant + ".*", s.prefix + ".ctl." + tenant + ".*.*.cancel"}
+	return []string{s.prefix + ".runs." + tenant + ".*", s.prefix + ".ctl." + tenant + ".*.*.cancel",
+		s.prefix + ".ctl." + tenant + ".*.delete", s.prefix + ".ctl." + tenant + ".*.*.delete"}
 }
 
 // TenantSubscribe are the subjects a tenant's users may subscribe to. The

@@ -35,6 +35,7 @@ type role struct {
 	allow, deny               patterns
 	alwaysTrust, actForOthers bool
 	readAllThreads            bool
+	eraseUsers                bool
 }
 
 // New compiles a validated configuration (config.Load validated it).
@@ -54,7 +55,7 @@ func New(c config.Policy) (*Policy, error) {
 			continue
 		}
 		r := &role{name: name, agents: make(map[string]bool), alwaysTrust: rc.AlwaysTrust,
-			actForOthers: rc.ActForOthers, readAllThreads: rc.ReadAllThreads}
+			actForOthers: rc.ActForOthers, readAllThreads: rc.ReadAllThreads, eraseUsers: rc.EraseUsers}
 		for _, a := range rc.Agents {
 			switch {
 			case a == "*":
@@ -211,6 +212,15 @@ func (p *Policy) ReadAllThreads(pr *protocol.Principal) bool {
 		return false
 	}
 	return slices.ContainsFunc(p.held(p.Roles(pr)), func(r *role) bool { return r.readAllThreads })
+}
+
+// MayEraseUsers reports whether the principal may erase a user of its
+// tenant (a role with erase_users); no one may without a configured role.
+func (p *Policy) MayEraseUsers(pr *protocol.Principal) bool {
+	if !p.configured() || pr == nil {
+		return false
+	}
+	return slices.ContainsFunc(p.held(p.Roles(pr)), func(r *role) bool { return r.eraseUsers })
 }
 
 // MayUseThread reports whether principal pr may use thread th: its own,

@@ -172,6 +172,9 @@ const (
 	ThreadBusy        = "busy"
 	ThreadInterrupted = "interrupted"
 	ThreadError       = "error"
+	// ThreadDeleting: the thread is being deleted (internal/erase); no new
+	// run may take it, and it disappears when the deletion ends.
+	ThreadDeleting = "deleting"
 )
 
 // Thread is the thread record stored in the threads bucket under
@@ -385,6 +388,14 @@ type ToolEventData struct {
 type CancelReply struct {
 	RunID  string `json:"run_id"`
 	Status Status `json:"status"`
+}
+
+// DeleteReply answers a delete request (P.ctl.<tenant>.<thread>.delete,
+// P.ctl.<tenant>.<thread>.<run>.delete).
+type DeleteReply struct {
+	ThreadID string `json:"thread_id"`
+	RunID    string `json:"run_id,omitempty"`
+	Deleted  bool   `json:"deleted"`
 }
 
 // Error codes used in NATS error replies and HTTP error bodies.

@@ -9,12 +9,13 @@
 //     store; its users (gateway, worker) are the trusted services;
 //   - tenant T has its own account, named T, without JetStream;
 //   - AGENT exports to T alone the services P.submit.T.* (the submit
-//     service, internal/intake) and P.ctl.T.*.*.cancel, and the stream
-//     P.events.T.>;
+//     service, internal/intake), P.ctl.T.*.*.cancel, P.ctl.T.*.delete and
+//     P.ctl.T.*.*.delete (the delete service, internal/erase), and the
+//     stream P.events.T.>;
 //   - T imports them as P.runs.T.* (share: the server adds
-//     Nats-Request-Info, which names T's account and user),
-//     P.ctl.T.*.*.cancel (share) and P.events.T.>;
-//   - T's users publish only to P.runs.T.* and P.ctl.T.*.*.cancel and
+//     Nats-Request-Info, which names T's account and user), the control
+//     subjects under their own names (share) and P.events.T.>;
+//   - T's users publish only to P.runs.T.* and the control subjects and
 //     subscribe only to P.events.T.> and _INBOX.>.
 //
 // Replies to service imports go back to the requesting client only, so a
@@ -142,6 +143,8 @@ func Layout(prefix, tenant string) (TenantLayout, error) {
 	submit := p + ".submit." + t + ".*"
 	runs := p + ".runs." + t + ".*"
 	cancel := p + ".ctl." + t + ".*.*.cancel"
+	deleteThread := p + ".ctl." + t + ".*.delete"
+	deleteRun := p + ".ctl." + t + ".*.*.delete"
 	events := p + ".events." + t + ".>"
 	only := []string{t}
 	return TenantLayout{
@@ -150,15 +153,19 @@ func Layout(prefix, tenant string) (TenantLayout, error) {
 		Exports: []Export{
 			{Kind: KindService, Subject: submit, ResponseType: ResponseSingleton, Accounts: only},
 			{Kind: KindService, Subject: cancel, ResponseType: ResponseSingleton, Accounts: only},
+			{Kind: KindService, Subject: deleteThread, ResponseType: ResponseSingleton, Accounts: only},
+			{Kind: KindService, Subject: deleteRun, ResponseType: ResponseSingleton, Accounts: only},
 			{Kind: KindStream, Subject: events, Accounts: only},
 		},
 		Imports: []Import{
 			{Kind: KindService, Account: ServiceAccount, Subject: submit, LocalSubject: runs, Share: true},
 			{Kind: KindService, Account: ServiceAccount, Subject: cancel, LocalSubject: cancel, Share: true},
+			{Kind: KindService, Account: ServiceAccount, Subject: deleteThread, LocalSubject: deleteThread, Share: true},
+			{Kind: KindService, Account: ServiceAccount, Subject: deleteRun, LocalSubject: deleteRun, Share: true},
 			{Kind: KindStream, Account: ServiceAccount, Subject: events, LocalSubject: events},
 		},
 		User: Permissions{
-			PublishAllow:   []string{runs, cancel},
+			PublishAllow:   []string{runs, cancel, deleteThread, deleteRun},
 			PublishDeny:    denied,
 			SubscribeAllow: []string{events, "_INBOX.>"},
 			SubscribeDeny:  denied,
@@ -181,9 +188,9 @@ func ServicePermissions(prefix string) (publish, subscribe []Subject) {
 			{"$SRV.>", "discovery of remote tools (micro services)"},
 			{prefix + ".>", "runs (submissions, subagents), events, cancel, worker control, dead letters, jobs, remote tool and subagent calls"},
 			{"_INBOX.>", "replies to the services' own requests"},
-			{"_R_.>", "replies to the tenants' requests (submit, cancel), mapped back by the server to the requester alone"},
+			{"_R_.>", "replies to the tenants' requests (submit, cancel, delete), mapped back by the server to the requester alone"},
 		}, []Subject{
-			{prefix + ".>", "submissions of the tenants, cancel requests, worker control, thread lifecycle waits, tools refresh, subagent service"},
+			{prefix + ".>", "submissions of the tenants, cancel and delete requests, worker control, thread lifecycle waits, tools refresh, subagent service"},
 			{"_INBOX.>", "replies and consumer deliveries"},
 			{"$JS.EVENT.ADVISORY.>", "max-deliveries advisories: runs no worker could finish are dead-lettered"},
 			{"$SRV.>", "discovery (PING, INFO, STATS) of the subagent service the workers serve"},

@@ -132,7 +132,7 @@ func RenderStatic(c StaticConfig) ([]byte, error) {
 		if i > 0 {
 			w("\n")
 		}
-		w("      # Tenant %s: submit (run requests), cancel, live events.\n", t.Name)
+		w("      # Tenant %s: submit (run requests), cancel, delete, live events.\n", t.Name)
 		for _, e := range l.Exports {
 			w("      {%s: %s, accounts: [%s]", e.Kind, strconv.Quote(e.Subject), quoteAll(e.Accounts))
 			if e.ResponseType != "" {
@@ -145,7 +145,8 @@ func RenderStatic(c StaticConfig) ([]byte, error) {
 	for _, t := range c.Tenants {
 		l, _ := Layout(c.Prefix, t.Name)
 		w("\n  # Tenant %s: no JetStream; its clients publish run requests to\n", t.Name)
-		w("  # %s.runs.%s.<thread> and cancels to %s.ctl.%s.<thread>.<run>.cancel\n", c.Prefix, t.Name, c.Prefix, t.Name)
+		w("  # %s.runs.%s.<thread>, cancels to %s.ctl.%s.<thread>.<run>.cancel and\n", c.Prefix, t.Name, c.Prefix, t.Name)
+		w("  # deletes to %s.ctl.%s.<thread>.delete and %s.ctl.%s.<thread>.<run>.delete\n", c.Prefix, t.Name, c.Prefix, t.Name)
 		w("  # (answered to the requester alone) and receive %s.events.%s.>.\n", c.Prefix, t.Name)
 		w("  %s {\n    users: [\n", strconv.Quote(t.Name))
 		w("      {\n        user: %s, password: $%s\n", strconv.Quote(t.User), t.PasswordEnv)
@@ -178,12 +179,12 @@ const header = `# natsagent's NATS accounts: one account per tenant. Include thi
 # - account AGENT holds every stream, bucket and object store; its users
 #   gateway and worker are the trusted services;
 # - each tenant has an account of its own name, without JetStream, and one
-#   user, who may publish run requests (new runs, steer, resume) and cancel
-#   requests of its tenant and receive its tenant's live events, nothing
-#   else; replies reach the requester alone;
+#   user, who may publish run requests (new runs, steer, resume), cancel
+#   and delete requests of its tenant and receive its tenant's live events,
+#   nothing else; replies reach the requester alone;
 # - AGENT exports to each tenant alone its submit service (run by the
 #   workers, which stamp the authenticated user on every run), its cancel
-#   service and its live events; the tenant imports them.
+#   and delete services and its live events; the tenant imports them.
 # Replay of stored events, run records, thread state and files are served
 # by the gateway (HTTP, with an API key of the tenant).
 #

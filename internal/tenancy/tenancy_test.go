@@ -14,12 +14,14 @@ func TestLayoutOfATenant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.Prefix != "agent" || len(l.Exports) != 3 || len(l.Imports) != 3 {
+	if l.Prefix != "agent" || len(l.Exports) != 5 || len(l.Imports) != 5 {
 		t.Fatalf("layout %+v", l)
 	}
 	want := []Import{
 		{KindService, ServiceAccount, "agent.submit.acme.*", "agent.runs.acme.*", true},
 		{KindService, ServiceAccount, "agent.ctl.acme.*.*.cancel", "agent.ctl.acme.*.*.cancel", true},
+		{KindService, ServiceAccount, "agent.ctl.acme.*.delete", "agent.ctl.acme.*.delete", true},
+		{KindService, ServiceAccount, "agent.ctl.acme.*.*.delete", "agent.ctl.acme.*.*.delete", true},
 		{KindStream, ServiceAccount, "agent.events.acme.>", "agent.events.acme.>", false},
 	}
 	for i, im := range l.Imports {
@@ -32,7 +34,7 @@ func TestLayoutOfATenant(t *testing.T) {
 			t.Errorf("export %d: %+v", i, e)
 		}
 	}
-	if strings.Join(l.User.PublishAllow, " ") != "agent.runs.acme.* agent.ctl.acme.*.*.cancel" ||
+	if strings.Join(l.User.PublishAllow, " ") != "agent.runs.acme.* agent.ctl.acme.*.*.cancel agent.ctl.acme.*.delete agent.ctl.acme.*.*.delete" ||
 		strings.Join(l.User.SubscribeAllow, " ") != "agent.events.acme.> _INBOX.>" {
 		t.Fatalf("user permissions %+v", l.User)
 	}

@@ -21,11 +21,12 @@ import (
 type verdict int
 
 const (
-	verdictStart  verdict = iota // the run holds the thread's lease
-	verdictWait                  // another run goes first
-	verdictReject                // reject strategy and the thread is busy
-	verdictGone                  // the request left the stream: nothing to do
-	verdictRetry                 // the thread changed under us: decide again now
+	verdictStart    verdict = iota // the run holds the thread's lease
+	verdictWait                    // another run goes first
+	verdictReject                  // reject strategy and the thread is busy
+	verdictGone                    // the request left the stream: nothing to do
+	verdictRetry                   // the thread changed under us: decide again now
+	verdictDeleting                // the thread is being deleted: drop the request
 )
 
 type decision struct {
@@ -102,6 +103,9 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 	req := j.req
 	strategy := req.MultitaskStrategy
 
+	if snap.th != nil && snap.th.Status == protocol.ThreadDeleting {
+		return decision{verdict: verdictDeleting}, nil
+	}
 	switch snap.head {
 	case headGone:
 		return decision{verdict: verdictGone}, nil
@@ -165,6 +169,9 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 	}
 	now := time.Now().UTC()
 	next, nextRev, err := w.stores.Threads.MutateFrom(ctx, req.Tenant, req.ThreadID, th, rev, func(t *protocol.Thread) error {
+		if t.Status == protocol.ThreadDeleting {
+			return errRetryAdmit // decided again: dropped
+		}
 		switch {
 		case t.Lease == nil:
 		case t.Lease.RunID == req.RunID && t.Lease.MsgSeq == j.seq:
@@ -310,6 +317,9 @@ func (j *job) reserve(ctx context.Context, th *protocol.Thread, rev uint64) (dec
 	w := j.w
 	req := j.req
 	next, _, err := w.stores.Threads.MutateFrom(ctx, req.Tenant, req.ThreadID, th, rev, func(t *protocol.Thread) error {
+		if t.Status == protocol.ThreadDeleting {
+			return errUnchanged
+		}
 		for _, p := range t.Preempt {
 			if p.RunID == req.RunID {
 				return errUnchanged

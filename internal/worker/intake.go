@@ -1,8 +1,10 @@
 package worker
 
 import (
+	"context"
 	"fmt"
 
+	"github.com/natsagent/natsagent/internal/erase"
 	"github.com/natsagent/natsagent/internal/intake"
 	"github.com/natsagent/natsagent/internal/submit"
 )
@@ -20,6 +22,21 @@ func (w *Worker) serveIntake() (stop func(), err error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("serve the submit service: %w", err)
+	}
+	return s.Stop, nil
+}
+
+// serveDelete starts the delete service (P.ctl.<tenant>.<thread>.delete
+// and P.ctl.<tenant>.<thread>.<run>.delete, one queue group over every
+// worker), with the submit service's rules for who may use a thread.
+func (w *Worker) serveDelete(ctx context.Context) (stop func(), err error) {
+	e, err := erase.New(ctx, erase.Config{NC: w.nc, JS: w.js, Names: w.names, Stores: w.stores, Files: w.cfg.Files, Logger: w.log})
+	if err != nil {
+		return nil, fmt.Errorf("serve the delete service: %w", err)
+	}
+	s, err := erase.Serve(w.nc, erase.ServiceConfig{Eraser: e, Logger: w.log, Roles: w.cfg.Submit.Roles, MayUseThread: w.cfg.Submit.MayUseThread})
+	if err != nil {
+		return nil, fmt.Errorf("serve the delete service: %w", err)
 	}
 	return s.Stop, nil
 }

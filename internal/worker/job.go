@@ -136,6 +136,13 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 			j.requestGone(ctx)
 			return
 		}
+		if d.verdict == verdictDeleting {
+			// The deletion purges the request and whatever record it has;
+			// running it would bring back part of the thread.
+			j.log.Info("run request dropped: its thread is being deleted", zap.Uint64("stream_seq", j.seq))
+			_ = j.msg.Ack()
+			return
+		}
 		if d.verdict == verdictRetry {
 			continue
 		}

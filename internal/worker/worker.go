@@ -257,6 +257,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		return serr
 	}
 	defer stopIntake()
+	stopDelete, derr := w.serveDelete(ctx)
+	if derr != nil {
+		return derr
+	}
+	defer stopDelete()
 	if w.cfg.Jobs != nil {
 		jobsCtx, stopRunner := context.WithCancel(ctx)
 		runnerDone := make(chan struct{})
