@@ -263,7 +263,7 @@ func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config
 			return err
 		}
 		jobRunner, err := app.Jobs(ctx, wjs, cfg, settings, mem, m, log, app.WithCompaction(agents, workdirs),
-			app.WithRetention(cfg.Retention, app.QuotaFiles(workdirs, lim), nil))
+			app.WithRetention(cfg.Retention, app.QuotaFiles(workdirs, lim)))
 		if err != nil {
 			nc.Close()
 			return err

@@ -105,7 +105,7 @@ func run() error {
 		return err
 	}
 	jobRunner, err := app.Jobs(ctx, js, cfg, settings, mem, m, log, app.WithCompaction(agents, workdirs),
-		app.WithRetention(cfg.Retention, app.QuotaFiles(workdirs, lim), nil))
+		app.WithRetention(cfg.Retention, app.QuotaFiles(workdirs, lim)))
 	if err != nil {
 		return err
 	}

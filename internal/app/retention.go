@@ -9,6 +9,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/config"
+	"github.com/natsagent/natsagent/internal/erase"
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/jobs"
 	"github.com/natsagent/natsagent/internal/kv"
@@ -43,12 +44,16 @@ func KeyTTLs(cfg config.Retention) kv.TTLs {
 // schedule that plans them every retention.interval exists (or is gone,
 // when no tenant's rules remove anything). workdirs opens a thread's
 // files, with the tenants' quotas so removed files give their bytes back
-// (nil: none); eraser deletes idle threads (nil: threads_idle is not
-// enforced, and sweeps log it).
-func WithRetention(cfg config.Retention, workdirs func(tenant, thread string) files.Workdir, eraser retention.ThreadEraser) JobsOption {
+// (nil: none). Idle threads are deleted as DELETE /threads/{id} does
+// (internal/erase).
+func WithRetention(cfg config.Retention, workdirs func(tenant, thread string) files.Workdir) JobsOption {
 	return func(ctx context.Context, js jetstream.JetStream, settings bus.Settings, stores *kv.Stores, log *zap.Logger, handlers map[string]jobs.Handler) error {
 		p := RetentionPolicy(cfg)
-		s := retention.New(retention.Config{JS: js, Names: settings.Names, Stores: stores, Policy: p, Workdirs: workdirs, Eraser: eraser, Logger: log})
+		e, err := erase.New(ctx, erase.Config{JS: js, Names: settings.Names, Stores: stores, Files: workdirs, Logger: log})
+		if err != nil {
+			return err
+		}
+		s := retention.New(retention.Config{JS: js, Names: settings.Names, Stores: stores, Policy: p, Workdirs: workdirs, Eraser: retention.Erase(e), Logger: log})
 		handlers[retention.JobKind] = s.Handle
 		if !anyRetention(p) {
 			return retention.Unschedule(ctx, js, settings.Names)

@@ -51,7 +51,7 @@ func TestWithRetentionSchedulesTheSweeps(t *testing.T) {
 	}
 	install := func(cfg config.Retention) map[string]jobs.Handler {
 		handlers := map[string]jobs.Handler{}
-		if err := WithRetention(cfg, nil, nil)(ctx, js, settings, nil, zaptest.NewLogger(t), handlers); err != nil {
+		if err := WithRetention(cfg, nil)(ctx, js, settings, nil, zaptest.NewLogger(t), handlers); err != nil {
 			t.Fatal(err)
 		}
 		return handlers

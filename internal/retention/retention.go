@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/erase"
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/jobs"
 	"github.com/natsagent/natsagent/internal/kv"
@@ -77,17 +78,7 @@ func (p Policy) For(tenant string) Rules {
 // files, usage and events. DeleteThreads deletes those of threads that
 // exist and returns them; when one is busy (a run started on it since the
 // sweep read it) it refuses with a *BusyError naming it, and the sweep
-// tries again without it. internal/erase's Eraser does, through an
-// EraserFunc that gives it its options and maps its busy error:
-//
-//	retention.EraserFunc(func(ctx context.Context, tenant string, threads []string) ([]string, error) {
-//		deleted, err := eraser.DeleteThreads(ctx, tenant, threads, erase.ThreadOptions{})
-//		var busy *erase.BusyError
-//		if errors.As(err, &busy) {
-//			return deleted, &retention.BusyError{Thread: busy.ThreadID, Err: err}
-//		}
-//		return deleted, err
-//	})
+// tries again without it. Erase adapts internal/erase's Eraser.
 type ThreadEraser interface {
 	DeleteThreads(ctx context.Context, tenant string, threads []string) ([]string, error)
 }
@@ -108,6 +99,18 @@ type BusyError struct {
 
 func (e *BusyError) Error() string { return fmt.Sprintf("thread %s is busy: %v", e.Thread, e.Err) }
 func (e *BusyError) Unwrap() error { return e.Err }
+
+// Erase deletes idle threads with e, as DELETE /threads/{id} does. A
+// thread a run took since the sweep read it is reported as a *BusyError.
+func Erase(e *erase.Eraser) ThreadEraser {
+	return EraserFunc(func(ctx context.Context, tenant string, threads []string) ([]string, error) {
+		deleted, err := e.DeleteThreads(ctx, tenant, threads, erase.ThreadOptions{})
+		if busy, ok := errors.AsType[*erase.BusyError](err); ok {
+			return deleted, &BusyError{Thread: busy.ThreadID, Err: err}
+		}
+		return deleted, err
+	})
+}
 
 // MaxThreadsPerSweep bounds the idle threads one sweep deletes: a tenant
 // with more is finished by the next sweeps, within the job's timeout.

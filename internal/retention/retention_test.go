@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/erase"
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/jobs"
 	"github.com/natsagent/natsagent/internal/kv"
@@ -650,6 +651,62 @@ func TestRunListEntriesOfExpiredRunsGo(t *testing.T) {
 	for key, live := range map[string]bool{"acme.h1.run.expired": false, "acme.h1.run.running": true, "acme.h1.run.submitted": true, "globex.h1.run.expired": true} {
 		if got := e.exists(b, key); got != live {
 			t.Errorf("run list entry %s exists: %v, want %v", key, got, live)
+		}
+	}
+}
+
+// Erase deletes idle threads wholly, as DELETE /threads does: the thread
+// record, its runs, checkpoints and events go; a young thread and another
+// tenant's thread of the same id stay.
+func TestIdleThreadsAreErasedWholly(t *testing.T) {
+	e := newEnv(t)
+	n := e.names
+	seed := func(tenant, thread string) {
+		t.Helper()
+		if _, err := e.stores.Threads.Put(e.ctx, &protocol.Thread{ThreadID: thread, Tenant: tenant, UpdatedAt: time.Now().UTC()}, 0); err != nil {
+			t.Fatal(err)
+		}
+		run := thread + "-r1"
+		if _, err := e.stores.Runs.Create(e.ctx, finishedRun(tenant, thread, run, protocol.StatusSuccess, time.Now().UTC())); err != nil {
+			t.Fatal(err)
+		}
+		e.writeDelta(tenant, thread, "c1", "")
+		e.publish(n.EventSubject(tenant, thread, run, protocol.KindLifecycle), 2)
+	}
+	seed("acme", "old")
+	seed("globex", "old")
+	mid := divide()
+	seed("acme", "young")
+
+	eraser, err := erase.New(e.ctx, erase.Config{JS: e.js, Names: n, Stores: e.stores, Settle: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := Policy{Tenants: map[string]Rules{"acme": {ThreadsIdle: time.Hour}}}
+	rep := e.sweep(e.sweeper(p, at(mid.Add(time.Hour)), Erase(eraser)), "acme")
+	if rep.Threads != 1 {
+		t.Errorf("threads deleted: %d, want 1", rep.Threads)
+	}
+	for _, c := range []struct {
+		tenant, thread string
+		live           bool
+	}{{"acme", "old", false}, {"acme", "young", true}, {"globex", "old", true}} {
+		key := c.tenant + "." + c.thread
+		if got := e.exists(n.ThreadsBucket(), key); got != c.live {
+			t.Errorf("thread %s exists: %v, want %v", key, got, c.live)
+		}
+		if got := e.exists(n.RunsBucket(), key+"-r1"); got != c.live {
+			t.Errorf("run %s-r1 exists: %v, want %v", key, got, c.live)
+		}
+		if got := e.exists(n.CheckpointsBucket(), key+".c1"); got != c.live {
+			t.Errorf("checkpoint %s.c1 exists: %v, want %v", key, got, c.live)
+		}
+		want := uint64(0)
+		if c.live {
+			want = 2
+		}
+		if got := e.count(n.EventsStream(), n.ThreadEvents(c.tenant, c.thread)); got != want {
+			t.Errorf("events of %s: %d, want %d", key, got, want)
 		}
 	}
 }
