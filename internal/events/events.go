@@ -126,7 +126,7 @@ func encodeData(data any) (json.RawMessage, error) {
 // same event is still being stored (bus.PublishMsg): the stream keeps one.
 func (p *Publisher) Publish(ctx context.Context, m *nats.Msg) error {
 	_, err := bus.PublishMsg(ctx, p.js, m)
-	return err
+	return bus.MarkStoreFull(p.names.EventsStream(), err)
 }
 
 // QueuedID, StartedID and FinishedID are the Nats-Msg-Id of the lifecycle

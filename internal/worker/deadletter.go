@@ -247,7 +247,7 @@ func (w *Worker) copyToDLQKeep(ctx context.Context, subject string, hdr nats.Hea
 		opts = append(opts, jetstream.WithMsgID(dlqMsgID(w.names, seq)))
 	}
 	_, err := w.js.PublishMsg(ctx, m, opts...)
-	return err
+	return bus.MarkStoreFull(w.names.DLQStream(), err)
 }
 
 func clipReason(s string) string {
