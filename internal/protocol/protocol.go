@@ -47,6 +47,9 @@ const (
 	StopMaxSteps            = "max_steps"
 	StopSafety              = "safety"
 	StopToolLimitCapped     = "tool_limit_capped"
+	// StopStoreFull ends a run (status error) that JetStream had no room
+	// to save for longer than the worker's store_full_wait.
+	StopStoreFull = "store_full"
 )
 
 // Multitask strategies: what happens when a thread already has an active run.

@@ -81,6 +81,8 @@ func (l *leaseHandle) mutate(ctx context.Context, fn func(*protocol.Thread) erro
 		}
 		l.fmu.Unlock()
 		l.refence()
+	} else {
+		l.refusedForRoom(sent, err)
 	}
 	lost := errors.Is(err, agent.ErrLeaseLost) && !l.lost
 	if lost {
