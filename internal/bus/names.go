@@ -98,6 +98,11 @@ func (n Names) CancelSubjects() string { return n.Prefix + ".ctl.*.*.*.cancel" }
 // steer signals for the runs it holds are forwarded there.
 func (n Names) WorkerControl(worker string) string { return n.Prefix + ".worker." + worker + ".ctl" }
 
+// WorkerHolds is where every worker answers whether it holds the run
+// request whose stream sequence the question carries (the lease sweep
+// asks).
+func (n Names) WorkerHolds() string { return n.Prefix + ".worker.holds" }
+
 // DLQSubject is where a dead-lettered run request of a thread goes.
 func (n Names) DLQSubject(tenant, thread string) string {
 	return n.Prefix + ".dlq.runs." + tenant + "." + thread

@@ -162,10 +162,13 @@ type Worker struct {
 	// signals: <inbox>.<stream seq>.<unix nanos sent>.
 	progressInbox string
 
-	mu       sync.Mutex
-	held     map[uint64]*job    // every request held, by stream seq
-	running  map[string]*job    // running jobs by tenant.run
-	waiters  map[string]*waiter // per thread, runs waiting for it
+	mu      sync.Mutex
+	held    map[uint64]*job    // every request held, by stream seq
+	running map[string]*job    // running jobs by tenant.run
+	waiters map[string]*waiter // per thread, runs waiting for it
+	// unheld: requests the lease sweep found held by no worker, and when
+	// it first did (reaper.go).
+	unheld   map[uint64]time.Time
 	waiting  int
 	draining bool
 	// drainEnds is when the shutdown grace ends, once draining.
