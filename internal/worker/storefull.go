@@ -103,21 +103,32 @@ func (j *job) roomBack() {
 // running with its thread busy. It returns the store-full error when the
 // worker stops (the request is then handed back for the next delivery).
 func (j *job) settleWrite(ctx context.Context, write func() error) error {
-	first := true
-	tries := 0
-	for {
+	return j.w.untilRoom(ctx, j.log, 0, j.isDrained, write)
+}
+
+// untilRoom runs write until it succeeds, fails for a reason other than a
+// full store, the worker stops (or stopped reports true), ctx ends, or,
+// when wait > 0, the store stayed full for wait; it returns write's last
+// error.
+func (w *Worker) untilRoom(ctx context.Context, log *zap.Logger, wait time.Duration, stopped func() bool, write func() error) error {
+	began := time.Now()
+	for tries := 0; ; tries++ {
 		err := write()
 		if _, full := bus.IsStoreFull(err); !full {
 			return err
 		}
-		j.w.storeFull(j.log, err, first)
-		first = false
-		if j.w.isDraining() || j.isDrained() || ctx.Err() != nil {
+		w.storeFull(log, err, tries == 0)
+		if w.isDraining() || (stopped != nil && stopped()) || ctx.Err() != nil || (wait > 0 && time.Since(began) >= wait) {
 			return err
 		}
-		tries++
-		sleep(ctx, min(storeFullPauseMax, 250*time.Millisecond<<min(tries, 5)))
+		sleep(ctx, min(storeFullPauseMax, 250*time.Millisecond<<min(tries+1, 5)))
 	}
+}
+
+// roomWait is how long a background settling step (an advisory's dead
+// letter) waits for room: StoreFullWait, and at least one try.
+func (w *Worker) roomWait() time.Duration {
+	return max(w.cfg.StoreFullWait, time.Nanosecond)
 }
 
 // storeFullText is the run's error when a full store ended it.
