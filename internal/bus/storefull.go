@@ -24,6 +24,11 @@ const (
 	// error: a stream or bucket with discard new at its max_bytes or
 	// max_msgs answers with one of storeLimitTexts.
 	errCodeStoreFailed = 10077
+	// ErrCodeSubmitStoreFull is the err_code (with code 507) of natsagent's
+	// submit service when JetStream had no room for a submission
+	// (intake.ErrCodeStoreFull); a client of the service reads it as a
+	// full store too.
+	ErrCodeSubmitStoreFull = 10908
 )
 
 // storeLimitTexts are the store errors (nats-server store.go ErrMaxBytes,
@@ -76,7 +81,7 @@ func storeFullCode(err error) bool {
 		return false
 	}
 	switch apiErr.ErrorCode {
-	case errCodeInsufficientResources, errCodeAccountResources, errCodeStorageResources, errCodeMemoryResources:
+	case errCodeInsufficientResources, errCodeAccountResources, errCodeStorageResources, errCodeMemoryResources, ErrCodeSubmitStoreFull:
 		return true
 	case errCodeStoreFailed:
 		return storeLimitTexts[apiErr.Description]
