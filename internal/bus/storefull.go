@@ -74,6 +74,23 @@ func IsStoreFull(err error) (store string, ok bool) {
 	return "", storeFullCode(err)
 }
 
+// IsStoreFullErr is IsStoreFull without the store's name.
+func IsStoreFullErr(err error) bool {
+	_, ok := IsStoreFull(err)
+	return ok
+}
+
+// StoreFullText is what the server said when it refused a write for lack
+// of room ("insufficient resources", "maximum bytes exceeded"), or err's
+// text if it is not such a refusal.
+func StoreFullText(err error) string {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.Description != "" {
+		return apiErr.Description
+	}
+	return err.Error()
+}
+
 // storeFullCode reports a raw JetStream API error that means no room.
 func storeFullCode(err error) bool {
 	var apiErr *jetstream.APIError

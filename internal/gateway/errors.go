@@ -70,11 +70,7 @@ func errStoreFull(store string, cause error) *apiError {
 	if store == "" {
 		store = "unknown"
 	}
-	var apiErr *jetstream.APIError
-	said := cause.Error()
-	if errors.As(cause, &apiErr) {
-		said = apiErr.Description
-	}
+	said := bus.StoreFullText(cause)
 	return &apiError{status: http.StatusInsufficientStorage, code: protocol.CodeStoreFull, store: store,
 		msg: fmt.Sprintf("JetStream has no room to store this (%s: %s); nothing was stored. An operator must free space; try again later", store, said)}
 }

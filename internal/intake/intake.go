@@ -211,7 +211,7 @@ func (s *Service) handle(m *nats.Msg) {
 			}
 			s.cfg.Metrics.StoreFull(store)
 			log.Error("submission refused: JetStream has no room", zap.String("store", store), zap.Error(err))
-			r = refuse(507, ErrCodeStoreFull, "JetStream has no room to store the run (%s: %v); nothing was stored. An operator must free space; try again later", store, errors.Unwrap(err))
+			r = refuse(507, ErrCodeStoreFull, "JetStream has no room to store the run (%s: %s); nothing was stored. An operator must free space; try again later", store, bus.StoreFullText(err))
 		}
 		if r == nil && !errors.As(err, &r) {
 			log.Warn("submission failed", zap.Error(err))

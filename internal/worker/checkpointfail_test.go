@@ -170,3 +170,13 @@ func (r *fullRecorder) count(store string) int {
 	defer r.mu.Unlock()
 	return r.n[store]
 }
+
+func (r *fullRecorder) total() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, c := range r.n {
+		n += c
+	}
+	return n
+}

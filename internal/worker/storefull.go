@@ -30,7 +30,7 @@ import (
 const StopStoreFull = protocol.StopStoreFull
 
 // storeFullPauseMax bounds the pause between two tries of a refused write.
-const storeFullPauseMax = 5 * time.Second
+const storeFullPauseMax = 2 * time.Second
 
 // storeFull records a refusal for lack of room: the metric, by stream or
 // bucket, and a log line naming it (a warning at the first refusal of a
@@ -137,7 +137,7 @@ func storeFullText(err error) string {
 	if store == "" {
 		store = "the JetStream store"
 	}
-	return fmt.Sprintf("JetStream had no room to save the run (%s is full: %v); an operator must free space (purge or raise the limits of the stream, bucket or server); the thread is free again and the work saved so far is kept", store, errors.Unwrap(err))
+	return fmt.Sprintf("JetStream had no room to save the run (%s: %s) for longer than the worker waits (store_full_wait); an operator must free space (purge, or raise the limits of the stream, bucket, account or server). The thread is free again and keeps what the run saved before", store, bus.StoreFullText(err))
 }
 
 // endStoreFull ends a run that has not started executing (no events of its
