@@ -95,7 +95,11 @@ func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, seq uint64, 
 			log.Warn("could not record the invalid run", zap.Error(err))
 		}
 	}
-	if err := w.copyToDLQKeep(ctx, msg.Subject(), msg.Headers(), msg.Data(), seq, reason.Error(), tenant, thread, DLQKeepBytes); err != nil {
+	// A full store is waited for (the request is held, no delivery is
+	// spent) before the request is handed back.
+	if err := w.untilRoom(ctx, log, w.roomWait(), nil, func() error {
+		return w.copyToDLQKeep(ctx, msg.Subject(), msg.Headers(), msg.Data(), seq, reason.Error(), tenant, thread, DLQKeepBytes)
+	}); err != nil {
 		log.Error("could not dead-letter the request; handing it back", zap.Error(err))
 		_ = msg.NakWithDelay(time.Second)
 		return
@@ -121,7 +125,9 @@ func (w *Worker) conflictingRunID(ctx context.Context, msg jetstream.Msg, seq ui
 	if err != nil {
 		w.log.Warn("could not publish the conflict event", zap.Error(err))
 	}
-	if err := w.copyToDLQ(ctx, msg.Subject(), msg.Headers(), msg.Data(), seq, reason, req.Tenant, req.ThreadID); err != nil {
+	if err := w.untilRoom(ctx, w.log, w.roomWait(), nil, func() error {
+		return w.copyToDLQ(ctx, msg.Subject(), msg.Headers(), msg.Data(), seq, reason, req.Tenant, req.ThreadID)
+	}); err != nil {
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}

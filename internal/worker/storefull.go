@@ -183,6 +183,9 @@ func (j *job) endStoreFull(ctx context.Context, lease *leaseHandle, cause error)
 		rec = kv.NewRun(req, j.seq, time.Now().UTC())
 		end(rec, max(lastSeq, 1))
 		_, err = w.stores.Runs.Create(ctx, rec)
+		if err == nil {
+			_ = w.stores.Threads.IndexRun(ctx, req.Tenant, req.ThreadID, req.RunID, rec.CreatedAt)
+		}
 		if errors.Is(err, kv.ErrExists) {
 			// Created meanwhile: a store-full refusal of the next try
 			// is impossible to tell from this, so let the next

@@ -128,6 +128,19 @@ func TestStoreFullRecoveryWaitingRuns(t *testing.T) {
 	}
 	waitingDone := time.Since(freed)
 	for _, th := range threads {
+		// The events refused while the store was full were stored once
+		// there was room, before run.finished: seq has no gaps.
+		evs := watchers[th].all()
+		seen := map[uint64]bool{}
+		for _, ev := range evs {
+			seen[ev.Seq] = true
+		}
+		last := evs[len(evs)-1]
+		if last.Type != protocol.EventRunFinished || len(seen) != len(evs) || !seen[1] || !seen[last.Seq] || uint64(len(seen)) != last.Seq {
+			t.Fatalf("run of %s: events %v with seqs not 1..%d once each", th, watchers[th].types(), last.Seq)
+		}
+	}
+	for _, th := range threads {
 		if r := h.run("default", "r-"+th); r.Attempt != 1 {
 			t.Fatalf("run of %s needed %d attempts", th, r.Attempt)
 		}
