@@ -163,6 +163,13 @@ func (w *Worker) unheldSince(seq uint64) time.Duration {
 	if w.unheld == nil {
 		w.unheld = make(map[uint64]time.Time)
 	}
+	for s, at := range w.unheld {
+		// Not looked at again (its lease was renewed or released):
+		// forgotten; looked at again later, it starts over.
+		if time.Since(at) > 10*w.cfg.StaleLease {
+			delete(w.unheld, s)
+		}
+	}
 	first, ok := w.unheld[seq]
 	if !ok {
 		w.unheld[seq] = time.Now()
