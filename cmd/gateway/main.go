@@ -275,6 +275,7 @@ func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config
 			Concurrency:   cfg.Worker.Concurrency,
 			RunTimeout:    time.Duration(cfg.Worker.RunTimeout),
 			ShutdownGrace: time.Duration(cfg.Worker.ShutdownGrace),
+			StoreFullWait: cfg.Worker.RunStoreFullWait(),
 			Agents:        agents,
 			Logger:        log,
 			Jobs:          jobRunner,

@@ -124,6 +124,7 @@ func run() error {
 		Concurrency:   cfg.Worker.Concurrency,
 		RunTimeout:    time.Duration(cfg.Worker.RunTimeout),
 		ShutdownGrace: time.Duration(cfg.Worker.ShutdownGrace),
+		StoreFullWait: cfg.Worker.RunStoreFullWait(),
 		Agents:        agents,
 		Logger:        log,
 		Jobs:          jobRunner,

@@ -25,6 +25,10 @@ type EmbeddedConfig struct {
 	MaxPayload int32
 	// Log enables the server's own log on stderr.
 	Log bool
+	// MaxStore, when > 0, bounds JetStream's file store (the server's
+	// max_file_store): a full store refuses writes with "insufficient
+	// resources".
+	MaxStore int64
 }
 
 // Embedded is a running in-process NATS server.
@@ -48,6 +52,9 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		NoSigs:     true,
 		NoLog:      !cfg.Log,
 		MaxPayload: cfg.MaxPayload,
+	}
+	if cfg.MaxStore > 0 {
+		opts.JetStreamMaxStore = cfg.MaxStore
 	}
 	if cfg.Listen == "" {
 		opts.DontListen = true

@@ -132,6 +132,11 @@ func (n Names) ParseDeleteSubject(subject string) (tenant, thread, run string, o
 // steer signals for the runs it holds are forwarded there.
 func (n Names) WorkerControl(worker string) string { return n.Prefix + ".worker." + worker + ".ctl" }
 
+// WorkerHolds is where every worker answers whether it holds the run
+// request whose stream sequence the question carries (the lease sweep
+// asks).
+func (n Names) WorkerHolds() string { return n.Prefix + ".worker.holds" }
+
 // DLQSubject is where a dead-lettered run request of a thread goes.
 func (n Names) DLQSubject(tenant, thread string) string {
 	return n.Prefix + ".dlq.runs." + tenant + "." + thread

@@ -121,9 +121,21 @@ type Worker struct {
 	Concurrency   int      `yaml:"concurrency"`
 	RunTimeout    Duration `yaml:"run_timeout"`
 	ShutdownGrace Duration `yaml:"shutdown_grace"`
+	// StoreFullWait is how long a run waits for JetStream to take a write
+	// it refused for lack of room before it ends store_full (worker.Config).
+	StoreFullWait Duration `yaml:"store_full_wait"`
 	// JobConcurrency is how many background jobs (memory extraction) a
 	// worker runs at once, beside its runs.
 	JobConcurrency int `yaml:"job_concurrency"`
+}
+
+// RunStoreFullWait is StoreFullWait as worker.Config takes it, where 0
+// means its default and a negative wait none.
+func (w Worker) RunStoreFullWait() time.Duration {
+	if w.StoreFullWait == 0 {
+		return -1
+	}
+	return time.Duration(w.StoreFullWait)
 }
 
 // Gateway configures the HTTP API.
@@ -192,6 +204,7 @@ func Default() Config {
 			Concurrency:   8,
 			RunTimeout:    Duration(time.Hour),
 			ShutdownGrace: Duration(10 * time.Second),
+			StoreFullWait: Duration(5 * time.Minute),
 			// Background jobs (memory extraction), beside the runs.
 			JobConcurrency: 2,
 		},
@@ -297,6 +310,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Worker.Concurrency < 1 {
 		bad("worker.concurrency", "must be at least 1")
+	}
+	if c.Worker.StoreFullWait < 0 {
+		bad("worker.store_full_wait", "must not be negative (0 ends a run at the first refusal)")
 	}
 	if c.Worker.JobConcurrency < 1 {
 		bad("worker.job_concurrency", "must be at least 1")

@@ -126,7 +126,7 @@ func encodeData(data any) (json.RawMessage, error) {
 // same event is still being stored (bus.PublishMsg): the stream keeps one.
 func (p *Publisher) Publish(ctx context.Context, m *nats.Msg) error {
 	_, err := bus.PublishMsg(ctx, p.js, m)
-	return err
+	return bus.MarkStoreFull(p.names.EventsStream(), err)
 }
 
 // QueuedID, StartedID and FinishedID are the Nats-Msg-Id of the lifecycle
@@ -312,6 +312,12 @@ func (s *Stream) Emit(eventType string, data any, msgID string) {
 // with a message id it is sent again, without one it is looked for first.
 // Any other failure becomes the stream's error.
 func (s *Stream) failed(m *nats.Msg, err error) bool {
+	if m != nil && bus.IsStoreFullErr(err) {
+		// Refused for lack of room: surely not stored, so sent again as
+		// it is by Flush, which comes after the run waited for room.
+		s.again = append(s.again, m)
+		return true
+	}
 	if m != nil && bus.Transient(err) {
 		if m.Header.Get(jetstream.MsgIDHeader) != "" {
 			s.again = append(s.again, m)

@@ -164,18 +164,39 @@ func TestFlushRestoresEventsWhosePublishFoundNoStream(t *testing.T) {
 func TestFlushReportsAPermanentFailureOfAnEventWithoutID(t *testing.T) {
 	e := newRestoreEnv(t)
 	s := e.p.NewStream("default", "t1", "r1", 1, 0)
-	full := &jetstream.APIError{Code: 503, ErrorCode: 10077, Description: "maximum bytes exceeded"}
+	tooLarge := &jetstream.APIError{Code: 400, ErrorCode: 10054, Description: "message size exceeds maximum allowed"}
 	s.mu.Lock()
-	kept := s.failed(e.delta(t, 1, s.seq+1), full)
+	kept := s.failed(e.delta(t, 1, s.seq+1), tooLarge)
 	s.mu.Unlock()
 	if kept {
-		t.Fatal("a full stream's refusal was kept for a resend")
+		t.Fatal("an oversized event's refusal was kept for a resend")
 	}
-	if err := s.Flush(context.Background()); !errors.Is(err, full) {
-		t.Fatalf("flush: %v, want %v", err, full)
+	if err := s.Flush(context.Background()); !errors.Is(err, tooLarge) {
+		t.Fatalf("flush: %v, want %v", err, tooLarge)
 	}
 	if got := e.stored(t); len(got) != 0 {
 		t.Fatalf("stored %v, want nothing", got)
+	}
+}
+
+// An event a full store refused was surely not stored: Flush, which comes
+// after the run waited for room, sends it again, and it is stored once.
+func TestFlushResendsAnEventAFullStoreRefused(t *testing.T) {
+	e := newRestoreEnv(t)
+	s := e.p.NewStream("default", "t1", "r1", 1, 0)
+	full := &jetstream.APIError{Code: 503, ErrorCode: 10023, Description: "insufficient resources"}
+	s.mu.Lock()
+	s.seq++
+	kept := s.failed(e.delta(t, 1, s.seq), full)
+	s.mu.Unlock()
+	if !kept {
+		t.Fatal("a full store's refusal was not kept for a resend")
+	}
+	if err := s.Flush(context.Background()); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	if got := e.stored(t); got[[2]uint64{1, 1}] != 1 || len(got) != 1 {
+		t.Fatalf("stored %v, want seq 1 once", got)
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natsagent/natsagent/internal/bus"
 )
 
 // ObjectStore keeps a thread's files in the deployment's JetStream Object
@@ -177,7 +179,7 @@ func (o *ObjectStore) Write(ctx context.Context, p string, data []byte) error {
 	}
 	entry, _ := json.Marshal(Info{Path: p, Size: int64(len(data)), ModTime: time.Now().UTC()})
 	if _, err := o.index.Put(ctx, o.key(p), entry); err != nil {
-		return fmt.Errorf("index %s: %w", p, err)
+		return fmt.Errorf("index %s: %w", p, bus.MarkStoreFull(o.index.Bucket(), err))
 	}
 	return nil
 }

@@ -9,11 +9,13 @@ import (
 	"io"
 	"net/http"
 	"reflect"
+	"strconv"
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -24,6 +26,8 @@ type apiError struct {
 	msg    string
 	field  string
 	cause  error
+	// store names the stream or bucket a store_full error hit.
+	store string
 }
 
 func (e *apiError) Error() string {
@@ -61,6 +65,22 @@ func errTooLarge(msg string) *apiError {
 	return &apiError{status: http.StatusRequestEntityTooLarge, code: protocol.CodeInvalid, msg: msg}
 }
 
+// storeFullRetryAfter is the Retry-After of a store_full answer: space
+// comes back when an operator frees it, not on its own.
+const storeFullRetryAfter = 30
+
+// errStoreFull answers a write JetStream refused for lack of room (507,
+// code store_full, with Retry-After), naming the stream or bucket and
+// quoting the server.
+func errStoreFull(store string, cause error) *apiError {
+	if store == "" {
+		store = "unknown"
+	}
+	said := bus.StoreFullText(cause)
+	return &apiError{status: http.StatusInsufficientStorage, code: protocol.CodeStoreFull, store: store,
+		msg: fmt.Sprintf("JetStream has no room to store this (%s: %s); nothing was stored. An operator must free space; try again later", store, said)}
+}
+
 // classify turns any error into the status and body it is answered with.
 func classify(err error) *apiError {
 	var ae *apiError
@@ -74,6 +94,9 @@ func classify(err error) *apiError {
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		return errTooLarge(fmt.Sprintf("request body is over the limit of %d bytes", mbe.Limit))
+	}
+	if store, full := bus.IsStoreFull(err); full {
+		return errStoreFull(store, err)
 	}
 	if unavailable(err) {
 		return errUnavailable("NATS is unavailable; try again", err)
@@ -108,6 +131,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, e *apiError) {
+	if e.code == protocol.CodeStoreFull {
+		w.Header().Set("Retry-After", strconv.Itoa(storeFullRetryAfter))
+	}
 	msg := e.msg
 	if e.cause != nil && e.status != http.StatusInternalServerError {
 		msg = e.Error()

@@ -13,6 +13,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/files"
 )
 
@@ -181,7 +182,7 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request, tenant string) 
 
 func (s *Server) store(ctx context.Context, wd files.Workdir, p string, data []byte) (fileView, error) {
 	if err := wd.Write(ctx, p, data); err != nil {
-		return fileView{}, fileError(p, err)
+		return fileView{}, fileError(p, bus.MarkStoreFull(s.names.FilesBucket(), err))
 	}
 	info, err := wd.Stat(ctx, p)
 	if err != nil {

@@ -281,10 +281,14 @@ func (s *Server) tenanted(h tenantHandler) http.HandlerFunc {
 		}
 		ae := classify(err)
 		if ae.status >= 500 {
-			s.log.Error("request failed",
-				zap.String("method", r.Method), zap.String("path", r.URL.Path),
+			fields := []zap.Field{zap.String("method", r.Method), zap.String("path", r.URL.Path),
 				zap.String("tenant", tenant), zap.String("thread_id", r.PathValue("thread_id")),
-				zap.String("run_id", r.PathValue("run_id")), zap.Int("status", ae.status), zap.Error(err))
+				zap.String("run_id", r.PathValue("run_id")), zap.Int("status", ae.status), zap.Error(err)}
+			if ae.store != "" {
+				s.cfg.Metrics.StoreFull(ae.store)
+				fields = append(fields, zap.String("store", ae.store))
+			}
+			s.log.Error("request failed", fields...)
 		}
 		writeError(w, ae)
 	}

@@ -39,6 +39,7 @@ import (
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/limits"
+	"github.com/natsagent/natsagent/internal/metrics"
 	"github.com/natsagent/natsagent/internal/natsjwt"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/submit"
@@ -108,6 +109,8 @@ type Config struct {
 	Hooks
 	// Concurrency bounds the submissions handled at once (default 64).
 	Concurrency int
+	// Metrics counts the submissions a full store refused (nil: none).
+	Metrics metrics.Recorder
 }
 
 // DefaultAuthorize allows everything except acting for another user: a
@@ -131,6 +134,7 @@ type Service struct {
 
 // Start subscribes to P.submit.> in the queue group.
 func Start(nc *nats.Conn, cfg Config) (*Service, error) {
+	cfg.Metrics = metrics.Or(cfg.Metrics)
 	if cfg.Authorize == nil {
 		cfg.Authorize = DefaultAuthorize
 	}
@@ -175,6 +179,9 @@ const (
 	ErrCodeNotFound    = 10905
 	ErrCodeRateLimited = 10906
 	ErrCodeQuota       = 10907
+	// ErrCodeStoreFull (with code 507): JetStream had no room to store
+	// the submission; nothing was stored (bus.ErrCodeSubmitStoreFull).
+	ErrCodeStoreFull = bus.ErrCodeSubmitStoreFull
 )
 
 // refusal is an answer with an error.
@@ -198,7 +205,15 @@ func (s *Service) handle(m *nats.Msg) {
 	log := s.log.With(zap.String("tenant", tenant), zap.String("thread_id", thread))
 	if err != nil {
 		var r *refusal
-		if !errors.As(err, &r) {
+		if store, full := bus.IsStoreFull(err); full && !errors.As(err, &r) {
+			if store == "" {
+				store = "unknown"
+			}
+			s.cfg.Metrics.StoreFull(store)
+			log.Error("submission refused: JetStream has no room", zap.String("store", store), zap.Error(err))
+			r = refuse(507, ErrCodeStoreFull, "JetStream has no room to store the run (%s: %s); nothing was stored. An operator must free space; try again later", store, bus.StoreFullText(err))
+		}
+		if r == nil && !errors.As(err, &r) {
 			log.Warn("submission failed", zap.Error(err))
 			r = refuse(503, ErrCodeUnavailable, "could not submit the run: %v; try again", err)
 		} else {

@@ -57,7 +57,7 @@ func (s *Checkpoints) Put(ctx context.Context, tenant, thread string, d *Delta) 
 			return len(data), nil
 		}
 		if attempt == 3 || !bus.Transient(err) || ctx.Err() != nil {
-			return 0, fmt.Errorf("write checkpoint %s of thread %s: %w", d.ID, thread, err)
+			return 0, fmt.Errorf("write checkpoint %s of thread %s: %w", d.ID, thread, bus.MarkStoreFull(s.bucket, err))
 		}
 	}
 }

@@ -154,13 +154,13 @@ func put(ctx context.Context, kv jetstream.KeyValue, key string, v any, rev uint
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return 0, ErrExists
 		}
-		return n, err
+		return n, bus.MarkStoreFull(kv.Bucket(), err)
 	}
 	n, err := kv.Update(ctx, key, data, rev)
 	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		return 0, ErrConflict
 	}
-	return n, err
+	return n, bus.MarkStoreFull(kv.Bucket(), err)
 }
 
 // decodeExact decodes JSON keeping numbers in free-form fields (metadata)

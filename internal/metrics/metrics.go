@@ -40,6 +40,9 @@ type Recorder interface {
 	// DeadLettered counts a run request copied to the dead-letter stream,
 	// by reason (invalid, conflict, max_deliveries).
 	DeadLettered(reason string)
+	// StoreFull counts a write JetStream refused for lack of room, by the
+	// stream or bucket it went to.
+	StoreFull(store string)
 	// JobProcessed counts a run request a worker took to its end, and
 	// whether it was a redelivery.
 	JobProcessed(redelivered bool)
@@ -94,6 +97,7 @@ func (Nop) Tokens(string, string, string, int, int)           {}
 func (Nop) ModelRetry(string)                                 {}
 func (Nop) CancelRequest(string)                              {}
 func (Nop) DeadLettered(string)                               {}
+func (Nop) StoreFull(string)                                  {}
 func (Nop) JobProcessed(bool)                                 {}
 func (Nop) TrackWorker(func() WorkerStats) func()             { return func() {} }
 func (Nop) TrackConsumer(string, func(context.Context) (uint64, error)) func() {

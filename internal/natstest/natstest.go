@@ -27,7 +27,15 @@ type Server struct {
 // random loopback port; it shuts down when the test ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	e, err := bus.StartEmbedded(bus.EmbeddedConfig{StoreDir: t.TempDir(), Listen: "127.0.0.1:-1"})
+	return StartWith(t, bus.EmbeddedConfig{})
+}
+
+// StartWith is Start with cfg's options (its store dir and listen address
+// are the test's).
+func StartWith(t testing.TB, cfg bus.EmbeddedConfig) *Server {
+	t.Helper()
+	cfg.StoreDir, cfg.Listen = t.TempDir(), "127.0.0.1:-1"
+	e, err := bus.StartEmbedded(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

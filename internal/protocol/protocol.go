@@ -47,6 +47,9 @@ const (
 	StopMaxSteps            = "max_steps"
 	StopSafety              = "safety"
 	StopToolLimitCapped     = "tool_limit_capped"
+	// StopStoreFull ends a run (status error) that JetStream had no room
+	// to save for longer than the worker's store_full_wait.
+	StopStoreFull = "store_full"
 )
 
 // Multitask strategies: what happens when a thread already has an active run.
@@ -411,6 +414,10 @@ const (
 	// CodeQuotaExceeded: the tenant's stored data is at its quota (HTTP
 	// 507); remove some before adding more.
 	CodeQuotaExceeded = "quota_exceeded"
+	// CodeStoreFull: JetStream had no room for the write (HTTP 507): the
+	// server's, the account's or a stream's or bucket's store is full.
+	// Nothing was stored; an operator must free space. Try again later.
+	CodeStoreFull = "store_full"
 )
 
 // ErrorBody describes an error to a client.

@@ -86,7 +86,7 @@ func (q *Queue) Enqueue(ctx context.Context, req *protocol.RunRequest, data []by
 		if errors.Is(err, nats.ErrMaxPayload) {
 			return nil, ErrMaxPayload
 		}
-		return nil, fmt.Errorf("publish run request: %w", err)
+		return nil, fmt.Errorf("publish run request: %w", bus.MarkStoreFull(q.Names.RunsStream(), err))
 	}
 	if ack.Duplicate {
 		rec, err := q.checkDuplicate(ctx, req, ack.Sequence)

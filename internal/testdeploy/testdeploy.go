@@ -31,7 +31,12 @@ type Deployment struct {
 // defaults) on a new embedded server.
 func Start(t testing.TB, settings bus.Settings) *Deployment {
 	t.Helper()
-	srv := natstest.Start(t)
+	return StartOn(t, natstest.Start(t), settings)
+}
+
+// StartOn provisions natsagent with settings on srv.
+func StartOn(t testing.TB, srv *natstest.Server, settings bus.Settings) *Deployment {
+	t.Helper()
 	nc := srv.Connect()
 	settings = settings.WithDefaults()
 	natstest.Provision(t, nc, settings)

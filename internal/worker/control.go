@@ -58,6 +58,11 @@ func (w *Worker) subscribe() error {
 		return fmt.Errorf("subscribe to worker control: %w", err)
 	}
 	w.subs = append(w.subs, sub)
+	sub, err = w.nc.Subscribe(w.names.WorkerHolds(), w.answerHolds)
+	if err != nil {
+		return fmt.Errorf("subscribe to hold questions: %w", err)
+	}
+	w.subs = append(w.subs, sub)
 	// The server answers an in-progress signal sent with a reply subject
 	// once the consumer's leader has taken it: heartbeat sends them so.
 	sub, err = w.nc.Subscribe(w.progressInbox+".*.*", w.progressConfirmed)

@@ -95,7 +95,11 @@ func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, seq uint64, 
 			log.Warn("could not record the invalid run", zap.Error(err))
 		}
 	}
-	if err := w.copyToDLQKeep(ctx, msg.Subject(), msg.Headers(), msg.Data(), seq, reason.Error(), tenant, thread, DLQKeepBytes); err != nil {
+	// A full store is waited for (the request is held, no delivery is
+	// spent) before the request is handed back.
+	if err := w.untilRoom(ctx, log, w.roomWait(), nil, func() error {
+		return w.copyToDLQKeep(ctx, msg.Subject(), msg.Headers(), msg.Data(), seq, reason.Error(), tenant, thread, DLQKeepBytes)
+	}); err != nil {
 		log.Error("could not dead-letter the request; handing it back", zap.Error(err))
 		_ = msg.NakWithDelay(time.Second)
 		return
@@ -121,7 +125,9 @@ func (w *Worker) conflictingRunID(ctx context.Context, msg jetstream.Msg, seq ui
 	if err != nil {
 		w.log.Warn("could not publish the conflict event", zap.Error(err))
 	}
-	if err := w.copyToDLQ(ctx, msg.Subject(), msg.Headers(), msg.Data(), seq, reason, req.Tenant, req.ThreadID); err != nil {
+	if err := w.untilRoom(ctx, w.log, w.roomWait(), nil, func() error {
+		return w.copyToDLQ(ctx, msg.Subject(), msg.Headers(), msg.Data(), seq, reason, req.Tenant, req.ThreadID)
+	}); err != nil {
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
@@ -148,7 +154,12 @@ func (w *Worker) invalidRunID(msg jetstream.Msg, seq uint64) string {
 }
 
 func (w *Worker) recordInvalid(ctx context.Context, req *protocol.RunRequest, tenant, thread, runID string, seq uint64, reason error) error {
-	text := "invalid run request: " + reason.Error()
+	return w.recordFailed(ctx, req, tenant, thread, runID, seq, "invalid run request: "+reason.Error())
+}
+
+// recordFailed ends the run runID of the request stored at seq as an error
+// with text, creating its record if nobody did.
+func (w *Worker) recordFailed(ctx context.Context, req *protocol.RunRequest, tenant, thread, runID string, seq uint64, text string) error {
 	for range 3 {
 		rec, _, err := w.stores.Runs.Get(ctx, tenant, runID)
 		if err == nil {
@@ -185,7 +196,7 @@ func (w *Worker) recordInvalid(ctx context.Context, req *protocol.RunRequest, te
 		_ = w.stores.Threads.IndexRun(ctx, tenant, thread, runID, now)
 		return w.pub.PublishFinished(ctx, rec)
 	}
-	return fmt.Errorf("run %s kept changing while being recorded as invalid", runID)
+	return fmt.Errorf("run %s kept changing while being recorded as failed", runID)
 }
 
 // copyToDLQ dead-letters a request whole when it is within the request
@@ -247,7 +258,7 @@ func (w *Worker) copyToDLQKeep(ctx context.Context, subject string, hdr nats.Hea
 		opts = append(opts, jetstream.WithMsgID(dlqMsgID(w.names, seq)))
 	}
 	_, err := w.js.PublishMsg(ctx, m, opts...)
-	return err
+	return bus.MarkStoreFull(w.names.DLQStream(), err)
 }
 
 func clipReason(s string) string {
@@ -262,8 +273,17 @@ func maxDeliveriesSubject(n bus.Names) string {
 }
 
 // handleMaxDeliveries dead-letters a request the server gave up
-// redelivering (every worker running it died or stopped). JetStream keeps
-// such a message in a work-queue stream, so it is copied and deleted here.
+// redelivering (every worker running it died or stopped, or its deliveries
+// could not start). JetStream keeps such a message in a work-queue stream,
+// so it is copied and deleted here, in this order: the run's end is
+// recorded first, then the copy is stored, then the request is deleted.
+// A step a full store refuses is tried again for up to StoreFullWait; if
+// it still fails, the steps after it are not taken:
+//   - run not recorded: the request stays, and the lease sweep settles the
+//     run (reaper.go) once there is room;
+//   - copy not stored: the run has ended; the request stays until its
+//     thread's next run finds it finished and deletes it (admit.go, head),
+//     without a dead-letter copy.
 func (w *Worker) handleMaxDeliveries(m *nats.Msg) {
 	var adv struct {
 		StreamSeq  uint64 `json:"stream_seq"`
@@ -272,29 +292,49 @@ func (w *Worker) handleMaxDeliveries(m *nats.Msg) {
 	if err := json.Unmarshal(m.Data, &adv); err != nil || adv.StreamSeq == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*w.roomWait()+30*time.Second)
 	defer cancel()
 	raw, err := w.runsStream.GetMsg(ctx, adv.StreamSeq)
 	if err != nil {
 		return // already handled by another worker
 	}
+	log := w.log.With(zap.Uint64("stream_seq", adv.StreamSeq))
 	reason := fmt.Sprintf("the run request was delivered %d times without finishing: the workers running it stopped each time (crash, kill, or shutdown without hand-back)", adv.Deliveries)
 	tenant, thread, _ := w.names.ParseRunSubject(raw.Subject)
 	if req, err := protocol.DecodeRunRequest(raw.Data, w.cfg.Settings.MaxRequestBytes); err == nil && req.Tenant == tenant && req.ThreadID == thread {
-		if rec, _, err := w.stores.Runs.Get(ctx, tenant, req.RunID); err == nil && !rec.Status.Terminal() && (rec.MsgSeq == adv.StreamSeq || rec.MsgSeq == 0) {
-			if _, err := w.finishUnowned(ctx, rec, protocol.StatusError, reason, func(r *protocol.Run) bool { return !r.Status.Terminal() }); err != nil {
-				w.log.Warn("could not record the dead-lettered run", zap.String("tenant", tenant), zap.String("thread_id", thread), zap.String("run_id", req.RunID), zap.Error(err))
-				return
+		log = log.With(zap.String("tenant", tenant), zap.String("thread_id", thread), zap.String("run_id", req.RunID))
+		if rec, _, err := w.stores.Runs.Get(ctx, tenant, req.RunID); err == nil && rec.Status == protocol.StatusRunning && rec.Attempt < int(adv.Deliveries) {
+			reason = fmt.Sprintf("the runs consumer gave up on the run request after %d deliveries (its max_deliver), %d of which started the run: the others could not start (a full JetStream store refused their writes, or their worker stopped first); submit the run again", adv.Deliveries, rec.Attempt)
+		}
+		err := w.untilRoom(ctx, log, w.roomWait(), nil, func() error {
+			rec, _, err := w.stores.Runs.Get(ctx, tenant, req.RunID)
+			switch {
+			case errors.Is(err, kv.ErrNotFound):
+				// Never recorded (its deliveries could not write it):
+				// record it ended, so the request never holds its thread.
+				return w.recordFailed(ctx, req, tenant, thread, req.RunID, adv.StreamSeq, reason)
+			case err != nil:
+				return err
+			case rec.Status.Terminal() || (rec.MsgSeq != adv.StreamSeq && rec.MsgSeq != 0):
+				return nil
 			}
+			_, err = w.finishUnowned(ctx, rec, protocol.StatusError, reason, func(r *protocol.Run) bool { return !r.Status.Terminal() })
+			return err
+		})
+		if err != nil {
+			log.Warn("could not record the dead-lettered run; the request stays in the runs stream and the lease sweep settles the run", zap.Error(err))
+			return
 		}
 	}
-	if err := w.copyToDLQ(ctx, raw.Subject, raw.Header, raw.Data, adv.StreamSeq, reason, tenant, thread); err != nil {
-		w.log.Error("could not dead-letter the request", zap.Uint64("stream_seq", adv.StreamSeq), zap.Error(err))
+	if err := w.untilRoom(ctx, log, w.roomWait(), nil, func() error {
+		return w.copyToDLQ(ctx, raw.Subject, raw.Header, raw.Data, adv.StreamSeq, reason, tenant, thread)
+	}); err != nil {
+		log.Error("could not dead-letter the request; it stays in the runs stream until its thread's next run removes it", zap.Error(err))
 		return
 	}
 	w.cfg.Metrics.DeadLettered(metrics.DLQMaxDeliveries)
 	w.deleteRequest(ctx, adv.StreamSeq)
-	w.log.Warn("run request dead-lettered after max deliveries", zap.Uint64("stream_seq", adv.StreamSeq), zap.Uint64("deliveries", adv.Deliveries))
+	log.Warn("run request dead-lettered after max deliveries", zap.Uint64("deliveries", adv.Deliveries))
 }
 
 func terminatedSubject(n bus.Names) string {

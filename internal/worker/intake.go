@@ -19,6 +19,7 @@ func (w *Worker) serveIntake() (stop func(), err error) {
 		Logger:   w.log,
 		Limits:   w.cfg.Limits,
 		Hooks:    w.cfg.Submit,
+		Metrics:  w.cfg.Metrics,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("serve the submit service: %w", err)

@@ -51,6 +51,10 @@ type job struct {
 	// the server confirmed was sent, or the request was received.
 	progressed atomic.Int64
 	span       trace.Span // the run's span; nil when the process does not trace
+	// fullSince is when (unix nanos) the run's current wait for room in a
+	// full store began (0: not waiting); fullTries counts its tries.
+	fullSince atomic.Int64
+	fullTries atomic.Int64
 }
 
 // handle takes one delivered request to its end. It owns one slot on entry
@@ -115,6 +119,9 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 		snap, err := j.look(ctx, first)
 		first = false
 		if err != nil {
+			if j.waitRoom(ctx, err) {
+				continue
+			}
 			j.retryLater(err)
 			return
 		}
@@ -125,6 +132,9 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 		}
 		d, err = j.admit(ctx, snap)
 		if err != nil {
+			if j.waitRoom(ctx, err) {
+				continue
+			}
 			j.retryLater(err)
 			return
 		}
@@ -149,6 +159,9 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 		// Rejected or waiting: the run needs a record (and run.queued) now.
 		if snap.rec == nil {
 			if _, _, _, err := w.ensureRecord(ctx, req, j.seq); err != nil {
+				if j.waitRoom(ctx, err) {
+					continue
+				}
 				j.retryLater(err)
 				return
 			}
@@ -205,7 +218,19 @@ func (j *job) settled(ctx context.Context, rec *protocol.Run) bool {
 
 // retryLater hands the request back after an infrastructure error (NATS
 // unavailable, a leader election), to be redelivered.
+//
+// A full store (bus.IsStoreFull) is not handed back: redeliveries a
+// second apart would spend the request's deliveries in seconds. The run's
+// wait for room (waitRoom) is over when this is called with one, so the
+// run ends store_full, unless the worker is stopping.
 func (j *job) retryLater(err error) {
+	if _, full := bus.IsStoreFull(err); full && j.req != nil && !j.w.isDraining() && !j.isDrained() {
+		j.hold.Lock()
+		lease := j.lease
+		j.hold.Unlock()
+		j.endStoreFull(context.Background(), lease, err)
+		return
+	}
 	j.log.Warn("run request handed back after an error", zap.Error(err))
 	_ = j.msg.NakWithDelay(time.Second)
 }
@@ -373,20 +398,24 @@ func (w *Worker) ensureRecord(ctx context.Context, req *protocol.RunRequest, seq
 // pending, or failed before start) and acks its request.
 func (j *job) finishPending(ctx context.Context, status protocol.Status, stopReason, reason string) {
 	w := j.w
-	rec, _, err := w.stores.Runs.Mutate(ctx, j.req.Tenant, j.req.RunID, func(r *protocol.Run) error {
-		if r.Status.Terminal() {
-			return errAlreadyFinished
-		}
-		if r.Status != protocol.StatusPending {
-			return fmt.Errorf("run is %s, not pending", r.Status)
-		}
-		now := time.Now().UTC()
-		r.Status = status
-		r.StopReason = stopReason
-		r.Error = reason
-		r.FinishedAt = &now
-		r.Seq++
-		return nil
+	var rec *protocol.Run
+	err := j.settleWrite(ctx, func() (err error) {
+		rec, _, err = w.stores.Runs.Mutate(ctx, j.req.Tenant, j.req.RunID, func(r *protocol.Run) error {
+			if r.Status.Terminal() {
+				return errAlreadyFinished
+			}
+			if r.Status != protocol.StatusPending {
+				return fmt.Errorf("run is %s, not pending", r.Status)
+			}
+			now := time.Now().UTC()
+			r.Status = status
+			r.StopReason = stopReason
+			r.Error = reason
+			r.FinishedAt = &now
+			r.Seq++
+			return nil
+		})
+		return err
 	})
 	if err != nil && !errors.Is(err, errAlreadyFinished) {
 		j.retryLater(err)
@@ -395,7 +424,7 @@ func (j *job) finishPending(ctx context.Context, status protocol.Status, stopRea
 	if err == nil {
 		w.ended(rec)
 	}
-	if err := w.pub.PublishFinished(ctx, rec); err != nil {
+	if err := j.settleWrite(ctx, func() error { return w.pub.PublishFinished(ctx, rec) }); err != nil {
 		j.retryLater(err)
 		return
 	}
@@ -415,6 +444,10 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	giveUp := func(rec *protocol.Run, err error) {
 		// Cancelled between admission and start, or NATS trouble: give
 		// the thread back first.
+		if _, full := bus.IsStoreFull(err); full && !w.isDraining() {
+			j.endStoreFull(ctx, lease, err)
+			return
+		}
 		_ = lease.release(ctx, nil)
 		if errors.Is(err, errAlreadyFinished) {
 			_ = w.pub.EnsureFinished(ctx, rec)
@@ -433,8 +466,10 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 		rec = kv.NewRun(req, j.seq, now)
 		rec.Status, rec.Attempt, rec.StartedAt = protocol.StatusRunning, 1, &now
 		rec.Worker, rec.Epoch, rec.BaseCheckpoint, rec.Seq = w.cfg.ID, th.Epoch, th.Head, 2
-		var err error
-		rev, err = w.stores.Runs.Create(ctx, rec)
+		err := j.roomFor(ctx, func() (err error) {
+			rev, err = w.stores.Runs.Create(ctx, rec)
+			return err
+		})
 		if errors.Is(err, kv.ErrExists) {
 			// Created meanwhile (by the gateway, or a cancel), or the run
 			// id is taken: continue from that record, unless it says this
@@ -467,7 +502,11 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 		}
 		next.Status, next.StartedAt, next.Worker, next.Epoch, next.MsgSeq = protocol.StatusRunning, &now, w.cfg.ID, th.Epoch, j.seq
 		next.Attempt++
-		newRev, err := w.stores.Runs.Update(ctx, &next, rev)
+		var newRev uint64
+		err := j.roomFor(ctx, func() (err error) {
+			newRev, err = w.stores.Runs.Update(ctx, &next, rev)
+			return err
+		})
 		if errors.Is(err, kv.ErrConflict) {
 			// Changed since read (a cancel?): decide again on what it is now.
 			cur, _, gerr := w.stores.Runs.GetLatest(ctx, req.Tenant, req.RunID)
@@ -654,18 +693,24 @@ type runHost struct {
 }
 
 // Checkpoint writes the delta and moves the thread's head under the lease.
+// A full store is waited out (roomFor) up to the worker's StoreFullWait.
 func (h *runHost) Checkpoint(ctx context.Context, u state.Update) error {
 	id, title, err := h.delta(ctx, u)
 	if err != nil {
 		return err
 	}
-	return h.lease.moveHead(ctx, id, title)
+	return h.j.roomFor(ctx, func() error { return h.lease.moveHead(ctx, id, title) })
 }
 
 // delta writes the delta of the next step without moving the head.
 func (h *runHost) delta(ctx context.Context, u state.Update) (id, title string, err error) {
 	h.step++
-	return h.lease.writeDelta(ctx, h.j.req.RunID, h.step, u)
+	step := h.step
+	err = h.j.roomFor(ctx, func() (err error) {
+		id, title, err = h.lease.writeDelta(ctx, h.j.req.RunID, step, u)
+		return err
+	})
+	return id, title, err
 }
 
 // Emit publishes an event of the run.
@@ -681,7 +726,7 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 	if host != nil {
 		stream = host.stream
 	}
-	status, supersededBy := out.Status, ""
+	status, supersededBy, stopReason := out.Status, "", out.StopReason
 	errText := out.Error
 	rollbackTo := ""
 	switch {
@@ -693,6 +738,10 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		j.log.Info("run handed back at a safe boundary for shutdown")
 		j.handOff(ctx, stream)
 		return
+	case errors.Is(out.Stopped, agent.ErrCheckpointFailed) && errors.Is(out.Stopped, bus.ErrStoreFull) && !j.isDrained():
+		// The store stayed full for the whole StoreFullWait: the run
+		// ends with what its last checkpoint saved.
+		status, stopReason, errText = protocol.StatusError, StopStoreFull, storeFullText(out.Stopped)
 	case errors.Is(out.Stopped, agent.ErrCheckpointFailed):
 		// The next delivery takes the run over from its last saved
 		// checkpoint (the lease names this request); max_deliver bounds
@@ -733,7 +782,15 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 	var head, title string
 	if !out.Pending.Empty() && host != nil {
 		var err error
-		if head, title, err = host.delta(ctx, out.Pending); err != nil {
+		head, title, err = host.delta(ctx, out.Pending)
+		switch {
+		case err == nil:
+		case errors.Is(err, bus.ErrStoreFull) && !j.isDrained():
+			// Waited out: the run ends without its last step.
+			head, title = "", ""
+			status, stopReason, errText = protocol.StatusError, StopStoreFull, storeFullText(err)
+			out.Output, out.Interrupt = nil, nil
+		default:
 			j.log.Warn("could not save the run's last step; handing it back", zap.Error(err))
 			j.retryLater(err)
 			return
@@ -748,7 +805,7 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 	usage := withChildUsage(runUsage(host, req), kids)
 	end := func(r *protocol.Run) {
 		now := time.Now().UTC()
-		r.Status, r.StopReason, r.Error, r.Output, r.SupersededBy, r.FinishedAt = status, out.StopReason, errText, out.Output, supersededBy, &now
+		r.Status, r.StopReason, r.Error, r.Output, r.SupersededBy, r.FinishedAt = status, stopReason, errText, out.Output, supersededBy, &now
 		r.Interrupt, r.Usage = out.Interrupt, usage
 		if finishedSeq == 0 {
 			finishedSeq = r.Seq + 1
@@ -756,10 +813,12 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		r.Seq = finishedSeq
 	}
 	threadStatus := protocol.ThreadIdle
-	switch status {
-	case protocol.StatusError, protocol.StatusTimeout:
+	switch {
+	case stopReason == StopStoreFull:
+		// The thread is not at fault: it takes the next run as it is.
+	case status == protocol.StatusError, status == protocol.StatusTimeout:
 		threadStatus = protocol.ThreadError
-	case protocol.StatusInterrupted:
+	case status == protocol.StatusInterrupted:
 		threadStatus = protocol.ThreadInterrupted
 	}
 	if host != nil && host.st != nil && status != protocol.StatusInterrupted {
@@ -774,12 +833,16 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 	// the release by the lease epoch).
 	var rec *protocol.Run
 	recErr := make(chan error, 1)
+	// A full store holds them until it takes them (settleWrite).
 	go func() {
-		var err error
-		rec, err = j.endRecord(ctx, lease.epoch, end)
-		recErr <- err
+		recErr <- j.settleWrite(ctx, func() (err error) {
+			rec, err = j.endRecord(ctx, lease.epoch, end)
+			return err
+		})
 	}()
-	relErr := lease.release(ctx, &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: errors.Is(out.Stopped, ErrRolledBack), head: head, title: title})
+	relErr := j.settleWrite(ctx, func() error {
+		return lease.release(ctx, &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: errors.Is(out.Stopped, ErrRolledBack), head: head, title: title})
+	})
 	j.releaseTenantSlot(ctx)
 	err := <-recErr
 	switch {
@@ -804,7 +867,7 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		}
 		j.countEventBytes(ctx, stream.Bytes())
 	}
-	if err := w.pub.PublishFinished(ctx, rec); err != nil {
+	if err := j.settleWrite(ctx, func() error { return w.pub.PublishFinished(ctx, rec) }); err != nil {
 		j.log.Warn("could not publish run.finished; handing the request back so the next delivery does", zap.Error(err))
 		j.retryLater(err)
 		return

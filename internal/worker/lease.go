@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/agent"
+	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/protocol"
@@ -81,6 +82,8 @@ func (l *leaseHandle) mutate(ctx context.Context, fn func(*protocol.Thread) erro
 		}
 		l.fmu.Unlock()
 		l.refence()
+	} else {
+		l.refusedForRoom(sent, err)
 	}
 	lost := errors.Is(err, agent.ErrLeaseLost) && !l.lost
 	if lost {
@@ -214,6 +217,11 @@ func (l *leaseHandle) renew(ctx context.Context) {
 		t.Lease.RenewedAt = time.Now().UTC()
 		return nil
 	})
+	if bus.IsStoreFullErr(err) {
+		// Counted; the run logs its own wait for room.
+		l.w.storeFull(l.w.log.With(zap.String("thread_id", l.thread), zap.String("run_id", l.run)), err, false)
+		return
+	}
 	if err != nil && !errors.Is(err, agent.ErrLeaseLost) && !l.w.nc.IsClosed() {
 		l.w.log.Warn("lease renewal failed", zap.String("tenant", l.tenant), zap.String("thread_id", l.thread), zap.String("run_id", l.run), zap.Error(err))
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/metrics"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -43,12 +45,33 @@ const (
 
 // requestStateOf looks up the request stored at seq, which must carry run,
 // whose run was started attempts times. The consumer does not say which
-// messages it still tracks, so exhaustion is inferred from what proves
-// it: the run was started (each start is a delivery) MaxDeliver times and
-// the last holder is gone, or the request is at or below the consumer's
-// ack floor. A request that reached MaxDeliver through deliveries that
-// never started stays "queued" until its floor passes it.
+// messages it still tracks (one that reached MaxDeliver leaves its pending
+// set but stays in the work-queue stream, and holds the ack floor below
+// it for ever), so exhaustion is inferred from what proves it:
+//   - the request is at or below the consumer's ack floor;
+//   - the run was started (each start is a delivery) MaxDeliver times and
+//     the last holder is gone;
+//   - or, for deliveries that never started (writes a full store refused,
+//     workers that stopped first): the consumer delivered the request once
+//     (it is at or below its last delivered sequence) and, at two looks at
+//     least two ack waits apart, no live worker held it (heldByAWorker)
+//     while the consumer had pull requests waiting for work. A request the
+//     consumer still tracks is delivered again an ack wait after its last
+//     in-progress signal to such a waiting pull, and its holder answers.
+//
+// The last is inference, not the consumer's word: a worker that cannot
+// answer for two ack waits holds a run it cannot continue anyway, and
+// every write that settles the run is fenced (by the lease epoch and the
+// record's revision), so a worker that takes the run over first wins.
 func (w *Worker) requestStateOf(ctx context.Context, seq uint64, run string, attempts int) (requestState, *jetstream.RawStreamMsg, error) {
+	st, m, err := w.requestStateOfSeq(ctx, seq, run, attempts)
+	if st != requestQueued && err == nil {
+		w.forgetUnheld(seq)
+	}
+	return st, m, err
+}
+
+func (w *Worker) requestStateOfSeq(ctx context.Context, seq uint64, run string, attempts int) (requestState, *jetstream.RawStreamMsg, error) {
 	if seq == 0 {
 		return requestGone, nil, nil
 	}
@@ -73,7 +96,93 @@ func (w *Worker) requestStateOf(ctx context.Context, seq uint64, run string, att
 	if seq <= info.AckFloor.Stream || (info.Config.MaxDeliver > 0 && attempts >= info.Config.MaxDeliver) {
 		return requestExhausted, m, nil
 	}
+	if seq > info.Delivered.Stream {
+		w.forgetUnheld(seq)
+		return requestQueued, m, nil // never delivered: simply queued
+	}
+	held, err := w.heldByAWorker(ctx, seq)
+	if err != nil {
+		return 0, nil, err
+	}
+	if held {
+		w.forgetUnheld(seq)
+		return requestQueued, m, nil
+	}
+	if info.NumWaiting > 0 && w.unheldSince(seq) >= 2*w.cfg.Settings.AckWait {
+		return requestExhausted, m, nil
+	}
 	return requestQueued, m, nil
+}
+
+// heldByAWorker asks every live worker whether it holds the request at seq
+// (Names.WorkerHolds); silence for holdProbeWait means none does.
+func (w *Worker) heldByAWorker(ctx context.Context, seq uint64) (bool, error) {
+	pctx, cancel := context.WithTimeout(ctx, holdProbeWait)
+	defer cancel()
+	_, err := w.nc.RequestWithContext(pctx, w.names.WorkerHolds(), []byte(strconv.FormatUint(seq, 10)))
+	switch {
+	case err == nil:
+		return true, nil
+	case ctx.Err() != nil:
+		return false, ctx.Err()
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrTimeout):
+		return false, nil
+	}
+	return false, err
+}
+
+// holdProbeWait is how long heldByAWorker waits for a holder's answer.
+const holdProbeWait = 2 * time.Second
+
+// answerHolds answers a heldByAWorker question when this worker holds the
+// request (and has not abandoned it: its in-progress signals stopped).
+func (w *Worker) answerHolds(m *nats.Msg) {
+	seq, err := strconv.ParseUint(string(m.Data), 10, 64)
+	if err != nil {
+		return
+	}
+	w.mu.Lock()
+	j := w.held[seq]
+	w.mu.Unlock()
+	if j == nil {
+		return
+	}
+	j.hold.Lock()
+	abandoned := j.abandoned
+	j.hold.Unlock()
+	if !abandoned {
+		_ = m.Respond([]byte("held"))
+	}
+}
+
+// unheldSince notes that no worker held the request at seq now, and
+// returns for how long that has been seen (0 at the first look).
+func (w *Worker) unheldSince(seq uint64) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.unheld == nil {
+		w.unheld = make(map[uint64]time.Time)
+	}
+	for s, at := range w.unheld {
+		// Not looked at again (its lease was renewed or released):
+		// forgotten; looked at again later, it starts over.
+		if time.Since(at) > 10*w.cfg.StaleLease {
+			delete(w.unheld, s)
+		}
+	}
+	first, ok := w.unheld[seq]
+	if !ok {
+		w.unheld[seq] = time.Now()
+		return 0
+	}
+	return time.Since(first)
+}
+
+// forgetUnheld drops seq from the requests seen unheld.
+func (w *Worker) forgetUnheld(seq uint64) {
+	w.mu.Lock()
+	delete(w.unheld, seq)
+	w.mu.Unlock()
 }
 
 // reapLoop sweeps the threads every ReapEvery (jittered) until done.
@@ -163,6 +272,9 @@ func (w *Worker) reapLease(ctx context.Context, th *protocol.Thread) (bool, erro
 		reason = fmt.Sprintf("the worker running this run (%s) stopped: its lease on the thread was last renewed %s ago, and the run request is no longer in the runs stream (acknowledged, terminated or deleted), so no worker will continue it; submit the run again", lease.Worker, ago)
 	case requestExhausted:
 		reason = fmt.Sprintf("the run request was delivered %d times without finishing: the workers running it stopped each time (crash, kill, or shutdown without hand-back)", max(attempts, w.cfg.Settings.MaxDeliver))
+		if attempts < w.cfg.Settings.MaxDeliver {
+			reason = fmt.Sprintf("the runs consumer gave up on the run request after %d deliveries (its max_deliver), %d of which started the run: the others could not start (a full JetStream store refused their writes, or their worker stopped first); submit the run again", w.cfg.Settings.MaxDeliver, attempts)
+		}
 	}
 	if rec != nil {
 		// Fenced: a record a newer lease took over is not this lease's.
@@ -176,10 +288,14 @@ func (w *Worker) reapLease(ctx context.Context, th *protocol.Thread) (bool, erro
 		return false, err
 	}
 	if st == requestExhausted {
+		// The run's end is recorded: without the copy (a full store),
+		// the request stays in the stream until the thread's next run
+		// finds it finished and deletes it (admit.go, head).
 		tenant, thread, _ := w.names.ParseRunSubject(raw.Subject)
 		if err := w.copyToDLQ(ctx, raw.Subject, raw.Header, raw.Data, seq, reason, tenant, thread); err != nil {
 			return true, err
 		}
+		w.cfg.Metrics.DeadLettered(metrics.DLQMaxDeliveries)
 		w.deleteRequest(ctx, seq)
 	}
 	log.Warn("run settled by the lease sweep: no worker will continue it", zap.String("reason", reason))

@@ -273,3 +273,93 @@ func TestOwnTerminationsDeadLetteredOnce(t *testing.T) {
 		t.Fatalf("%d dead letters for the request, want 1 copy of its body", len(entries))
 	}
 }
+
+// A run started once whose request then used up its deliveries without
+// starting again (here a client takes the deliveries and hands each back,
+// as workers did whose writes a full store refused) is stranded: the
+// consumer never delivers it again, its ack floor stays below it, the
+// advisory went to nobody, and its lease holds the thread. The lease sweep
+// finds that no worker holds the request at two looks two ack waits apart
+// while the consumer waits for work, settles the run, dead-letters and
+// removes the request, and the thread's next run runs.
+func TestReaperSettlesRequestExhaustedByDeliveriesThatNeverStarted(t *testing.T) {
+	h := newHarnessWith(t, bus.Settings{AckWait: time.Second, MaxDeliver: 4})
+	ctx := context.Background()
+	exceeded := make(chan struct{}, 1)
+	sub, err := h.nc.Subscribe(maxDeliveriesSubject(h.names), func(*nats.Msg) { exceeded <- struct{}{} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	started := make(chan struct{}, 4)
+	a := h.startWorker(hangingModel(started), nil)
+	w := h.watch("default", "t1", "stranded")
+	seq := h.submit(request("t1", "stranded", "work"))
+	<-started
+	a.nc.Close() // the worker dies mid-run, holding the thread's lease
+
+	cons, err := h.js.Consumer(ctx, h.names.RunsStream(), bus.RunsConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	delivered := uint64(1)
+	deadline := time.Now().Add(30 * time.Second)
+	for delivered < 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d deliveries", delivered)
+		}
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(3*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			meta, err := m.Metadata()
+			if err != nil {
+				t.Fatal(err)
+			}
+			delivered = meta.NumDelivered
+			if err := m.Nak(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// One more pull makes the server notice the last delivery was its
+	// last (it gives up when it would deliver again).
+	if batch, err := cons.Fetch(1, jetstream.FetchMaxWait(2*time.Second)); err == nil {
+		for range batch.Messages() {
+			t.Fatal("a request was delivered past max_deliver")
+		}
+	}
+	select {
+	case <-exceeded:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no max-deliveries advisory")
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := h.run("default", "stranded")
+	if info.NumAckPending != 0 || info.AckFloor.Stream >= seq || rec.Status != protocol.StatusRunning || rec.Attempt != 1 {
+		t.Fatalf("precondition: %d pending, ack floor %d (request %d), run %s at attempt %d", info.NumAckPending, info.AckFloor.Stream, seq, rec.Status, rec.Attempt)
+	}
+
+	h.startWorker(textModel("fine", 1, 0), sweeping(time.Second))
+	fin := w.finished(t, 30*time.Second)
+	if fin.Status != protocol.StatusError || !strings.Contains(fin.Error, "after 4 deliveries") {
+		t.Fatalf("run ended %s: %q", fin.Status, fin.Error)
+	}
+	h.waitRunsStreamEmpty(t) // removed after its copy was stored
+	if n := len(h.dlqEntries(t, seq)); n != 1 {
+		t.Fatalf("the exhausted request was dead-lettered %d times, want 1", n)
+	}
+	th, _, err := h.stores.Threads.Get(ctx, "default", "t1")
+	if err != nil || th.Lease != nil {
+		t.Fatalf("thread still leased: %+v (%v)", th, err)
+	}
+	next := h.watch("default", "t1", "next")
+	h.submit(request("t1", "next", "hello"))
+	if fin := next.finished(t, 15*time.Second); fin.Status != protocol.StatusSuccess {
+		t.Fatalf("next run %s: %s", fin.Status, fin.Error)
+	}
+}

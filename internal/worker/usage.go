@@ -44,9 +44,10 @@ func (j *job) saveUsage(ctx context.Context, rec *protocol.Run) {
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), usageWriteTimeout)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), usageWriteTimeout+w.roomWait())
 		defer cancel()
-		if err := w.stores.Usage.Record(ctx, rec.Usage); err != nil {
+		// A full usage bucket is waited for like the run's own writes.
+		if err := w.untilRoom(ctx, log, w.roomWait(), nil, func() error { return w.stores.Usage.Record(ctx, rec.Usage) }); err != nil {
 			log.Warn("could not record the run's token usage", zap.Error(err))
 		}
 	}()

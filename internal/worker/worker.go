@@ -61,8 +61,13 @@ type Config struct {
 	// leases whose runs no worker will continue (reaper.go), jittered
 	// (default StaleLease; negative: never).
 	ReapEvery time.Duration
-	Agents    *agent.Agents
-	Logger    *zap.Logger
+	// StoreFullWait is how long a run waits, holding its request (no
+	// delivery is spent), for JetStream to take a write it refused for
+	// lack of room before it ends "error" with stop_reason store_full
+	// (storefull.go; default 5m; negative: it ends at once).
+	StoreFullWait time.Duration
+	Agents        *agent.Agents
+	Logger        *zap.Logger
 	// Files opens a thread's workdir; nil means runs have none (file
 	// tools then answer with an error).
 	Files func(tenant, thread string) files.Workdir
@@ -113,12 +118,18 @@ func (c Config) withDefaults() Config {
 	if c.ReapEvery == 0 {
 		c.ReapEvery = c.StaleLease
 	}
+	if c.StoreFullWait == 0 {
+		c.StoreFullWait = DefaultStoreFullWait
+	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
 	c.Metrics = metrics.Or(c.Metrics)
 	return c
 }
+
+// DefaultStoreFullWait is Config.StoreFullWait's default.
+const DefaultStoreFullWait = 5 * time.Minute
 
 // Causes a run's context is cancelled with.
 var (
@@ -154,10 +165,13 @@ type Worker struct {
 	// signals: <inbox>.<stream seq>.<unix nanos sent>.
 	progressInbox string
 
-	mu       sync.Mutex
-	held     map[uint64]*job    // every request held, by stream seq
-	running  map[string]*job    // running jobs by tenant.run
-	waiters  map[string]*waiter // per thread, runs waiting for it
+	mu      sync.Mutex
+	held    map[uint64]*job    // every request held, by stream seq
+	running map[string]*job    // running jobs by tenant.run
+	waiters map[string]*waiter // per thread, runs waiting for it
+	// unheld: requests the lease sweep found held by no worker, and when
+	// it first did (reaper.go).
+	unheld   map[uint64]time.Time
 	waiting  int
 	draining bool
 	// drainEnds is when the shutdown grace ends, once draining.

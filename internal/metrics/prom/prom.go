@@ -66,6 +66,7 @@ type Recorder struct {
 	retries      *series[string, prometheus.Counter]
 	cancels      *series[string, prometheus.Counter]
 	dlq          *series[string, prometheus.Counter]
+	storeFull    *series[string, prometheus.Counter]
 	jobs         [2]prometheus.Counter
 	httpCount    *series[[2]string, prometheus.Counter]
 	httpDuration *series[string, prometheus.Observer]
@@ -131,6 +132,8 @@ func New(o Options) (*Recorder, error) {
 		Help: "Cancel requests answered by workers, by outcome (ok, or the error code)."}, []string{"outcome"})
 	dlq := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "dead_lettered_total",
 		Help: "Run requests copied to the dead-letter stream, by reason (invalid, conflict, max_deliveries)."}, []string{"reason"})
+	storeFull := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "store_full_total",
+		Help: "Writes JetStream refused for lack of room (a full server or account store, or a stream or bucket at its max bytes), by the stream or bucket written to."}, []string{"store"})
 	jobs := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "worker_jobs_processed_total",
 		Help: "Run requests a worker took to their end (finished, handed back or dropped), by delivery (first, redelivery)."}, []string{"delivery"})
 	httpCount := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "http_requests_total",
@@ -141,7 +144,7 @@ func New(o Options) (*Recorder, error) {
 		Help: "Runs the gateway published, by multitask strategy."}, []string{"strategy"})
 	r.workers = &workerCollector{trackers: map[*func() metrics.WorkerStats]struct{}{}}
 	r.lag = &lagCollector{refresh: o.LagRefresh, sources: map[string]*lagSource{}}
-	for _, c := range []prometheus.Collector{started, wait, finished, duration, calls, tokens, retries, cancels, dlq, jobs, httpCount, httpDuration, submitted, r.workers, r.lag} {
+	for _, c := range []prometheus.Collector{started, wait, finished, duration, calls, tokens, retries, cancels, dlq, storeFull, jobs, httpCount, httpDuration, submitted, r.workers, r.lag} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -166,6 +169,7 @@ func New(o Options) (*Recorder, error) {
 	r.retries = newSeries(func(k string) prometheus.Counter { return retries.WithLabelValues(k) })
 	r.cancels = newSeries(func(k string) prometheus.Counter { return cancels.WithLabelValues(k) })
 	r.dlq = newSeries(func(k string) prometheus.Counter { return dlq.WithLabelValues(k) })
+	r.storeFull = newSeries(func(k string) prometheus.Counter { return storeFull.WithLabelValues(k) })
 	r.jobs = [2]prometheus.Counter{jobs.WithLabelValues("first"), jobs.WithLabelValues("redelivery")}
 	r.httpCount = newSeries(func(k [2]string) prometheus.Counter { return httpCount.WithLabelValues(k[0], k[1]) })
 	r.httpDuration = newSeries(func(k string) prometheus.Observer { return httpDuration.WithLabelValues(k) })
@@ -227,6 +231,9 @@ func (r *Recorder) CancelRequest(outcome string) { r.cancels.get(outcome).Inc() 
 
 // DeadLettered implements metrics.Recorder.
 func (r *Recorder) DeadLettered(reason string) { r.dlq.get(reason).Inc() }
+
+// StoreFull implements metrics.Recorder.
+func (r *Recorder) StoreFull(store string) { r.storeFull.get(store).Inc() }
 
 // JobProcessed implements metrics.Recorder.
 func (r *Recorder) JobProcessed(redelivered bool) {
