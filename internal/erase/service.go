@@ -156,7 +156,7 @@ func (s *Service) serve(ctx context.Context, m *nats.Msg) error {
 	if err != nil {
 		return err
 	}
-	if p != nil && !s.mayUse(th, p) {
+	if !intake.MayUse(s.cfg.MayUseThread, th, p) {
 		// As for another tenant's thread: nothing says it exists.
 		return fmt.Errorf("thread %s: %w", thread, ErrNotFound)
 	}
@@ -170,33 +170,15 @@ func (s *Service) serve(ctx context.Context, m *nats.Msg) error {
 // principal is the requester from Nats-Request-Info (nil: inside the
 // service account), refused unless its account is the tenant's.
 func (s *Service) principal(tenant string, h nats.Header) (*protocol.Principal, error) {
-	raw := h.Get(intake.HeaderRequestInfo)
-	if raw == "" {
-		return nil, nil
+	p, err := intake.Requester(tenant, "delete threads of", h, s.cfg.Roles)
+	if re, ok := errors.AsType[*intake.RequesterError](err); ok {
+		code := codeForbidden
+		if re.Status == 400 {
+			code = protocol.CodeInvalid
+		}
+		return nil, &refusal{re.Status, code, re.Msg}
 	}
-	var info intake.ClientInfo
-	if err := json.Unmarshal([]byte(raw), &info); err != nil {
-		return nil, &refusal{400, protocol.CodeInvalid, "the " + intake.HeaderRequestInfo + " header is not valid JSON"}
-	}
-	if !info.IsTenant(tenant) {
-		return nil, &refusal{403, codeForbidden, fmt.Sprintf("account %q may not delete threads of tenant %q", clip(info.Account), tenant)}
-	}
-	user := info.Principal()
-	if user == "" {
-		return nil, &refusal{403, codeForbidden, fmt.Sprintf("the request names no NATS user; connect with a user of account %q", tenant)}
-	}
-	p := &protocol.Principal{User: user}
-	if s.cfg.Roles != nil {
-		p.Roles = s.cfg.Roles(tenant, info)
-	}
-	return p, nil
-}
-
-func (s *Service) mayUse(th *protocol.Thread, p *protocol.Principal) bool {
-	if s.cfg.MayUseThread != nil {
-		return s.cfg.MayUseThread(th, p)
-	}
-	return th.Owner == "" || th.Owner == p.User
+	return p, err
 }
 
 // refusalOf maps an error of this package to the status and code it is

@@ -317,24 +317,59 @@ func (s *Service) admit(ctx context.Context, req *protocol.RunRequest) error {
 // request without it comes from inside the service account (a trusted
 // service user, or a deployment without accounts): it has no principal.
 func (s *Service) principal(tenant string, h nats.Header) (*protocol.Principal, error) {
+	p, err := Requester(tenant, "submit runs of", h, s.cfg.Roles)
+	if re, ok := errors.AsType[*RequesterError](err); ok {
+		code := ErrCodeForbidden
+		if re.Status == 400 {
+			code = ErrCodeInvalid
+		}
+		return nil, refuse(re.Status, code, "%s", re.Msg)
+	}
+	return p, err
+}
+
+// RequesterError refuses a request that came through a tenant's service
+// import: Status 400 (its request info does not decode) or 403 (another
+// account's user, or no user named).
+type RequesterError struct {
+	Status int
+	Msg    string
+}
+
+func (e *RequesterError) Error() string { return e.Msg }
+
+// Requester is the authenticated user of a request to a service of
+// tenant's (submit, cancel, delete), from the Nats-Request-Info header
+// the server adds to a request that crossed a service import, with the
+// roles roles gives (nil: none). A request without it comes from inside
+// the service account (a trusted service user, or a deployment without
+// accounts): (nil, nil). A requester of another account, or one naming
+// no user, is refused with a *RequesterError; what names the action in
+// its message ("cancel runs of"). The account check is defense in depth:
+// the imports only let a tenant's account reach its own subjects.
+func Requester(tenant, what string, h nats.Header, roles func(string, ClientInfo) []string) (*protocol.Principal, error) {
 	raw := h.Get(HeaderRequestInfo)
 	if raw == "" {
 		return nil, nil
 	}
 	var info ClientInfo
 	if err := json.Unmarshal([]byte(raw), &info); err != nil {
-		return nil, refuse(400, ErrCodeInvalid, "the %s header is not valid JSON: %v", HeaderRequestInfo, err)
+		return nil, &RequesterError{400, fmt.Sprintf("the %s header is not valid JSON: %v", HeaderRequestInfo, err)}
 	}
-	if err := checkAccount(tenant, info); err != nil {
-		return nil, err
+	if !info.IsTenant(tenant) {
+		if !nkeys.IsValidPublicAccountKey(info.Account) {
+			return nil, &RequesterError{403, fmt.Sprintf("account %q may not %s tenant %q", clip(info.Account), what, tenant)}
+		}
+		return nil, &RequesterError{403, fmt.Sprintf("account %s may not %s tenant %q: its user's JWT has no tag %q (a user issued before natsagent tagged tenant users needs new creds: natsagent jwt user-rotate --account %s --user <user>, then push)",
+			clip(info.Account), what, tenant, natsjwt.TenantTag(tenant), tenant)}
 	}
 	user := info.Principal()
 	if user == "" {
-		return nil, refuse(403, ErrCodeForbidden, "the request names no NATS user; connect with a user of account %q", tenant)
+		return nil, &RequesterError{403, fmt.Sprintf("the request names no NATS user; connect with a user of account %q", tenant)}
 	}
 	p := &protocol.Principal{User: user}
-	if s.cfg.Roles != nil {
-		p.Roles = s.cfg.Roles(tenant, info)
+	if roles != nil {
+		p.Roles = roles(tenant, info)
 	}
 	return p, nil
 }
@@ -349,19 +384,6 @@ func (ci ClientInfo) IsTenant(tenant string) bool {
 		return ci.Account == tenant
 	}
 	return slices.Contains(ci.Tags, natsjwt.TenantTag(tenant))
-}
-
-// checkAccount is defense in depth: the import only lets tenant's account
-// reach its own subjects, and the subject's tenant must be that account.
-func checkAccount(tenant string, info ClientInfo) error {
-	if info.IsTenant(tenant) {
-		return nil
-	}
-	if !nkeys.IsValidPublicAccountKey(info.Account) {
-		return refuse(403, ErrCodeForbidden, "account %q may not submit runs of tenant %q", clip(info.Account), tenant)
-	}
-	return refuse(403, ErrCodeForbidden, "account %s may not submit runs of tenant %q: its user's JWT has no tag %q (a user issued before natsagent tagged tenant users needs new creds: natsagent jwt user-rotate --account %s --user <user>, then push)",
-		clip(info.Account), tenant, natsjwt.TenantTag(tenant), tenant)
 }
 
 // enqueue submits as the natsagent command does: a run id that already
@@ -430,14 +452,20 @@ func (s *Service) enqueue(ctx context.Context, req *protocol.RunRequest, data []
 	return out.Ack, nil
 }
 
-// mayUseThread applies the MayUseThread hook; a submission from inside the
-// service account (no principal) may use any thread.
+// mayUseThread applies the MayUseThread hook.
 func (s *Service) mayUseThread(th *protocol.Thread, p *protocol.Principal) bool {
-	if p == nil {
+	return MayUse(s.cfg.MayUseThread, th, p)
+}
+
+// MayUse reports whether p may use th, by hook (Hooks.MayUseThread) when
+// set, else when th has no owner or is p's. A request from inside the
+// service account (p nil) may use any thread.
+func MayUse(hook func(*protocol.Thread, *protocol.Principal) bool, th *protocol.Thread, p *protocol.Principal) bool {
+	switch {
+	case p == nil:
 		return true
-	}
-	if s.cfg.MayUseThread != nil {
-		return s.cfg.MayUseThread(th, p)
+	case hook != nil:
+		return hook(th, p)
 	}
 	return th.Owner == "" || th.Owner == p.User
 }

@@ -197,11 +197,25 @@ func (w *Worker) handleCancel(m *nats.Msg) {
 			return
 		}
 	}
-	if raw := m.Header.Get(intake.HeaderRequestInfo); raw != "" {
-		var ci intake.ClientInfo
-		if err := json.Unmarshal([]byte(raw), &ci); err != nil || !ci.IsTenant(tenant) {
-			w.log.Warn("cancel refused: the requester's account is not the run's tenant", zap.String("tenant", tenant), zap.String("account", ci.Account))
-			respondError(m, codeForbidden, fmt.Sprintf("account %q may not cancel runs of tenant %q", ci.Account, tenant))
+	p, err := intake.Requester(tenant, "cancel runs of", m.Header, w.cfg.Submit.Roles)
+	if re, ok := errors.AsType[*intake.RequesterError](err); ok {
+		w.log.Warn("cancel refused", zap.String("tenant", tenant), zap.String("reason", re.Msg))
+		code := codeForbidden
+		if re.Status == 400 {
+			code = protocol.CodeInvalid
+		}
+		respondError(m, code, re.Msg)
+		return
+	}
+	if p != nil {
+		// Another user's thread is not found, as over HTTP.
+		th, _, err := w.stores.Threads.Get(ctx, tenant, thread)
+		if err != nil && !errors.Is(err, kv.ErrNotFound) {
+			respondError(m, protocol.CodeUnavailable, err.Error())
+			return
+		}
+		if th != nil && !intake.MayUse(w.cfg.Submit.MayUseThread, th, p) {
+			respondError(m, protocol.CodeNotFound, fmt.Sprintf("no run %s on thread %s", run, thread))
 			return
 		}
 	}

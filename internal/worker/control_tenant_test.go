@@ -15,12 +15,16 @@ import (
 
 // A cancel that crossed a tenant's service import carries the server's
 // Nats-Request-Info: another account than the subject's tenant is refused
-// (403) and the run goes on; its own account cancels. (The server sets the
+// (403) and the run goes on; so is another user of the tenant, as if the
+// thread did not exist (404); its owner cancels. (The server sets the
 // header; here, without accounts, the test sets it as the server would.)
 func TestCancelChecksTheRequestersAccount(t *testing.T) {
 	h := newHarness(t)
 	h.startWorker(textModel("slow answer", 50, 100*time.Millisecond), nil)
 	w := h.watch("default", "t1", "r1")
+	if _, err := h.stores.Threads.Put(context.Background(), &protocol.Thread{ThreadID: "t1", Tenant: "default", Owner: "alice", Status: protocol.ThreadIdle}, 0); err != nil {
+		t.Fatal(err)
+	}
 	h.submit(request("t1", "r1", "hi"))
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -32,16 +36,16 @@ func TestCancelChecksTheRequestersAccount(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	send := func(account string) *nats.Msg {
+	send := func(account, user string) *nats.Msg {
 		m := nats.NewMsg(h.names.CancelSubject("default", "t1", "r1"))
-		m.Header.Set(intake.HeaderRequestInfo, `{"acc":"`+account+`","user":"u"}`)
+		m.Header.Set(intake.HeaderRequestInfo, `{"acc":"`+account+`","user":"`+user+`"}`)
 		reply, err := h.nc.RequestMsg(m, 20*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return reply
 	}
-	reply := send("globex")
+	reply := send("globex", "alice")
 	var er protocol.ErrorReply
 	if err := json.Unmarshal(reply.Data, &er); err != nil || er.Error.Code != codeForbidden || reply.Header.Get("Nats-Service-Error-Code") != "403" ||
 		!strings.Contains(er.Error.Message, `account "globex" may not cancel runs of tenant "default"`) {
@@ -50,7 +54,15 @@ func TestCancelChecksTheRequestersAccount(t *testing.T) {
 	if rec := h.run("default", "r1"); rec.Status != protocol.StatusRunning {
 		t.Fatalf("run is %s after a refused cancel", rec.Status)
 	}
-	reply = send("default")
+	reply = send("default", "bob")
+	er = protocol.ErrorReply{}
+	if err := json.Unmarshal(reply.Data, &er); err != nil || er.Error.Code != protocol.CodeNotFound {
+		t.Fatalf("cancel by another user of the tenant answered %s %v", reply.Data, reply.Header)
+	}
+	if rec := h.run("default", "r1"); rec.Status != protocol.StatusRunning {
+		t.Fatalf("run is %s after another user's cancel", rec.Status)
+	}
+	reply = send("default", "alice")
 	var ok protocol.CancelReply
 	if err := json.Unmarshal(reply.Data, &ok); err != nil || ok.RunID != "r1" || ok.Status != protocol.StatusCancelled {
 		t.Fatalf("cancel from the tenant's account answered %s", reply.Data)
