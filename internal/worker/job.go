@@ -51,6 +51,13 @@ type job struct {
 	// the server confirmed was sent, or the request was received.
 	progressed atomic.Int64
 	span       trace.Span // the run's span; nil when the process does not trace
+
+	// seen is the lease an earlier delivery of this request held when
+	// this one first saw it so, at seenAt (job.lapsed); waitedLapse is
+	// set once the wait for it was logged.
+	seen        *protocol.Lease
+	seenAt      time.Time
+	waitedLapse bool
 }
 
 // handle takes one delivered request to its end. It owns one slot on entry
@@ -509,10 +516,12 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	// run.started emitted under the job's lock, so a drain either comes
 	// first (the run is handed back unstarted; the lease stays, for the
 	// next delivery to take over) or after the event.
+	stream.SetFence(lease.live)
 	j.hold.Lock()
 	if j.drained || w.isDraining() {
 		j.hold.Unlock()
 		j.log.Info("worker stopping: run handed back before it started")
+		lease.handOver(ctx)
 		j.handOff(ctx, stream)
 		return
 	}
@@ -663,6 +672,10 @@ func (h *runHost) delta(ctx context.Context, u state.Update) (id, title string, 
 
 // Emit publishes an event of the run.
 func (h *runHost) Emit(eventType string, data any) { h.stream.Emit(eventType, data, "") }
+
+// Fenced is agent.Fence: agent.ErrLeaseLost once the run lost its lease
+// or its fence ran out.
+func (h *runHost) Fenced() error { return h.lease.Fenced() }
 
 // finalize records the outcome, gives the thread back, publishes the one
 // terminal event and acks the request, in that order: a crash between any
@@ -852,10 +865,16 @@ func (j *job) handOff(ctx context.Context, stream *events.Stream) {
 // store may need a moment to get over.
 func (j *job) handOffAfter(ctx context.Context, stream *events.Stream, delay time.Duration) {
 	j.hold.Lock()
+	lease := j.lease
 	j.lease = nil
 	j.hold.Unlock()
 	if stream != nil {
 		_ = stream.Flush(ctx)
+	}
+	if lease != nil {
+		// Its events are out: the next delivery need not wait for the
+		// lease to lapse.
+		lease.handOver(ctx)
 	}
 	if delay > 0 {
 		_ = j.msg.NakWithDelay(delay)
