@@ -137,6 +137,18 @@ func (f *Feed) Next(ctx context.Context) (jetstream.Msg, error) {
 	}
 }
 
+// SawStarted tells a DropStale feed that the reader already had run's
+// run.started of attempt (a reader resuming after it), so that the
+// events of older attempts that follow are dropped too.
+func (f *Feed) SawStarted(tenant, run string, attempt int) {
+	if f.attempts == nil {
+		f.attempts = map[string]int{}
+	}
+	if key := tenant + "." + run; attempt > f.attempts[key] {
+		f.attempts[key] = attempt
+	}
+}
+
 // StaleFilter drops the events of superseded attempts from a reading of
 // run events, the rule docs/protocol.md (2.10.5) gives clients: per run,
 // an event whose attempt is older than the newest run.started seen is

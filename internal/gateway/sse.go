@@ -44,6 +44,32 @@ func envelopeType(data []byte) string {
 	return env.Type
 }
 
+// resumeAttempt tells f, which resumes rec's events after stream
+// sequence after, the newest run.started the client had by then, so the
+// events of older attempts stored later are dropped as in a stream read
+// from the start. It reads the run's lifecycle events up to after (a
+// few: run.queued and a run.started per attempt); if that fails, the
+// feed drops what follows a newer run.started only.
+func (s *Server) resumeAttempt(ctx context.Context, f *events.Feed, rec *protocol.Run, after uint64) {
+	subject := s.names.EventSubject(rec.Tenant, rec.ThreadID, rec.RunID, protocol.KindLifecycle)
+	newest := 0
+	for seq := uint64(1); seq <= after; {
+		m, err := s.events.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if err != nil || m.Sequence > after {
+			break
+		}
+		var env struct {
+			Type    string `json:"type"`
+			Attempt int    `json:"attempt"`
+		}
+		if json.Unmarshal(m.Data, &env) == nil && env.Type == protocol.EventRunStarted {
+			newest = max(newest, env.Attempt)
+		}
+		seq = m.Sequence + 1
+	}
+	f.SawStarted(rec.Tenant, rec.RunID, newest)
+}
+
 // sse writes a text/event-stream response.
 type sse struct {
 	w  http.ResponseWriter

@@ -141,7 +141,8 @@ type Result struct {
 	Elapsed time.Duration
 }
 
-// OK reports a soak with nothing lost, duplicated or overlapping.
+// OK reports a soak with nothing lost, duplicated or overlapping, no
+// attempts of a run at once and no stale events visible (Audit.OK).
 func (r *Result) OK() bool { return r.Audit.OK() }
 
 // Summary is the result in a few lines.

@@ -29,6 +29,7 @@ import (
 type job struct {
 	w   *Worker
 	msg jetstream.Msg
+	id  uint64 // this worker's number for the delivery (Worker.held)
 	seq uint64 // stream sequence of the request
 	key string // tenant.run once decoded
 	req *protocol.RunRequest
@@ -78,7 +79,7 @@ func (w *Worker) handle(base context.Context, msg jetstream.Msg) {
 		<-w.slots
 		return
 	}
-	j := &job{w: w, msg: msg, seq: meta.Sequence.Stream, log: w.log, wake: make(chan struct{}, 1), finished: make(chan struct{})}
+	j := &job{w: w, msg: msg, id: w.jobIDs.Add(1), seq: meta.Sequence.Stream, log: w.log, wake: make(chan struct{}, 1), finished: make(chan struct{})}
 	j.progressed.Store(time.Now().UnixNano())
 	w.track(j)
 	hasSlot := true
@@ -942,7 +943,7 @@ func (j *job) heartbeat() *leaseHandle {
 	}
 	// msg.InProgress, with a reply subject: the answer (progressConfirmed)
 	// feeds the lease's fence.
-	reply := j.w.progressInbox + "." + strconv.FormatUint(j.seq, 10) + "." + strconv.FormatInt(time.Now().UnixNano(), 10)
+	reply := j.w.progressInbox + "." + strconv.FormatUint(j.id, 10) + "." + strconv.FormatInt(time.Now().UnixNano(), 10)
 	_ = j.w.nc.PublishRequest(j.msg.Reply(), reply, ackProgress)
 	return lease
 }
@@ -950,17 +951,17 @@ func (j *job) heartbeat() *leaseHandle {
 var ackProgress = []byte("+WPI")
 
 // progressConfirmed takes the server's answer to an in-progress signal
-// (subject <progressInbox>.<stream seq>.<unix nanos sent>).
+// (subject <progressInbox>.<job id>.<unix nanos sent>).
 func (w *Worker) progressConfirmed(m *nats.Msg) {
 	rest := strings.TrimPrefix(m.Subject, w.progressInbox+".")
-	seqText, sentText, ok := strings.Cut(rest, ".")
-	seq, err1 := strconv.ParseUint(seqText, 10, 64)
+	idText, sentText, ok := strings.Cut(rest, ".")
+	id, err1 := strconv.ParseUint(idText, 10, 64)
 	sent, err2 := strconv.ParseInt(sentText, 10, 64)
 	if !ok || err1 != nil || err2 != nil {
 		return
 	}
 	w.mu.Lock()
-	j := w.held[seq]
+	j := w.held[id]
 	w.mu.Unlock()
 	if j == nil {
 		return

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -148,11 +149,16 @@ type Worker struct {
 	slots chan struct{}
 
 	// progressInbox prefixes the reply subjects of the in-progress
-	// signals: <inbox>.<stream seq>.<unix nanos sent>.
+	// signals: <inbox>.<job id>.<unix nanos sent>.
 	progressInbox string
+	// jobIDs numbers the deliveries this worker holds (job.id).
+	jobIDs atomic.Uint64
 
-	mu       sync.Mutex
-	held     map[uint64]*job    // every request held, by stream seq
+	mu sync.Mutex
+	// held is every request held, by job id: a request delivered again
+	// to this worker while an earlier delivery of it still runs here is
+	// held twice, each delivery with its own in-progress signals.
+	held     map[uint64]*job
 	running  map[string]*job    // running jobs by tenant.run
 	waiters  map[string]*waiter // per thread, runs waiting for it
 	waiting  int
@@ -441,13 +447,13 @@ func renewLeases(ctx context.Context, leases []*leaseHandle) {
 
 func (w *Worker) track(j *job) {
 	w.mu.Lock()
-	w.held[j.seq] = j
+	w.held[j.id] = j
 	w.mu.Unlock()
 }
 
 func (w *Worker) untrack(j *job) {
 	w.mu.Lock()
-	delete(w.held, j.seq)
+	delete(w.held, j.id)
 	if j.key != "" && w.running[j.key] == j {
 		delete(w.running, j.key)
 	}
