@@ -294,12 +294,6 @@ func (s *Stream) SetFence(live func() bool) {
 	s.live = live
 }
 
-// Dropped returns how many events the fence dropped.
-func (s *Stream) Dropped() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.dropped
-}
 
 // NewStream starts numbering after lastSeq, for one attempt of a run.
 func (p *Publisher) NewStream(tenant, thread, run string, attempt int, lastSeq uint64) *Stream {

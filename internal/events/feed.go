@@ -46,7 +46,7 @@ type FeedConfig struct {
 	Since time.Time
 
 	// DropStale skips the events of an attempt older than the newest
-	// run.started the feed delivered for their run (StaleFilter): a
+	// run.started the feed delivered for their run (or SawStarted): a
 	// worker that was paused past its lease may have published some
 	// after another worker took the run over. run.finished is never
 	// skipped.
@@ -149,23 +149,11 @@ func (f *Feed) SawStarted(tenant, run string, attempt int) {
 	}
 }
 
-// StaleFilter drops the events of superseded attempts from a reading of
-// run events, the rule docs/protocol.md (2.10.5) gives clients: per run,
-// an event whose attempt is older than the newest run.started seen is
-// stale. The zero value is ready; it is not safe for concurrent use.
-type StaleFilter struct{ attempts map[string]int }
-
-// Stale reports whether the event (an envelope) is stale, and notes a
-// run.started.
-func (s *StaleFilter) Stale(data []byte) bool {
-	if s.attempts == nil {
-		s.attempts = map[string]int{}
-	}
-	return staleEvent(s.attempts, data)
-}
-
-// staleEvent applies StaleFilter's rule with newest, the newest
-// run.started attempt per tenant and run.
+// staleEvent reports whether an event (an envelope) is of a superseded
+// attempt, the rule docs/protocol.md (2.10.5) gives readers: per run, an
+// event whose attempt is older than the newest run.started seen is
+// stale; run.queued and run.finished never are. newest holds the newest
+// run.started attempt seen per tenant and run, and is updated.
 func staleEvent(newest map[string]int, data []byte) bool {
 	var env struct {
 		Type    string `json:"type"`
