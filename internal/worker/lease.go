@@ -243,6 +243,10 @@ func (l *leaseHandle) handOver(ctx context.Context) {
 	if l.gone.Load() {
 		return
 	}
+	// A shutdown's runs are handed back after their context ended (the
+	// grace ran out): the mark is bounded on its own.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handOverTimeout)
+	defer cancel()
 	err := l.mutate(ctx, func(t *protocol.Thread) error {
 		t.Lease.HandedOver = true
 		return nil
@@ -252,6 +256,9 @@ func (l *leaseHandle) handOver(ctx context.Context) {
 			zap.String("thread_id", l.thread), zap.String("run_id", l.run), zap.Error(err))
 	}
 }
+
+// handOverTimeout bounds handOver's write.
+const handOverTimeout = 3 * time.Second
 
 // renew refreshes the lease when it is getting old, which also picks up a
 // steer or rollback whose signal was lost. Heartbeats come every third of
