@@ -294,7 +294,6 @@ func (s *Stream) SetFence(live func() bool) {
 	s.live = live
 }
 
-
 // NewStream starts numbering after lastSeq, for one attempt of a run.
 func (p *Publisher) NewStream(tenant, thread, run string, attempt int, lastSeq uint64) *Stream {
 	return &Stream{p: p, tenant: tenant, thread: thread, run: run, attempt: attempt, seq: lastSeq}
