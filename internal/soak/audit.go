@@ -122,6 +122,10 @@ type runTrace struct {
 	// stream order); stale counts the events of an older attempt stored
 	// after it, repeats the seqs stored more than once.
 	newest, stale, repeats int
+	// first is the type and attempt of the first event stored per seq,
+	// and repeated describes the first few seqs stored again.
+	first    map[uint64]string
+	repeated []string
 }
 
 // RunAudit reads every event of the deployment's events stream and the
@@ -176,7 +180,7 @@ func RunAudit(ctx context.Context, js jetstream.JetStream, names bus.Names, runs
 			a.Stale = append(a.Stale, fmt.Sprintf("%s (%d events)", ref.Run, tr.stale))
 		}
 		if tr.repeats > 0 {
-			a.Repeated = append(a.Repeated, fmt.Sprintf("%s (%d seqs)", ref.Run, tr.repeats))
+			a.Repeated = append(a.Repeated, fmt.Sprintf("%s (%d seqs: %s)", ref.Run, tr.repeats, strings.Join(tr.repeated, "; ")))
 		}
 		for i := uint64(1); i <= uint64(len(tr.seqs)); i++ {
 			if !tr.seqs[i] {
@@ -326,11 +330,16 @@ func readTraces(ctx context.Context, js jetstream.JetStream, names bus.Names) (m
 			key := bus.Key(ev.Tenant, ev.RunID)
 			tr := traces[key]
 			if tr == nil {
-				tr = &runTrace{thread: ev.ThreadID, seqs: map[uint64]bool{}}
+				tr = &runTrace{thread: ev.ThreadID, seqs: map[uint64]bool{}, first: map[uint64]string{}}
 				traces[key] = tr
 			}
+			what := fmt.Sprintf("%s of attempt %d", ev.Type, ev.Attempt)
 			if tr.seqs[ev.Seq] {
-				tr.repeats++
+				if tr.repeats++; len(tr.repeated) < 3 {
+					tr.repeated = append(tr.repeated, fmt.Sprintf("%d %s, then %s", ev.Seq, tr.first[ev.Seq], what))
+				}
+			} else {
+				tr.first[ev.Seq] = what
 			}
 			tr.seqs[ev.Seq] = true
 			switch {

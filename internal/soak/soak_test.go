@@ -175,8 +175,8 @@ func TestAuditFlagsLostDuplicatedAndOverlapping(t *testing.T) {
 	if len(a.Stale) != 1 || a.Stale[0] != "stale (1 events)" {
 		t.Errorf("stale = %v, want stale (1 events)", a.Stale)
 	}
-	if len(a.Repeated) != 1 || a.Repeated[0] != "stale (1 seqs)" {
-		t.Errorf("repeated = %v, want stale (1 seqs)", a.Repeated)
+	if want := "stale (1 seqs: 3 message.delta of attempt 2, then message.completed of attempt 1)"; len(a.Repeated) != 1 || a.Repeated[0] != want {
+		t.Errorf("repeated = %v, want %s", a.Repeated, want)
 	}
 	if a.Succeeded != 6 {
 		t.Errorf("succeeded = %d, want 6 (ok, dup, a, b, taken, stale)", a.Succeeded)
