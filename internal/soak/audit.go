@@ -52,8 +52,12 @@ type Audit struct {
 	// newer attempt's run.started: what a paused or cut-off worker
 	// published after the takeover ("<run> (<n> events)").
 	Stale []string
-	// Repeated are runs with a seq stored twice (two attempts numbering
-	// the same seq, or an event stored twice).
+	// Repeated are runs with a seq stored twice: two attempts numbering
+	// the same seq (also counted stale), or an event.lost marker for an
+	// event that was stored after all (a worker cut off from NATS while
+	// it finished the run flushes it late, after the run's redelivered
+	// request had the gap marked). Reported, not failed on: the markers
+	// are the known trade-off of gapless seqs (docs/operations.md).
 	Repeated []string
 	// AttemptOverlaps are runs two attempts of which called the model at
 	// the same time (CallLog.Overlaps; set by the soak, which sees the
@@ -65,7 +69,7 @@ type Audit struct {
 // overlapping or inconsistent.
 func (a *Audit) OK() bool {
 	return len(a.Lost) == 0 && len(a.Duplicated) == 0 && len(a.Overlapping) == 0 && len(a.Mismatched) == 0 &&
-		len(a.Stale) == 0 && len(a.Repeated) == 0 && len(a.AttemptOverlaps) == 0
+		len(a.Stale) == 0 && len(a.AttemptOverlaps) == 0
 }
 
 // Summary is the audit in a few lines.

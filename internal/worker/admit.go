@@ -263,14 +263,15 @@ const (
 func (j *job) head(ctx context.Context) (headState, error) {
 	w := j.w
 	subject := w.names.RunSubject(j.req.Tenant, j.req.ThreadID)
+	var from uint64 // where to look: past the requests of runs finishing now
 	for range 100 {
-		m, err := w.runsStream.GetMsg(ctx, 0, jetstream.WithGetMsgSubject(subject))
+		m, err := w.runsStream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) || (err == nil && m.Sequence > j.seq) {
 			// Our own request looks gone from the stream. A direct get
 			// may be answered by a replica that has not stored it yet
 			// (it was delivered by the leader): only the leader may say
 			// so, or a run would be acked without running.
-			m, err = bus.GetMsgFromLeader(ctx, w.js, w.names.RunsStream(), bus.MsgQuery{NextBySubject: subject})
+			m, err = bus.GetMsgFromLeader(ctx, w.js, w.names.RunsStream(), bus.MsgQuery{NextBySubject: subject, Seq: from})
 		}
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return headGone, nil
@@ -320,6 +321,17 @@ func (j *job) head(ctx context.Context) (headState, error) {
 		}
 		if !hrec.Status.Terminal() {
 			return headOther, nil
+		}
+		if hrec.FinishedAt != nil && time.Since(*hrec.FinishedAt) < w.cfg.Settings.AckWait {
+			// Finished just now: its worker is flushing its last events
+			// and publishing run.finished (the record ends first). It
+			// no longer holds the thread, so this run looks past it;
+			// finishing it here would mark events still on their way
+			// as lost, and they would then be stored twice. Should its
+			// worker die now, its request is delivered again and
+			// finished then.
+			from = m.Sequence + 1
+			continue
 		}
 		if err := w.pub.EnsureFinished(ctx, hrec); err != nil {
 			return 0, err
