@@ -25,9 +25,10 @@ type start struct {
 // so a tail survives node restarts and reconnects, and Close waits for the
 // consumer's deletion, briefly, because the command exits right after (a
 // goroutine would die with it; a consumer left behind expires within a
-// minute).
+// minute). Events of a superseded attempt (a worker paused past its
+// lease) are skipped, as the gateway skips them.
 func (c *client) openFeed(ctx context.Context, subject string, from start) (*events.Feed, error) {
-	cfg := events.FeedConfig{DeleteTimeout: 2 * time.Second}
+	cfg := events.FeedConfig{DeleteTimeout: 2 * time.Second, DropStale: true}
 	switch {
 	case !from.since.IsZero():
 		cfg.Since = from.since

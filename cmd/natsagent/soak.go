@@ -15,8 +15,9 @@ import (
 )
 
 // errSoakFailed is a soak that ran and found lost, duplicated or
-// overlapping runs; the summary says which.
-var errSoakFailed = errors.New("runs were lost, duplicated or overlapped")
+// overlapping runs, overlapping attempts of a run, or stale events
+// visible; the summary says which.
+var errSoakFailed = errors.New("runs were lost, duplicated or overlapped, or an attempt ran or published beside another")
 
 // runSoak runs natsagent under faults on embedded servers on loopback and
 // audits every submitted run (internal/soak).

@@ -178,6 +178,23 @@ func (l *loop) paused(intr *protocol.Interrupt) Outcome {
 	return out
 }
 
+// Fence is implemented by a Host whose right to run can lapse (a worker's
+// thread lease): Fenced returns ErrLeaseLost once it did. The loop asks
+// before every model call and tool call, so a run that lost its lease
+// starts neither, even when the signal that stops it is still on its way
+// (a process resumed after a pause runs its goroutines in any order).
+type Fence interface {
+	Fenced() error
+}
+
+// fenced is the host's Fence answer, nil for a host without one.
+func (l *loop) fenced() error {
+	if f, ok := l.Host.(Fence); ok {
+		return f.Fenced()
+	}
+	return nil
+}
+
 // ErrLeaseLost is the cause of a run whose worker lost the thread's lease:
 // another worker owns the run now, so this one writes nothing more.
 var ErrLeaseLost = errors.New("lease on the thread was lost")
@@ -409,6 +426,9 @@ func (l *loop) callModel(ctx context.Context, req *middleware.ModelRequest) (*mi
 	middleware.RecordSent(ctx, req)
 	mreq := &model.Request{Model: req.ModelName, System: req.System, Messages: req.Messages, Tools: req.Tools}
 	msgID := middleware.MessageID(ctx)
+	if err := l.fenced(); err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	resp, err := req.Model.Generate(ctx, mreq, func(d model.Delta) {
 		if d.Content != "" {
@@ -458,6 +478,10 @@ func (l *loop) runTools(ctx context.Context, handler middleware.ToolHandler, cal
 					errs[i] = &middleware.PanicError{What: "tool call " + c.Name, Value: p, Stack: debug.Stack()}
 				}
 			}()
+			if err := l.fenced(); err != nil {
+				errs[i] = err
+				return
+			}
 			results[i], errs[i] = toolStep(ctx, handler, &middleware.ToolCall{Call: c, Tool: l.rt.Tools.Get(c.Name), State: l.st, Env: &env})
 		}()
 	}

@@ -276,6 +276,22 @@ type Stream struct {
 	// emission order, before the first unsure one; scanFrom is where
 	// Flush looks for the unsure events (lastAck+1 when the first failed).
 	lastAck, scanFrom uint64
+
+	// live, when set, is asked before every event is published; once it
+	// says false the attempt has lost its right to the run (another
+	// worker may have taken it over) and its events are dropped.
+	live    func() bool
+	dropped int
+}
+
+// SetFence makes the stream drop the events emitted once live reports
+// false: an attempt that lost its lease publishes nothing a client
+// would read as the run's (its seqs may be the next attempt's by then).
+// live is called before each event, outside the stream's lock.
+func (s *Stream) SetFence(live func() bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.live = live
 }
 
 // NewStream starts numbering after lastSeq, for one attempt of a run.
@@ -283,10 +299,23 @@ func (p *Publisher) NewStream(tenant, thread, run string, attempt int, lastSeq u
 	return &Stream{p: p, tenant: tenant, thread: thread, run: run, attempt: attempt, seq: lastSeq}
 }
 
-// Emit publishes an event with the next seq. msgID may be empty.
+// Emit publishes an event with the next seq. msgID may be empty. An
+// event emitted once the stream's fence (SetFence) reports false is
+// dropped.
 func (s *Stream) Emit(eventType string, data any, msgID string) {
 	s.mu.Lock()
+	live := s.live
+	s.mu.Unlock()
+	ok := live == nil || live()
+	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !ok {
+		if s.dropped++; s.dropped == 1 {
+			s.p.log.Warn("the run's lease lapsed: its events are dropped from now on", zap.String("tenant", s.tenant), zap.String("thread_id", s.thread),
+				zap.String("run_id", s.run), zap.Int("attempt", s.attempt), zap.String("type", eventType))
+		}
+		return
+	}
 	s.seq++
 	m, err := s.p.Msg(s.tenant, s.thread, s.run, s.attempt, s.seq, eventType, data, msgID)
 	if err == nil {

@@ -141,3 +141,41 @@ func TestLifecycleEventsOfTheSameRunIDInTwoTenants(t *testing.T) {
 		}
 	}
 }
+
+// Issue 15: once a stream's fence says the attempt lost its lease, what
+// it emits is dropped, not stored, and its seqs are not used.
+func TestFencedStreamDropsItsEvents(t *testing.T) {
+	srv := natstest.Start(t)
+	nc := srv.Connect()
+	natstest.Provision(t, nc, bus.Settings{})
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	p, err := NewPublisher(ctx, js, bus.DefaultNames(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := true
+	s := p.NewStream("default", "t1", "r1", 1, 0)
+	s.SetFence(func() bool { return live })
+	s.Emit(protocol.EventRunStarted, protocol.StartedData{Attempt: 1}, StartedID("r1", 1))
+	s.Emit(protocol.EventMessageDelta, protocol.DeltaData{MessageID: "m", Delta: "a"}, "")
+	live = false
+	s.Emit(protocol.EventMessageDelta, protocol.DeltaData{MessageID: "m", Delta: "b"}, "")
+	s.Emit(protocol.EventMessageCompleted, map[string]string{"id": "m"}, "")
+	if err := s.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s.Seq() != 2 {
+		t.Fatalf("seq %d after the fence, want 2", s.Seq())
+	}
+	seen, low, top, err := p.readSeqs(ctx, "default", "t1", "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 2 || low != 1 || top != 2 {
+		t.Fatalf("stored seqs %v (low %d, top %d), want 1 and 2", seen, low, top)
+	}
+}

@@ -24,6 +24,9 @@ type Feed struct {
 	cons   jetstream.Consumer
 	it     jetstream.MessagesContext
 	cfg    FeedConfig
+	// attempts is the newest run.started attempt seen per run, for
+	// DropStale.
+	attempts map[string]int
 }
 
 // FeedConfig says where a feed starts, how hard it holds on to its
@@ -41,6 +44,13 @@ type FeedConfig struct {
 	After uint64
 	// Since: events stored at or after this time.
 	Since time.Time
+
+	// DropStale skips the events of an attempt older than the newest
+	// run.started the feed delivered for their run (or SawStarted): a
+	// worker that was paused past its lease may have published some
+	// after another worker took the run over. run.finished is never
+	// skipped.
+	DropStale bool
 
 	// MaxResets bounds the attempts to recreate the consumer after the
 	// server lost it; once they fail, Next returns an error. 0: no bound.
@@ -113,7 +123,59 @@ func OpenFeed(ctx context.Context, js jetstream.JetStream, names bus.Names, subj
 
 // Next returns the next event's message, or ctx's error.
 func (f *Feed) Next(ctx context.Context) (jetstream.Msg, error) {
-	return f.it.Next(jetstream.NextContext(ctx))
+	for {
+		m, err := f.it.Next(jetstream.NextContext(ctx))
+		if err != nil || !f.cfg.DropStale {
+			return m, err
+		}
+		if f.attempts == nil {
+			f.attempts = map[string]int{}
+		}
+		if !staleEvent(f.attempts, m.Data()) {
+			return m, nil
+		}
+	}
+}
+
+// SawStarted tells a DropStale feed that the reader already had run's
+// run.started of attempt (a reader resuming after it), so that the
+// events of older attempts that follow are dropped too.
+func (f *Feed) SawStarted(tenant, run string, attempt int) {
+	if f.attempts == nil {
+		f.attempts = map[string]int{}
+	}
+	if key := tenant + "." + run; attempt > f.attempts[key] {
+		f.attempts[key] = attempt
+	}
+}
+
+// staleEvent reports whether an event (an envelope) is of a superseded
+// attempt, the rule docs/protocol.md (2.10.5) gives readers: per run, an
+// event whose attempt is older than the newest run.started seen is
+// stale; run.queued and run.finished never are. newest holds the newest
+// run.started attempt seen per tenant and run, and is updated.
+func staleEvent(newest map[string]int, data []byte) bool {
+	var env struct {
+		Type    string `json:"type"`
+		Tenant  string `json:"tenant"`
+		RunID   string `json:"run_id"`
+		Attempt int    `json:"attempt"`
+	}
+	if json.Unmarshal(data, &env) != nil {
+		return false
+	}
+	key := env.Tenant + "." + env.RunID
+	switch {
+	case env.Type == protocol.EventRunStarted:
+		if env.Attempt < newest[key] {
+			return true
+		}
+		newest[key] = env.Attempt
+		return false
+	case env.Type == protocol.EventRunFinished, env.Type == protocol.EventRunQueued:
+		return false
+	}
+	return env.Attempt < newest[key]
 }
 
 // NextWithin returns the next event's message, or

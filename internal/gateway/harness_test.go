@@ -51,7 +51,13 @@ func newEnv(t *testing.T, m model.Model) *env {
 // serves.
 func newEnvWith(t *testing.T, m model.Model, adjust func(*Server)) *env {
 	t.Helper()
-	d := testdeploy.Start(t, bus.Settings{AckWait: 2 * time.Second, MaxDeliver: 5})
+	return newEnvSettings(t, m, bus.Settings{AckWait: 2 * time.Second, MaxDeliver: 5}, adjust)
+}
+
+// newEnvSettings is newEnvWith on a deployment provisioned with settings.
+func newEnvSettings(t *testing.T, m model.Model, settings bus.Settings, adjust func(*Server)) *env {
+	t.Helper()
+	d := testdeploy.Start(t, settings)
 	srv, nc, js, settings, stores := d.Server, d.NC, d.JS, d.Settings, d.Stores
 	gw, err := New(context.Background(), nc, Config{Settings: settings, Logger: zaptest.NewLogger(t)})
 	if err != nil {

@@ -182,6 +182,9 @@ func (s *Server) joinStream(w http.ResponseWriter, r *http.Request, tenant strin
 		return fmt.Errorf("read run events: %w", err)
 	}
 	defer f.Close()
+	if after > 0 {
+		s.resumeAttempt(r.Context(), f, rec, after)
+	}
 	s.streamRun(w, r, f, rec, after)
 	return nil
 }

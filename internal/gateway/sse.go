@@ -23,10 +23,12 @@ import (
 // missed. Its recreation is bounded: a consumer that cannot be recreated
 // ends the stream, and the client resumes with Last-Event-ID. Close
 // deletes the consumer in the background, so a finished response is not
-// held for a round trip.
+// held for a round trip. Events of a superseded attempt (a worker paused
+// past its lease) are not sent (events.FeedConfig.DropStale).
 func (s *Server) openFeed(ctx context.Context, subject string, after uint64) (*events.Feed, error) {
 	return events.OpenFeed(ctx, s.js, s.names, subject, events.FeedConfig{
 		After:              after,
+		DropStale:          true,
 		MaxResets:          3,
 		DeleteInBackground: true,
 		Log:                s.log,
@@ -40,6 +42,32 @@ func envelopeType(data []byte) string {
 	}
 	_ = json.Unmarshal(data, &env)
 	return env.Type
+}
+
+// resumeAttempt tells f, which resumes rec's events after stream
+// sequence after, the newest run.started the client had by then, so the
+// events of older attempts stored later are dropped as in a stream read
+// from the start. It reads the run's lifecycle events up to after (a
+// few: run.queued and a run.started per attempt); if that fails, the
+// feed drops what follows a newer run.started only.
+func (s *Server) resumeAttempt(ctx context.Context, f *events.Feed, rec *protocol.Run, after uint64) {
+	subject := s.names.EventSubject(rec.Tenant, rec.ThreadID, rec.RunID, protocol.KindLifecycle)
+	newest := 0
+	for seq := uint64(1); seq <= after; {
+		m, err := s.events.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if err != nil || m.Sequence > after {
+			break
+		}
+		var env struct {
+			Type    string `json:"type"`
+			Attempt int    `json:"attempt"`
+		}
+		if json.Unmarshal(m.Data, &env) == nil && env.Type == protocol.EventRunStarted {
+			newest = max(newest, env.Attempt)
+		}
+		seq = m.Sequence + 1
+	}
+	f.SawStarted(rec.Tenant, rec.RunID, newest)
 }
 
 // sse writes a text/event-stream response.
@@ -100,13 +128,20 @@ func oneLine(s string) string {
 // streamRun answers with the events of rec's run stored after stream
 // sequence after, then live ones, until run.finished. f must read the
 // run's events from after. A finished run whose events are no longer
-// retained gets one run.finished built from its record.
+// retained gets one run.finished built from its record, unless the
+// client resumes after the stored run.finished (the record's
+// finished_event_id): then the stream is empty, as it was before the
+// events expired.
 func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Feed, rec *protocol.Run, after uint64) {
 	log := s.log.With(zap.String("tenant", rec.Tenant), zap.String("thread_id", rec.ThreadID), zap.String("run_id", rec.RunID))
 	var synth []byte
 	if rec.Status.Terminal() {
 		last, err := s.events.GetLastMsgForSubject(r.Context(), s.names.RunEvents(rec.Tenant, rec.ThreadID, rec.RunID))
 		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound) && after > 0 && rec.FinishedEventID > 0 && after >= rec.FinishedEventID:
+			// Expired, and the client had run.finished.
+			startSSE(w)
+			return
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 			synth, err = events.FinishedEnvelope(rec)
 			if err != nil {
@@ -116,6 +151,7 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Fee
 			log.Warn("read the last event of a finished run", zap.Error(err))
 		case last.Sequence <= after && envelopeType(last.Data) == protocol.EventRunFinished:
 			// The client already has every event.
+			s.noteFinishedEventID(rec, last.Sequence)
 			startSSE(w)
 			return
 		}
@@ -152,10 +188,38 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Fee
 			return
 		}
 		if t == protocol.EventRunFinished {
+			s.noteFinishedEventID(rec, meta.Sequence.Stream)
 			return
 		}
 	}
 }
+
+// noteFinishedEventID records the stream sequence of the run.finished a
+// client was sent (its SSE id) in the run's record (finished_event_id),
+// once: when the run's events have expired, a client resuming with that
+// id still gets an empty stream rather than run.finished again (an
+// EventSource reconnects after every stream end). It runs after the
+// event was flushed to the client, so it delays only the end of the
+// response. A record that has one already is left alone.
+func (s *Server) noteFinishedEventID(rec *protocol.Run, seq uint64) {
+	if rec.FinishedEventID != 0 || seq == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, _, err := s.stores.Runs.Mutate(ctx, rec.Tenant, rec.RunID, func(r *protocol.Run) error {
+		if r.FinishedEventID != 0 || !r.Status.Terminal() {
+			return errNoteUnchanged
+		}
+		r.FinishedEventID = seq
+		return nil
+	})
+	if err != nil && !errors.Is(err, errNoteUnchanged) {
+		s.log.Debug("could not note the run's run.finished event id", zap.String("tenant", rec.Tenant), zap.String("run_id", rec.RunID), zap.Error(err))
+	}
+}
+
+var errNoteUnchanged = errors.New("unchanged")
 
 // awaitFinished blocks until rec's run has finished and returns its final
 // record. f reads the run's lifecycle events. The record is checked now and

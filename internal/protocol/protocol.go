@@ -167,6 +167,11 @@ type Run struct {
 	// CancelRequested survives the death of the worker running the run:
 	// the next worker to pick it up cancels it.
 	CancelRequested bool `json:"cancel_requested,omitempty"`
+	// FinishedEventID is the stream sequence in AGENT_EVENTS (the SSE id)
+	// of the run's stored run.finished, noted by the gateway once it sent
+	// it to a client: a client resuming after it gets an empty stream
+	// also once the run's events expired.
+	FinishedEventID uint64 `json:"finished_event_id,omitempty"`
 }
 
 // Thread statuses.
@@ -215,6 +220,10 @@ type Lease struct {
 	MsgSeq     uint64    `json:"msg_seq"`
 	AcquiredAt time.Time `json:"acquired_at"`
 	RenewedAt  time.Time `json:"renewed_at"`
+	// HandedOver is set by a holder that stopped the run and handed its
+	// request back (a worker shutting down): the next delivery takes the
+	// run over at once instead of waiting for the lease to lapse.
+	HandedOver bool `json:"handed_over,omitempty"`
 }
 
 // Preemption is a pending steer or rollback.

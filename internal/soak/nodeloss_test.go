@@ -29,8 +29,10 @@ import (
 // group, the runs stream and the workers' consumer while 500 multi-step
 // runs are in flight, and submissions go on through the loss. Every run
 // reaches exactly one terminal status and exactly one run.finished, none
-// is lost or run twice at once, and the gateway and the workers reconnect
-// by themselves.
+// is lost or run twice at once (no two attempts of a run call the model
+// at the same time, no event of an older attempt is stored after a newer
+// one's run.started: the lease decides, not the consumer's new leader),
+// and the gateway and the workers reconnect by themselves.
 func TestNodeLossWith500RunsInFlight(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node cluster and runs 500 runs")
@@ -92,13 +94,17 @@ func TestNodeLossWith500RunsInFlight(t *testing.T) {
 		}
 		return model.NewFixed(r).Generate(ctx, req, onDelta)
 	})
-	agents, err := Agents(m)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Every model call is logged by worker: two attempts of a run calling
+	// the model at once (the consumer's new leader handing a request to
+	// another worker while the first still runs it) fail the audit.
+	var calls CallLog
 	var wg sync.WaitGroup
 	workerNCs := make([]*nats.Conn, workers)
 	for i := range workers {
+		agents, err := Agents(calls.logged(m, fmt.Sprintf("w%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
 		nc := connect(fmt.Sprintf("worker-%d", i))
 		workerNCs[i] = nc
 		w, err := worker.New(ctx, nc, worker.Config{Settings: settings, ID: fmt.Sprintf("w%d", i), Concurrency: 64,
@@ -205,6 +211,7 @@ func TestNodeLossWith500RunsInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	a.AttemptOverlaps = calls.Overlaps()
 	t.Logf("audit: %s attempts: %v", a.Summary(), a.Attempts)
 	if !a.OK() || a.Succeeded != runs {
 		t.Fatalf("node loss broke a guarantee:\n%s", a.Summary())

@@ -19,7 +19,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
-	"github.com/natsagent/natsagent/internal/agent"
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/gateway"
 	"github.com/natsagent/natsagent/internal/model"
@@ -142,7 +141,8 @@ type Result struct {
 	Elapsed time.Duration
 }
 
-// OK reports a soak with nothing lost, duplicated or overlapping.
+// OK reports a soak with nothing lost, duplicated or overlapping, no
+// attempts of a run at once and no stale events visible (Audit.OK).
 func (r *Result) OK() bool { return r.Audit.OK() }
 
 // Summary is the result in a few lines.
@@ -193,6 +193,7 @@ type soak struct {
 	cluster  *bus.Cluster
 	log      *zap.Logger
 
+	calls    CallLog  // every model call, by run and worker
 	injected sync.Map // kind -> *atomic.Int64
 	finished sync.Map // run key -> struct{}
 	nFin     atomic.Int64
@@ -282,12 +283,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	go func() { _ = web.Serve(ln) }()
 	defer web.Close()
 
-	// The workers.
-	agents, err := Agents(s.model())
-	if err != nil {
-		return nil, err
-	}
-	pool := &workerPool{s: s, ctx: runCtx, agents: agents}
+	// The workers, each with the model logged as its own.
+	pool := &workerPool{s: s, ctx: runCtx}
 	for i := range cfg.Workers {
 		if err := pool.start(i); err != nil {
 			return nil, err
@@ -390,6 +387,7 @@ wait:
 	if err != nil {
 		return nil, fmt.Errorf("audit: %w", err)
 	}
+	a.AttemptOverlaps = s.calls.Overlaps()
 	res := &Result{Audit: a, NotAccepted: len(refs) - len(accepted), Injected: map[string]int{}, Retries: submitter.Retries(), Elapsed: time.Since(start)}
 	s.injected.Range(func(k, v any) bool {
 		res.Injected[k.(string)] = int(v.(*atomic.Int64).Load())
@@ -598,12 +596,11 @@ func (s *soak) model() model.Model {
 // workerPool runs the in-process workers, each on its own connection (a
 // killed worker's connection drops like a crashed process's).
 type workerPool struct {
-	s      *soak
-	ctx    context.Context // the workers' lifetime (not a fault's)
-	agents *agent.Agents
-	mu     sync.Mutex
-	slots  []*workerSlot
-	gen    int
+	s     *soak
+	ctx   context.Context // the workers' lifetime (not a fault's)
+	mu    sync.Mutex
+	slots []*workerSlot
+	gen   int
 }
 
 type workerSlot struct {
@@ -618,12 +615,16 @@ func (p *workerPool) start(i int) error {
 	p.gen++
 	id := fmt.Sprintf("soak-w%d-%d", i, p.gen)
 	p.mu.Unlock()
+	agents, err := Agents(p.s.calls.logged(p.s.model(), id))
+	if err != nil {
+		return err
+	}
 	nc, err := bus.Connect(p.s.urls, id)
 	if err != nil {
 		return err
 	}
 	w, err := worker.New(ctx, nc, worker.Config{
-		Settings: p.s.settings, ID: id, Concurrency: 32, Agents: p.agents,
+		Settings: p.s.settings, ID: id, Concurrency: 32, Agents: agents,
 		Logger: p.s.log.Named(id), WaitPoll: 250 * time.Millisecond, ShutdownGrace: time.Second,
 		StaleLease: 2 * p.s.settings.AckWait,
 	})

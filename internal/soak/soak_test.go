@@ -95,15 +95,19 @@ func TestAuditFlagsLostDuplicatedAndOverlapping(t *testing.T) {
 		t.Fatal(err)
 	}
 	tenant := protocol.DefaultTenant
-	emit := func(thread, run string, seq uint64, typ string, data any) {
+	emitAttempt := func(thread, run string, attempt int, seq uint64, typ string, data any) {
 		t.Helper()
-		m, err := pub.Msg(tenant, thread, run, 1, seq, typ, data, "")
+		m, err := pub.Msg(tenant, thread, run, attempt, seq, typ, data, "")
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := pub.Publish(ctx, m); err != nil {
 			t.Fatal(err)
 		}
+	}
+	emit := func(thread, run string, seq uint64, typ string, data any) {
+		t.Helper()
+		emitAttempt(thread, run, 1, seq, typ, data)
 	}
 	record := func(thread, run string, status protocol.Status) {
 		t.Helper()
@@ -134,7 +138,23 @@ func TestAuditFlagsLostDuplicatedAndOverlapping(t *testing.T) {
 	emit("t3", "lost", 1, protocol.EventRunStarted, nil)
 	record("t3", "lost", protocol.StatusRunning)
 
-	refs := []RunRef{{tenant, "t1", "ok"}, {tenant, "t1", "dup"}, {tenant, "t2", "a"}, {tenant, "t2", "b"}, {tenant, "t3", "lost"}, {tenant, "t4", "norecord"}}
+	// taken: attempt 2 took over cleanly (the first attempt's events
+	// all before its run.started); stale: attempt 1 published after
+	// attempt 2's run.started, with a seq attempt 2 used too.
+	emitAttempt("t5", "taken", 1, 1, protocol.EventRunStarted, nil)
+	emitAttempt("t5", "taken", 1, 2, protocol.EventMessageDelta, map[string]string{"text": "x"})
+	emitAttempt("t5", "taken", 2, 3, protocol.EventRunStarted, nil)
+	emitAttempt("t5", "taken", 2, 4, protocol.EventRunFinished, ok)
+	record("t5", "taken", protocol.StatusSuccess)
+	emitAttempt("t6", "stale", 1, 1, protocol.EventRunStarted, nil)
+	emitAttempt("t6", "stale", 2, 2, protocol.EventRunStarted, nil)
+	emitAttempt("t6", "stale", 2, 3, protocol.EventMessageDelta, map[string]string{"text": "x"})
+	emitAttempt("t6", "stale", 1, 3, protocol.EventMessageCompleted, map[string]string{"text": "x"})
+	emitAttempt("t6", "stale", 2, 4, protocol.EventRunFinished, ok)
+	record("t6", "stale", protocol.StatusSuccess)
+
+	refs := []RunRef{{tenant, "t1", "ok"}, {tenant, "t1", "dup"}, {tenant, "t2", "a"}, {tenant, "t2", "b"}, {tenant, "t3", "lost"}, {tenant, "t4", "norecord"},
+		{tenant, "t5", "taken"}, {tenant, "t6", "stale"}}
 	a, err := RunAudit(ctx, js, settings.Names, refs)
 	if err != nil {
 		t.Fatal(err)
@@ -152,8 +172,38 @@ func TestAuditFlagsLostDuplicatedAndOverlapping(t *testing.T) {
 	if len(a.Overlapping) != 1 || a.Overlapping[0] != "b started while a ran" {
 		t.Errorf("overlapping = %v, want b started while a ran", a.Overlapping)
 	}
-	if a.Succeeded != 4 {
-		t.Errorf("succeeded = %d, want 4 (ok, dup, a, b)", a.Succeeded)
+	if len(a.Stale) != 1 || a.Stale[0] != "stale (1 events)" {
+		t.Errorf("stale = %v, want stale (1 events)", a.Stale)
+	}
+	if want := "stale (1 seqs: 3 message.delta of attempt 2, then message.completed of attempt 1)"; len(a.Repeated) != 1 || a.Repeated[0] != want {
+		t.Errorf("repeated = %v, want %s", a.Repeated, want)
+	}
+	if a.Succeeded != 6 {
+		t.Errorf("succeeded = %d, want 6 (ok, dup, a, b, taken, stale)", a.Succeeded)
+	}
+}
+
+// TestCallLogOverlaps checks the audit of model calls: two workers
+// calling the model for one run at once are two attempts overlapping;
+// one after the other, or calls of different runs, are not.
+func TestCallLogOverlaps(t *testing.T) {
+	var l CallLog
+	end := l.Begin("r1", "w1")
+	end()
+	l.Begin("r1", "w2")() // after w1's call: a takeover
+	endA := l.Begin("r2", "w1")
+	endB := l.Begin("r3", "w2") // another run at the same time
+	endB()
+	endA()
+	if got := l.Overlaps(); len(got) != 0 {
+		t.Fatalf("overlaps %v, want none", got)
+	}
+	endOld := l.Begin("r4", "w1")
+	l.Begin("r4", "w2")() // while w1's call runs
+	endOld()
+	got := l.Overlaps()
+	if len(got) != 1 || !strings.HasPrefix(got[0], "r4 (w1 and w2") {
+		t.Fatalf("overlaps %v, want r4 (w1 and w2, ...)", got)
 	}
 }
 

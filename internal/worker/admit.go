@@ -118,6 +118,7 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 
 	th, rev := snap.th, snap.thRev
 	var breakEpoch uint64 // a stale lease this run may break
+	var breakRenewed time.Time
 	if th != nil && th.Lease != nil && th.Lease.RunID != req.RunID {
 		stale, err := w.staleLease(ctx, th)
 		if err != nil {
@@ -141,13 +142,21 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 			return decision{verdict: verdictRetry}, nil
 		}
 		j.log.Warn("breaking a stale lease", zap.String("holder", th.Lease.RunID), zap.Time("renewed_at", th.Lease.RenewedAt))
-		breakEpoch = th.Lease.Epoch
+		breakEpoch, breakRenewed = th.Lease.Epoch, th.Lease.RenewedAt
 	}
 	if th != nil && th.Lease != nil && th.Lease.RunID == req.RunID && th.Lease.MsgSeq != j.seq {
 		// The lease belongs to another copy of this run's request.
 		return decision{verdict: verdictWait}, nil
 	}
 	takeover := th != nil && th.Lease != nil && th.Lease.RunID == req.RunID
+	if takeover && !j.lapsed(th.Lease) {
+		// An earlier delivery of this request holds the lease and may
+		// still be running it (the server redelivers on its own clock:
+		// after a restart, a consumer leader's move, unconfirmed
+		// heartbeats). The lease decides: wait, the request kept in
+		// progress, until its holder stopped renewing it.
+		return decision{verdict: verdictWait}, nil
+	}
 	if !takeover && th != nil && len(th.Preempt) > 0 && th.Preempt[0].RunID != req.RunID {
 		cleaned, err := j.dropFinishedPreemptions(ctx, th, rev)
 		if err != nil || cleaned {
@@ -174,8 +183,9 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 		}
 		switch {
 		case t.Lease == nil:
-		case t.Lease.RunID == req.RunID && t.Lease.MsgSeq == j.seq:
-		case breakEpoch != 0 && t.Lease.Epoch == breakEpoch:
+		case t.Lease.RunID == req.RunID && t.Lease.MsgSeq == j.seq && sameHolding(t.Lease, th.Lease):
+			// Taken over as seen lapsed: renewed since, it is not.
+		case breakEpoch != 0 && t.Lease.Epoch == breakEpoch && t.Lease.RenewedAt.Equal(breakRenewed):
 		default:
 			return errRetryAdmit
 		}
@@ -204,6 +214,47 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 
 var errRetryAdmit = errors.New("thread changed; decide again")
 
+// lapsed reports whether lease, held for this request by an earlier
+// delivery of it, may be taken over: its holder handed it back, or
+// stopped renewing it long enough ago that it stopped running the run.
+//
+// A holder stops itself (its fence) when no write of the lease and no
+// in-progress signal of the request succeeded for 3/4 of the ack wait,
+// counted from when it sent them. This delivery saw the lease's last
+// renewal only after it was stored, so once the lease has stayed the
+// same for an ack wait by this worker's clock, its holder has been
+// stopped for at least a quarter of one, whatever the two clocks say.
+// A renewal older than an ack wait by the holder's own timestamp counts
+// as well (worker clocks agree to well within a quarter of the ack wait
+// under NTP): that spares the wait when the holder died long ago, the
+// usual case of a redelivery.
+func (j *job) lapsed(lease *protocol.Lease) bool {
+	if lease.HandedOver {
+		return true
+	}
+	now := time.Now()
+	if j.seen == nil || !sameHolding(j.seen, lease) {
+		seen := *lease
+		j.seen, j.seenAt = &seen, now
+	}
+	lapse := j.w.cfg.Settings.AckWait
+	if now.Sub(j.seenAt) >= lapse || now.Sub(lease.RenewedAt) >= lapse {
+		return true
+	}
+	if !j.waitedLapse {
+		j.waitedLapse = true
+		j.log.Info("an earlier delivery of this run still holds the thread's lease; waiting for it to lapse",
+			zap.String("holder", lease.Worker), zap.Uint64("epoch", lease.Epoch), zap.Time("renewed_at", lease.RenewedAt))
+	}
+	return false
+}
+
+// sameHolding reports whether two reads of a lease show the same holding,
+// not renewed in between.
+func sameHolding(a, b *protocol.Lease) bool {
+	return a != nil && b != nil && a.RunID == b.RunID && a.Epoch == b.Epoch && a.RenewedAt.Equal(b.RenewedAt) && a.HandedOver == b.HandedOver
+}
+
 type headState int
 
 const (
@@ -219,14 +270,15 @@ const (
 func (j *job) head(ctx context.Context) (headState, error) {
 	w := j.w
 	subject := w.names.RunSubject(j.req.Tenant, j.req.ThreadID)
+	var from uint64 // where to look: past the requests of runs finishing now
 	for range 100 {
-		m, err := w.runsStream.GetMsg(ctx, 0, jetstream.WithGetMsgSubject(subject))
+		m, err := w.runsStream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) || (err == nil && m.Sequence > j.seq) {
 			// Our own request looks gone from the stream. A direct get
 			// may be answered by a replica that has not stored it yet
 			// (it was delivered by the leader): only the leader may say
 			// so, or a run would be acked without running.
-			m, err = bus.GetMsgFromLeader(ctx, w.js, w.names.RunsStream(), bus.MsgQuery{NextBySubject: subject})
+			m, err = bus.GetMsgFromLeader(ctx, w.js, w.names.RunsStream(), bus.MsgQuery{NextBySubject: subject, Seq: from})
 		}
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return headGone, nil
@@ -276,6 +328,17 @@ func (j *job) head(ctx context.Context) (headState, error) {
 		}
 		if !hrec.Status.Terminal() {
 			return headOther, nil
+		}
+		if hrec.FinishedAt != nil && time.Since(*hrec.FinishedAt) < w.cfg.Settings.AckWait {
+			// Finished just now: its worker is flushing its last events
+			// and publishing run.finished (the record ends first). It
+			// no longer holds the thread, so this run looks past it;
+			// finishing it here would mark events still on their way
+			// as lost, and they would then be stored twice. Should its
+			// worker die now, its request is delivered again and
+			// finished then.
+			from = m.Sequence + 1
+			continue
 		}
 		if err := w.pub.EnsureFinished(ctx, hrec); err != nil {
 			return 0, err

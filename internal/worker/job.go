@@ -29,6 +29,7 @@ import (
 type job struct {
 	w   *Worker
 	msg jetstream.Msg
+	id  uint64 // this worker's number for the delivery (Worker.held)
 	seq uint64 // stream sequence of the request
 	key string // tenant.run once decoded
 	req *protocol.RunRequest
@@ -55,6 +56,13 @@ type job struct {
 	// full store began (0: not waiting); fullTries counts its tries.
 	fullSince atomic.Int64
 	fullTries atomic.Int64
+
+	// seen is the lease an earlier delivery of this request held when
+	// this one first saw it so, at seenAt (job.lapsed); waitedLapse is
+	// set once the wait for it was logged.
+	seen        *protocol.Lease
+	seenAt      time.Time
+	waitedLapse bool
 }
 
 // handle takes one delivered request to its end. It owns one slot on entry
@@ -75,7 +83,7 @@ func (w *Worker) handle(base context.Context, msg jetstream.Msg) {
 		<-w.slots
 		return
 	}
-	j := &job{w: w, msg: msg, seq: meta.Sequence.Stream, log: w.log, wake: make(chan struct{}, 1), finished: make(chan struct{})}
+	j := &job{w: w, msg: msg, id: w.jobIDs.Add(1), seq: meta.Sequence.Stream, log: w.log, wake: make(chan struct{}, 1), finished: make(chan struct{})}
 	j.progressed.Store(time.Now().UnixNano())
 	w.track(j)
 	hasSlot := true
@@ -555,10 +563,12 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	// run.started emitted under the job's lock, so a drain either comes
 	// first (the run is handed back unstarted; the lease stays, for the
 	// next delivery to take over) or after the event.
+	stream.SetFence(lease.live)
 	j.hold.Lock()
 	if j.drained || w.isDraining() {
 		j.hold.Unlock()
 		j.log.Info("worker stopping: run handed back before it started")
+		lease.handOver(ctx)
 		j.handOff(ctx, stream)
 		return
 	}
@@ -715,6 +725,10 @@ func (h *runHost) delta(ctx context.Context, u state.Update) (id, title string, 
 
 // Emit publishes an event of the run.
 func (h *runHost) Emit(eventType string, data any) { h.stream.Emit(eventType, data, "") }
+
+// Fenced is agent.Fence: agent.ErrLeaseLost once the run lost its lease
+// or its fence ran out.
+func (h *runHost) Fenced() error { return h.lease.Fenced() }
 
 // finalize records the outcome, gives the thread back, publishes the one
 // terminal event and acks the request, in that order: a crash between any
@@ -922,10 +936,16 @@ func (j *job) handOff(ctx context.Context, stream *events.Stream) {
 // store may need a moment to get over.
 func (j *job) handOffAfter(ctx context.Context, stream *events.Stream, delay time.Duration) {
 	j.hold.Lock()
+	lease := j.lease
 	j.lease = nil
 	j.hold.Unlock()
 	if stream != nil {
 		_ = stream.Flush(ctx)
+	}
+	if lease != nil {
+		// Its events are out: the next delivery need not wait for the
+		// lease to lapse.
+		lease.handOver(ctx)
 	}
 	if delay > 0 {
 		_ = j.msg.NakWithDelay(delay)
@@ -993,7 +1013,7 @@ func (j *job) heartbeat() *leaseHandle {
 	}
 	// msg.InProgress, with a reply subject: the answer (progressConfirmed)
 	// feeds the lease's fence.
-	reply := j.w.progressInbox + "." + strconv.FormatUint(j.seq, 10) + "." + strconv.FormatInt(time.Now().UnixNano(), 10)
+	reply := j.w.progressInbox + "." + strconv.FormatUint(j.id, 10) + "." + strconv.FormatInt(time.Now().UnixNano(), 10)
 	_ = j.w.nc.PublishRequest(j.msg.Reply(), reply, ackProgress)
 	return lease
 }
@@ -1001,17 +1021,17 @@ func (j *job) heartbeat() *leaseHandle {
 var ackProgress = []byte("+WPI")
 
 // progressConfirmed takes the server's answer to an in-progress signal
-// (subject <progressInbox>.<stream seq>.<unix nanos sent>).
+// (subject <progressInbox>.<job id>.<unix nanos sent>).
 func (w *Worker) progressConfirmed(m *nats.Msg) {
 	rest := strings.TrimPrefix(m.Subject, w.progressInbox+".")
-	seqText, sentText, ok := strings.Cut(rest, ".")
-	seq, err1 := strconv.ParseUint(seqText, 10, 64)
+	idText, sentText, ok := strings.Cut(rest, ".")
+	id, err1 := strconv.ParseUint(idText, 10, 64)
 	sent, err2 := strconv.ParseInt(sentText, 10, 64)
 	if !ok || err1 != nil || err2 != nil {
 		return
 	}
 	w.mu.Lock()
-	j := w.held[seq]
+	j := w.held[id]
 	w.mu.Unlock()
 	if j == nil {
 		return

@@ -46,6 +46,10 @@ type leaseHandle struct {
 	renewed    time.Time     // when the last successful write of the lease was sent
 	progressed *atomic.Int64 // the request's last confirmed in-progress signal (job.progressed)
 	fired      atomic.Bool
+	// gone is set once the run may no longer act for the lease: the
+	// lease was lost, or the fence ran out. Unlike fired it is not set
+	// when the run simply ended (stopFence).
+	gone atomic.Bool
 }
 
 func (l *leaseHandle) head() string {
@@ -88,6 +92,7 @@ func (l *leaseHandle) mutate(ctx context.Context, fn func(*protocol.Thread) erro
 	lost := errors.Is(err, agent.ErrLeaseLost) && !l.lost
 	if lost {
 		l.lost = true
+		l.gone.Store(true)
 	}
 	l.mu.Unlock()
 	if lost && l.onLost != nil {
@@ -193,6 +198,7 @@ func (l *leaseHandle) fenced() {
 		return
 	}
 	l.fired.Store(true)
+	l.gone.Store(true)
 	l.fmu.Unlock()
 	l.w.log.Warn("lease not renewed in time: stopping the run before another worker takes it over", zap.String("tenant", l.tenant),
 		zap.String("thread_id", l.thread), zap.String("run_id", l.run), zap.Duration("unrenewed_for", l.fenceAfter))
@@ -200,6 +206,62 @@ func (l *leaseHandle) fenced() {
 		l.onLost()
 	}
 }
+
+// live reports whether the run may still act for its lease: publish an
+// event, call the model, run a tool. It checks the fence's deadline
+// itself rather than trusting the timer: a process that was paused (a
+// SIGSTOP, a long GC, a suspended VM) resumes its goroutines in any
+// order, and the one about to publish may run before the timer's. Past
+// the deadline the run is fenced here and then, and live reports false.
+func (l *leaseHandle) live() bool {
+	if l.gone.Load() {
+		return false
+	}
+	l.fmu.Lock()
+	if l.fence == nil || l.fired.Load() || time.Now().Before(l.deadline()) {
+		// Not fenced yet (the run is starting), ended, or in time.
+		l.fmu.Unlock()
+		return !l.gone.Load()
+	}
+	l.fmu.Unlock()
+	l.fenced()
+	return !l.gone.Load()
+}
+
+// Fenced is agent.Fence: the error a run that lost its lease stops with,
+// checked before each model call and tool call.
+func (l *leaseHandle) Fenced() error {
+	if l.live() {
+		return nil
+	}
+	return agent.ErrLeaseLost
+}
+
+// handOver marks the lease handed back (shutdown, a checkpoint that
+// failed): the run stopped at a safe boundary and its events are
+// flushed, so the next delivery of the request takes the run over at
+// once instead of waiting for the lease to lapse. The write is fenced by
+// the epoch like every other; if it fails, the next delivery waits.
+func (l *leaseHandle) handOver(ctx context.Context) {
+	if l.gone.Load() {
+		return
+	}
+	// A shutdown's runs are handed back after their context ended (the
+	// grace ran out): the mark is bounded on its own.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handOverTimeout)
+	defer cancel()
+	err := l.mutate(ctx, func(t *protocol.Thread) error {
+		t.Lease.HandedOver = true
+		return nil
+	})
+	if err != nil && !errors.Is(err, agent.ErrLeaseLost) {
+		l.w.log.Warn("could not mark the lease handed back; the next delivery waits for it to lapse", zap.String("tenant", l.tenant),
+			zap.String("thread_id", l.thread), zap.String("run_id", l.run), zap.Error(err))
+	}
+}
+
+// handOverTimeout bounds handOver's write.
+const handOverTimeout = 3 * time.Second
 
 // renew refreshes the lease when it is getting old, which also picks up a
 // steer or rollback whose signal was lost. Heartbeats come every third of
@@ -241,6 +303,7 @@ func (l *leaseHandle) refresh(ctx context.Context) {
 	lost := !mine && !l.lost
 	if lost {
 		l.lost = true
+		l.gone.Store(true)
 	}
 	l.mu.Unlock()
 	if lost && l.onLost != nil {

@@ -142,16 +142,21 @@ func (w *Worker) answerHolds(m *nats.Msg) {
 		return
 	}
 	w.mu.Lock()
-	j := w.held[seq]
-	w.mu.Unlock()
-	if j == nil {
-		return
+	var held []*job // held is by job id: a request may be held twice
+	for _, j := range w.held {
+		if j.seq == seq {
+			held = append(held, j)
+		}
 	}
-	j.hold.Lock()
-	abandoned := j.abandoned
-	j.hold.Unlock()
-	if !abandoned {
-		_ = m.Respond([]byte("held"))
+	w.mu.Unlock()
+	for _, j := range held {
+		j.hold.Lock()
+		abandoned := j.abandoned
+		j.hold.Unlock()
+		if !abandoned {
+			_ = m.Respond([]byte("held"))
+			return
+		}
 	}
 }
 

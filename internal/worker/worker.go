@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -162,15 +163,20 @@ type Worker struct {
 	slots chan struct{}
 
 	// progressInbox prefixes the reply subjects of the in-progress
-	// signals: <inbox>.<stream seq>.<unix nanos sent>.
+	// signals: <inbox>.<job id>.<unix nanos sent>.
 	progressInbox string
+	// jobIDs numbers the deliveries this worker holds (job.id).
+	jobIDs atomic.Uint64
 
-	mu      sync.Mutex
-	held    map[uint64]*job    // every request held, by stream seq
+	mu sync.Mutex
+	// held is every request held, by job id: a request delivered again
+	// to this worker while an earlier delivery of it still runs here is
+	// held twice, each delivery with its own in-progress signals.
+	held    map[uint64]*job
 	running map[string]*job    // running jobs by tenant.run
 	waiters map[string]*waiter // per thread, runs waiting for it
 	// unheld: requests the lease sweep found held by no worker, and when
-	// it first did (reaper.go).
+	// it first did (reaper.go), by stream seq.
 	unheld   map[uint64]time.Time
 	waiting  int
 	draining bool
@@ -464,13 +470,13 @@ func renewLeases(ctx context.Context, leases []*leaseHandle) {
 
 func (w *Worker) track(j *job) {
 	w.mu.Lock()
-	w.held[j.seq] = j
+	w.held[j.id] = j
 	w.mu.Unlock()
 }
 
 func (w *Worker) untrack(j *job) {
 	w.mu.Lock()
-	delete(w.held, j.seq)
+	delete(w.held, j.id)
 	if j.key != "" && w.running[j.key] == j {
 		delete(w.running, j.key)
 	}

@@ -43,6 +43,13 @@ const (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(serverEnv) == "1" {
+		if err := serverMain(); err != nil {
+			fmt.Fprintln(os.Stderr, "server process:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv(childEnv) == "1" {
 		if err := childMain(); err != nil {
 			fmt.Fprintln(os.Stderr, "worker process:", err)
@@ -229,14 +236,20 @@ func (m *stepModel) Generate(ctx context.Context, req *model.Request, onDelta fu
 	if done >= sp.steps {
 		text = fmt.Sprintf("done %s after %d steps", sp.run, sp.steps)
 	}
+	// Each piece is due at its time from the call's start, like data a
+	// provider streamed: a process that was paused finds the pieces due
+	// meanwhile all there at once when it resumes, as in its socket.
+	began := time.Now()
 	for i := range pieces {
-		t := time.NewTimer(delay / pieces)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			m.rec.add(execution{Kind: "model", Ev: "abort", Run: sp.run, Step: step})
-			return nil, fmt.Errorf("model call stopped: %w", ctx.Err())
-		case <-t.C:
+		if wait := time.Until(began.Add(delay * time.Duration(i+1) / pieces)); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				m.rec.add(execution{Kind: "model", Ev: "abort", Run: sp.run, Step: step})
+				return nil, fmt.Errorf("model call stopped: %w", ctx.Err())
+			case <-t.C:
+			}
 		}
 		if onDelta != nil {
 			onDelta(model.Delta{Content: text[i*len(text)/pieces : (i+1)*len(text)/pieces]})

@@ -29,7 +29,8 @@ import (
 // the shared execution log, and every run event, collected as stored.
 type deployment struct {
 	t        *testing.T
-	srv      *natstest.Server
+	srv      *natstest.Server // nil when the server is a process (serverProc)
+	url      string
 	nc       *nats.Conn
 	js       jetstream.JetStream
 	settings bus.Settings
@@ -50,10 +51,42 @@ type deployment struct {
 func newDeployment(t *testing.T, ackWait time.Duration, maxDeliver int) *deployment {
 	t.Helper()
 	dep := testdeploy.Start(t, bus.Settings{AckWait: ackWait, MaxDeliver: maxDeliver})
-	srv, nc, js, settings, stores := dep.Server, dep.NC, dep.JS, dep.Settings, dep.Stores
-	dir := t.TempDir()
-	d := &deployment{t: t, srv: srv, nc: nc, js: js, settings: settings, stores: stores, dir: dir,
-		logPath: filepath.Join(dir, "executions.jsonl"), events: map[string][]protocol.Event{}}
+	d := &deployment{t: t, srv: dep.Server, url: dep.Server.URL(), nc: dep.NC, js: dep.JS, settings: dep.Settings, stores: dep.Stores}
+	d.collect()
+	return d
+}
+
+// newDeploymentOn is newDeployment on a server at url that the test runs
+// itself (a serverProc): natsagent is provisioned on it.
+func newDeploymentOn(t *testing.T, url string, ackWait time.Duration, maxDeliver int) *deployment {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	settings := bus.Settings{AckWait: ackWait, MaxDeliver: maxDeliver}.WithDefaults()
+	natstest.Provision(t, nc, settings)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stores, err := kv.Open(context.Background(), js, settings.Names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &deployment{t: t, url: url, nc: nc, js: js, settings: settings, stores: stores}
+	d.collect()
+	return d
+}
+
+// collect starts collecting every run event as stored, and the
+// deployment's working directory.
+func (d *deployment) collect() {
+	t, js, settings := d.t, d.js, d.settings
+	d.dir = t.TempDir()
+	d.logPath = filepath.Join(d.dir, "executions.jsonl")
+	d.events = map[string][]protocol.Event{}
 	oc, err := js.OrderedConsumer(context.Background(), settings.Names.EventsStream(), jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{settings.Names.EventsSubjects()},
 	})
@@ -79,7 +112,6 @@ func newDeployment(t *testing.T, ackWait time.Duration, maxDeliver int) *deploym
 			d.dumpWorkerLogs()
 		}
 	})
-	return d
 }
 
 // submit publishes a run request the way a plain NATS client does.
@@ -241,7 +273,7 @@ func (d *deployment) start(id string, concurrency int, grace time.Duration) *pro
 	p.cmd = exec.Command(os.Args[0], "-test.run=^$")
 	p.cmd.Env = append(os.Environ(),
 		childEnv+"=1",
-		envURL+"="+d.srv.URL(),
+		envURL+"="+d.url,
 		envID+"="+id,
 		envAckWait+"="+d.settings.AckWait.String(),
 		envMaxDeliver+"="+fmt.Sprint(d.settings.MaxDeliver),
@@ -310,6 +342,20 @@ func (p *proc) kill() time.Time {
 	_ = p.cmd.Process.Signal(syscall.SIGKILL)
 	<-p.exited
 	return p.exitAt
+}
+
+// pause stops the process with SIGSTOP (it runs nothing until resume)
+// and returns the time it was sent.
+func (p *proc) pause() time.Time {
+	_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+	return time.Now()
+}
+
+// resume continues a paused process (SIGCONT) and returns the time.
+func (p *proc) resume() time.Time {
+	at := time.Now()
+	_ = p.cmd.Process.Signal(syscall.SIGCONT)
+	return at
 }
 
 // term sends SIGTERM and returns the time it was sent.
