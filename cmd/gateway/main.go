@@ -70,6 +70,10 @@ func run() error {
 	}
 	log := app.Logger(flags.Console, flags.Debug)
 	defer func() { _ = log.Sync() }()
+	if o.dev {
+		// The in-process workers' garbage: the setting of a worker process.
+		app.ApplyGC(cfg.Worker, log)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -39,6 +39,7 @@ func run() error {
 	}
 	log := app.Logger(flags.Console, flags.Debug)
 	defer func() { _ = log.Sync() }()
+	app.ApplyGC(cfg.Worker, log)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

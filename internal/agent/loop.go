@@ -99,6 +99,17 @@ type loop struct {
 	rt      *middleware.Runtime
 	st      *state.State
 	pending state.Update
+	// toolCall is the tool chain, composed at the first tool call: most
+	// runs make none, and composing costs an allocation per wrapper.
+	toolCall middleware.ToolHandler
+}
+
+// toolHandler returns the tool chain, composing it on first use.
+func (l *loop) toolHandler() middleware.ToolHandler {
+	if l.toolCall == nil {
+		l.toolCall = l.Chain.ToolCall(l.rt, callTool)
+	}
+	return l.toolCall
 }
 
 // stage applies u to the state and queues it for the next checkpoint.
@@ -290,7 +301,6 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 		}
 	}
 	modelCall := l.Chain.ModelCall(l.rt, l.callModel)
-	toolCall := l.Chain.ToolCall(l.rt, callTool)
 	switch res.Jump {
 	case middleware.JumpEnd:
 		return Outcome{Status: protocol.StatusSuccess, StopReason: res.StopReason}, true
@@ -299,7 +309,7 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 		if i := middleware.LastAssistant(l.st); i >= 0 {
 			last := l.st.Messages[i]
 			if calls := l.unanswered(&last); len(calls) > 0 {
-				if out, stop := l.runTools(ctx, toolCall, calls); stop {
+				if out, stop := l.runTools(ctx, l.toolHandler(), calls); stop {
 					return out, false
 				}
 			}
@@ -312,7 +322,7 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 		// yet run now; a final answer already given ends the run.
 		if last := l.lastOwn(); last != nil && last.Role == model.RoleAssistant {
 			if calls := l.unanswered(last); len(calls) > 0 {
-				if out, stop := l.runTools(ctx, toolCall, calls); stop {
+				if out, stop := l.runTools(ctx, l.toolHandler(), calls); stop {
 					return out, false
 				}
 				continue
@@ -412,7 +422,7 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 		if res.Jump == middleware.JumpModel {
 			continue
 		}
-		if out, stop := l.runTools(ctx, toolCall, l.unanswered(final)); stop {
+		if out, stop := l.runTools(ctx, l.toolHandler(), l.unanswered(final)); stop {
 			return out, false
 		}
 	}

@@ -88,3 +88,30 @@ func BenchmarkPrepareCall(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkNoopRun measures the loop and the default chain around a run
+// whose model answers at once and whose middlewares have nothing to do:
+// the part of a no-op run's CPU that is natsagent's own code rather than
+// its writes (the host here stores nothing).
+func BenchmarkNoopRun(b *testing.B) {
+	m := model.NewFixed(model.Reply{Text: "ok"})
+	chain, err := middleware.Assemble(middleware.ChainConfig{}, middleware.Env{Model: m})
+	if err != nil {
+		b.Fatal(err)
+	}
+	set, err := tools.NewSet()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		out := Execute(context.Background(), &Run{
+			Runtime: &middleware.Runtime{RunID: "r", ThreadID: "t", Tenant: "d", Tools: set, Logger: zap.NewNop(), Emit: func(string, any) {}},
+			Chain:   chain, Model: m, System: "sys", State: &state.State{}, Host: nopHost{},
+			Input: []model.Message{{Role: model.RoleUser, Content: "hi"}},
+		})
+		if out.Status != "success" {
+			b.Fatal(out)
+		}
+	}
+}

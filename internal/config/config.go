@@ -127,6 +127,11 @@ type Worker struct {
 	// JobConcurrency is how many background jobs (memory extraction) a
 	// worker runs at once, beside its runs.
 	JobConcurrency int `yaml:"job_concurrency"`
+	// GOGC is the garbage collector's target percentage in a process that
+	// runs workers (cmd/worker, cmd/gateway --dev), as the GOGC variable
+	// sets it: 0 leaves Go's default (100), -1 turns the collector off
+	// but for GOMEMLIMIT. The GOGC environment variable, when set, wins.
+	GOGC int `yaml:"gogc"`
 }
 
 // RunStoreFullWait is StoreFullWait as worker.Config takes it, where 0
@@ -313,6 +318,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Worker.StoreFullWait < 0 {
 		bad("worker.store_full_wait", "must not be negative (0 ends a run at the first refusal)")
+	}
+	if c.Worker.GOGC < -1 {
+		bad("worker.gogc", "must be a percentage, 0 (Go's default, 100) or -1 (off but for GOMEMLIMIT)")
 	}
 	if c.Worker.JobConcurrency < 1 {
 		bad("worker.job_concurrency", "must be at least 1")

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/protocol"
 )
 
 // Errors callers test with errors.Is.
@@ -141,9 +142,27 @@ func getAfter[T any](ctx context.Context, js jetstream.JetStream, bucket, key st
 	}
 }
 
+// encode writes a record as JSON. Run and thread records, written
+// several times a run, are encoded by hand into the same bytes
+// encoding/json writes (protocol.AppendRunJSON); anything else by
+// encoding/json.
+func encode(v any) ([]byte, error) {
+	switch v := v.(type) {
+	case *protocol.Run:
+		size := 512
+		if v.Output != nil || v.Usage != nil {
+			size = 2048 // a finished run's answer and usage
+		}
+		return protocol.AppendRunJSON(make([]byte, 0, size), v)
+	case *protocol.Thread:
+		return protocol.AppendThreadJSON(make([]byte, 0, 512), v)
+	}
+	return json.Marshal(v)
+}
+
 // put creates (rev 0) or compare-and-sets (rev > 0) one key.
 func put(ctx context.Context, kv jetstream.KeyValue, key string, v any, rev uint64) (uint64, error) {
-	data, err := json.Marshal(v)
+	data, err := encode(v)
 	if err != nil {
 		return 0, err
 	}

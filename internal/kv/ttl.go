@@ -2,7 +2,6 @@ package kv
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"time"
 
@@ -39,7 +38,7 @@ func putTTL(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, 
 	if ttl <= 0 {
 		return put(ctx, kv, key, v, rev)
 	}
-	data, err := json.Marshal(v)
+	data, err := encode(v)
 	if err != nil {
 		return 0, err
 	}

@@ -191,7 +191,15 @@ type Runtime struct {
 	// scratch holds per-run, non-persisted values of middlewares; parallel
 	// tool calls may reach it at once.
 	mu      sync.Mutex
-	scratch map[string]any
+	scratch []scratchEntry
+}
+
+// scratchEntry is one per-run scratch value. A run holds a handful (one
+// or two per middleware that keeps any), so a slice searched in order
+// costs less than a map, which every run would build and grow.
+type scratchEntry struct {
+	key string
+	v   any
 }
 
 // Scratch returns the per-run scratch value stored under key, creating it
@@ -200,14 +208,16 @@ type Runtime struct {
 func Scratch[T any](rt *Runtime, key string, init func() T) T {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	if rt.scratch == nil {
-		rt.scratch = make(map[string]any)
+	for i := range rt.scratch {
+		if rt.scratch[i].key == key {
+			return rt.scratch[i].v.(T)
+		}
 	}
-	if v, ok := rt.scratch[key]; ok {
-		return v.(T)
+	if rt.scratch == nil {
+		rt.scratch = make([]scratchEntry, 0, 16)
 	}
 	v := init()
-	rt.scratch[key] = v
+	rt.scratch = append(rt.scratch, scratchEntry{key: key, v: v})
 	return v
 }
 
@@ -291,9 +301,11 @@ const (
 // one. It stops at the first jump or error.
 func (c *Chain) RunHooks(ctx context.Context, hook Hook, rt *Runtime, st *state.State) (Result, error) {
 	var out Result
-	apply := func(name string, r Result, err error) (bool, error) {
+	// The hook's name is looked up only for an error: most hooks of a
+	// run have nothing to do and return none.
+	apply := func(h any, r Result, err error) (bool, error) {
 		if err != nil {
-			return true, fmt.Errorf("middleware %s: %w", name, err)
+			return true, fmt.Errorf("middleware %s: %w", nameOf(h), err)
 		}
 		if !r.Update.Empty() {
 			st.Apply(r.Update)
@@ -313,14 +325,14 @@ func (c *Chain) RunHooks(ctx context.Context, hook Hook, rt *Runtime, st *state.
 	case HookBeforeAgent:
 		for _, h := range c.beforeAgent {
 			r, err := h.BeforeAgent(ctx, rt, st)
-			if stop, err := apply(nameOf(h), r, err); stop {
+			if stop, err := apply(h, r, err); stop {
 				return out, err
 			}
 		}
 	case HookBeforeModel:
 		for _, h := range c.beforeModel {
 			r, err := h.BeforeModel(ctx, rt, st)
-			if stop, err := apply(nameOf(h), r, err); stop {
+			if stop, err := apply(h, r, err); stop {
 				return out, err
 			}
 		}
@@ -328,7 +340,7 @@ func (c *Chain) RunHooks(ctx context.Context, hook Hook, rt *Runtime, st *state.
 		for i := len(c.afterModel) - 1; i >= 0; i-- {
 			h := c.afterModel[i]
 			r, err := h.AfterModel(ctx, rt, st)
-			if stop, err := apply(nameOf(h), r, err); stop {
+			if stop, err := apply(h, r, err); stop {
 				return out, err
 			}
 		}
@@ -337,7 +349,7 @@ func (c *Chain) RunHooks(ctx context.Context, hook Hook, rt *Runtime, st *state.
 			h := c.afterAgent[i]
 			r, err := h.AfterAgent(ctx, rt, st)
 			// After-agent hooks all run; a jump here has nowhere to go.
-			if _, err := apply(nameOf(h), Result{Update: r.Update}, err); err != nil {
+			if _, err := apply(h, Result{Update: r.Update}, err); err != nil {
 				return out, err
 			}
 		}

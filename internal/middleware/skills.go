@@ -198,10 +198,13 @@ func (s *Skills) resolve(ctx context.Context, rt *Runtime, v *runSkills) error {
 		return fmt.Errorf("user skills: %w", err)
 	}
 	v.all = all
+	v.activated = make(map[string]bool)
+	if len(all) == 0 {
+		return nil // nothing to index: lookups in the nil maps find nothing
+	}
 	v.bySlug = make(map[string]*skills.Skill, len(all))
 	v.byName = make(map[string]*skills.Skill, len(all))
 	v.gated = make(map[string][]*skills.Skill)
-	v.activated = make(map[string]bool)
 	for _, sk := range all {
 		v.bySlug[sk.Slug], v.byName[sk.Name] = sk, sk
 		for _, t := range sk.Tools {

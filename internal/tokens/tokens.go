@@ -83,7 +83,12 @@ func ForEncoding(name string) (Counter, error) {
 	if name == Approximate {
 		return approx{}, nil
 	}
-	v, _ := encoders.LoadOrStore(name, &encoderSlot{})
+	// Load first: LoadOrStore would allocate a slot on every call, and
+	// every model call of every run asks.
+	v, ok := encoders.Load(name)
+	if !ok {
+		v, _ = encoders.LoadOrStore(name, &encoderSlot{})
+	}
 	slot := v.(*encoderSlot)
 	slot.once.Do(func() {
 		b, err := newBPE(name)
