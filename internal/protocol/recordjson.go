@@ -126,6 +126,7 @@ func appendRun(b []byte, r *Run) ([]byte, bool) {
 	if r.CancelRequested {
 		b = append(b, `,"cancel_requested":true`...)
 	}
+	b = appendOptUint(b, `,"finished_event_id":`, r.FinishedEventID)
 	return append(b, '}'), true
 }
 
@@ -171,6 +172,9 @@ func appendThread(b []byte, t *Thread) ([]byte, bool) {
 		b = append(b, `,"renewed_at":`...)
 		if b, ok = appendTime(b, l.RenewedAt); !ok {
 			return b, false
+		}
+		if l.HandedOver {
+			b = append(b, `,"handed_over":true`...)
 		}
 		b = append(b, '}')
 	}
