@@ -84,14 +84,8 @@ func (c *client) cancel(ctx context.Context, thread, run string) (*protocol.Canc
 	case err != nil:
 		return nil, err
 	}
-	if msg.Header.Get("Nats-Service-Error-Code") != "" {
-		var er protocol.ErrorReply
-		_ = json.Unmarshal(msg.Data, &er)
-		text := er.Error.Message
-		if text == "" {
-			text = msg.Header.Get("Nats-Service-Error")
-		}
-		if er.Error.Code == protocol.CodeNotFound {
+	if code, text, ok := serviceError(msg); ok {
+		if code == protocol.CodeNotFound {
 			text += ": check the run and thread ids with natsagent runs --thread " + thread
 		}
 		return nil, errors.New(text)
@@ -101,4 +95,21 @@ func (c *client) cancel(ctx context.Context, thread, run string) (*protocol.Canc
 		return nil, fmt.Errorf("decode the cancel reply: %w", err)
 	}
 	return &reply, nil
+}
+
+// serviceError is the refusal a workers' service (cancel, delete)
+// answered msg with: the code and message of its error body, or the
+// Nats-Service-Error header when the body has none; ok is false for an
+// answer that is not an error.
+func serviceError(msg *nats.Msg) (code, text string, ok bool) {
+	if msg.Header.Get("Nats-Service-Error-Code") == "" {
+		return "", "", false
+	}
+	var er protocol.ErrorReply
+	_ = json.Unmarshal(msg.Data, &er)
+	text = er.Error.Message
+	if text == "" {
+		text = msg.Header.Get("Nats-Service-Error")
+	}
+	return er.Error.Code, text, true
 }

@@ -118,13 +118,7 @@ func (c *client) deleteRequest(ctx context.Context, subject string, cancelFirst 
 	case err != nil:
 		return nil, err
 	}
-	if msg.Header.Get("Nats-Service-Error-Code") != "" {
-		var er protocol.ErrorReply
-		_ = json.Unmarshal(msg.Data, &er)
-		text := er.Error.Message
-		if text == "" {
-			text = msg.Header.Get("Nats-Service-Error")
-		}
+	if _, text, ok := serviceError(msg); ok {
 		return nil, errors.New(text)
 	}
 	var reply protocol.DeleteReply
