@@ -49,25 +49,30 @@ func KeyTTLs(cfg config.Retention) kv.TTLs {
 func WithRetention(cfg config.Retention, workdirs func(tenant, thread string) files.Workdir) JobsOption {
 	return func(ctx context.Context, js jetstream.JetStream, settings bus.Settings, stores *kv.Stores, log *zap.Logger, handlers map[string]jobs.Handler) error {
 		p := RetentionPolicy(cfg)
-		e, err := erase.New(ctx, erase.Config{JS: js, Names: settings.Names, Stores: stores, Files: workdirs, Logger: log})
-		if err != nil {
-			return err
+		var eraser retention.ThreadEraser // only a threads_idle rule deletes threads
+		if anyRule(p, func(r retention.Rules) bool { return r.ThreadsIdle > 0 }) {
+			e, err := erase.New(ctx, erase.Config{JS: js, Names: settings.Names, Stores: stores, Files: workdirs, Logger: log})
+			if err != nil {
+				return err
+			}
+			eraser = retention.Erase(e)
 		}
-		s := retention.New(retention.Config{JS: js, Names: settings.Names, Stores: stores, Policy: p, Workdirs: workdirs, Eraser: retention.Erase(e), Logger: log})
+		s := retention.New(retention.Config{JS: js, Names: settings.Names, Stores: stores, Policy: p, Workdirs: workdirs, Eraser: eraser, Logger: log})
 		handlers[retention.JobKind] = s.Handle
-		if !anyRetention(p) {
+		if !anyRule(p, retention.Rules.Any) {
 			return retention.Unschedule(ctx, js, settings.Names)
 		}
 		return retention.Schedule(ctx, js, settings.Names, p.Interval)
 	}
 }
 
-func anyRetention(p retention.Policy) bool {
-	if p.Default.Any() {
+// anyRule reports whether the default or a tenant's rules satisfy has.
+func anyRule(p retention.Policy, has func(retention.Rules) bool) bool {
+	if has(p.Default) {
 		return true
 	}
 	for _, r := range p.Tenants {
-		if r.Any() {
+		if has(r) {
 			return true
 		}
 	}
