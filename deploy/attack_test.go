@@ -232,10 +232,10 @@ func runAttackerSuite(t *testing.T, d attackDeployment) {
 	own := submitted{user: "acme", principal: "acme"}
 
 	// Globex (through the gateway): a run waiting for approval, one done.
-	if rec := asGlobex("/threads/gw/runs/wait", `{"run_id":"g-write","input":{"messages":[{"role":"user","content":"write"}]}}`); rec.Status != protocol.StatusInterrupted {
+	if rec := asGlobex("/threads/gw/runs/wait?format=natsagent", `{"run_id":"g-write","input":{"messages":[{"role":"user","content":"write"}]}}`); rec.Status != protocol.StatusInterrupted {
 		t.Fatalf("globex's write run ended %s, want interrupted", rec.Status)
 	}
-	if rec := asGlobex("/threads/gd/runs/wait", `{"run_id":"g-done","input":{"messages":[{"role":"user","content":"hi"}]}}`); rec.Status != protocol.StatusSuccess {
+	if rec := asGlobex("/threads/gd/runs/wait?format=natsagent", `{"run_id":"g-done","input":{"messages":[{"role":"user","content":"hi"}]}}`); rec.Status != protocol.StatusSuccess {
 		t.Fatalf("globex's run ended %s", rec.Status)
 	}
 
@@ -439,7 +439,7 @@ func runAttackerSuite(t *testing.T, d attackDeployment) {
 	if fin := finishedOn(t, acmeEvents, "acme", "r1"); fin.Status != protocol.StatusSuccess {
 		t.Fatalf("acme's r1 ended %s", fin.Status)
 	}
-	if rec := asGlobex("/threads/gc/runs/wait", `{"run_id":"r1","input":{"messages":[{"role":"user","content":"hi"}]}}`); rec.Status != protocol.StatusSuccess {
+	if rec := asGlobex("/threads/gc/runs/wait?format=natsagent", `{"run_id":"r1","input":{"messages":[{"role":"user","content":"hi"}]}}`); rec.Status != protocol.StatusSuccess {
 		t.Fatalf("globex's r1 after acme's r1 ended %q, want success", rec.Status)
 	}
 	// Its lifecycle events are stored too, not dropped as duplicates of

@@ -320,7 +320,7 @@ func TestComposeClusterRunsNatsagent(t *testing.T) {
 		t.Fatalf("the queued run ended %s: %s", fin.Status, fin.Error)
 	}
 	// Over HTTP, as tenant globex (the gateway has no API keys here).
-	req, _ := http.NewRequestWithContext(ctx, "POST", api.URL+"/threads/web/runs/wait",
+	req, _ := http.NewRequestWithContext(ctx, "POST", api.URL+"/threads/web/runs/wait?format=natsagent",
 		strings.NewReader(`{"run_id":"web","input":{"messages":[{"role":"user","content":"hi"}]}}`))
 	req.Header.Set("X-Tenant", "globex")
 	resp, err := api.Client().Do(req)

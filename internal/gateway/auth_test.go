@@ -50,7 +50,7 @@ func TestAPIKeysRequiredExceptHealth(t *testing.T) {
 		invalidToken       bool
 	}{
 		{"no key", "GET", "/threads", nil, false},
-		{"no key, run", "POST", "/threads/t1/runs/wait", nil, false},
+		{"no key, run", "POST", "/threads/t1/runs/wait?format=natsagent", nil, false},
 		{"no key, unknown route", "GET", "/nothing/here", nil, false},
 		{"wrong key", "GET", "/threads", []string{"Authorization", "Bearer not-a-key-at-all-000"}, true},
 		{"wrong X-Api-Key", "GET", "/threads", []string{"X-Api-Key", "not-a-key-at-all-000"}, true},
@@ -81,7 +81,7 @@ func TestAPIKeyTenantWins(t *testing.T) {
 	ctx := context.Background()
 	acme := []string{"Authorization", "Bearer " + acmeKey}
 
-	rec := e.do("POST", "/threads/t1/runs/wait", with(input("hi"), "tenant", "globex"), acme...).expect(t, http.StatusOK).run(t)
+	rec := e.do("POST", "/threads/t1/runs/wait?format=natsagent", with(input("hi"), "tenant", "globex"), acme...).expect(t, http.StatusOK).run(t)
 	if rec.Tenant != "acme" {
 		t.Fatalf("run of tenant %q, want the key's tenant acme", rec.Tenant)
 	}
@@ -92,7 +92,7 @@ func TestAPIKeyTenantWins(t *testing.T) {
 		t.Fatalf("run not under acme: %v", err)
 	}
 
-	r := e.do("POST", "/threads/t2/runs/wait", input("hi"), "Authorization", "Bearer "+acmeKey, "X-Tenant", "globex").expect(t, http.StatusForbidden)
+	r := e.do("POST", "/threads/t2/runs/wait?format=natsagent", input("hi"), "Authorization", "Bearer "+acmeKey, "X-Tenant", "globex").expect(t, http.StatusForbidden)
 	if er := r.apiError(t); er.Code != CodeForbidden || er.Field != "X-Tenant" {
 		t.Fatalf("error %+v", er)
 	}
@@ -116,7 +116,7 @@ func TestAPIKeyTenantWins(t *testing.T) {
 // Authorization header, whether the key is accepted or refused.
 func TestAPIKeysNeverLogged(t *testing.T) {
 	e, logs := newAuthEnv(t)
-	e.do("POST", "/threads/t1/runs/wait", input("hi"), "Authorization", "Bearer "+acmeKey).expect(t, http.StatusOK)
+	e.do("POST", "/threads/t1/runs/wait?format=natsagent", input("hi"), "Authorization", "Bearer "+acmeKey).expect(t, http.StatusOK)
 	e.do("GET", "/threads/t1", nil, "X-Api-Key", acmeKey).expect(t, http.StatusOK)
 	e.do("GET", "/threads", nil, "Authorization", "Bearer "+globexKey+"-guess").expect(t, http.StatusUnauthorized)
 	e.do("GET", "/threads/t1/runs/x/cancel", nil, "Authorization", "Bearer "+acmeKey).expect(t, http.StatusMethodNotAllowed)

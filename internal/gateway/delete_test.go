@@ -22,10 +22,10 @@ import (
 func TestDeleteThreadOverHTTP(t *testing.T) {
 	e := newEnvWith(t, nil, func(s *Server) { s.cfg.Files = objectStoreFiles(t, s.js, s.names) })
 	e.startWorker(textModel("SECRET answer", 2, 0))
-	r1 := e.do("POST", "/threads/d1/runs/wait", input("hello")).expect(t, http.StatusOK).run(t)
-	r2 := e.do("POST", "/threads/d1/runs/wait", input("again")).expect(t, http.StatusOK).run(t)
+	r1 := e.do("POST", "/threads/d1/runs/wait?format=natsagent", input("hello")).expect(t, http.StatusOK).run(t)
+	r2 := e.do("POST", "/threads/d1/runs/wait?format=natsagent", input("again")).expect(t, http.StatusOK).run(t)
 	e.do("PUT", "/threads/d1/files/notes.md", "SECRET file").expect(t, http.StatusCreated)
-	e.do("POST", "/threads/d2/runs/wait", input("keep me")).expect(t, http.StatusOK)
+	e.do("POST", "/threads/d2/runs/wait?format=natsagent", input("keep me")).expect(t, http.StatusOK)
 	e.do("GET", "/threads/d1/files/notes.md", nil).expect(t, http.StatusOK)
 
 	r := e.do("DELETE", "/threads/d1", nil).expect(t, http.StatusNoContent)
@@ -41,7 +41,7 @@ func TestDeleteThreadOverHTTP(t *testing.T) {
 		"/threads/d1/files/notes.md"}
 	for _, run := range []string{r1.RunID, r2.RunID} {
 		p := "/threads/d1/runs/" + run
-		paths = append(paths, p, p+"/usage", p+"/join", p+"/stream")
+		paths = append(paths, p, p+"/usage", p+"/join?format=natsagent", p+"/stream")
 	}
 	for _, p := range paths {
 		r := e.do("GET", p, nil)
@@ -65,7 +65,7 @@ func TestDeleteThreadOverHTTP(t *testing.T) {
 	}
 	e.do("DELETE", "/threads/d1", nil).expect(t, http.StatusNotFound)
 	// A new run on the id starts a new, empty thread.
-	e.do("POST", "/threads/d1/runs/wait", input("fresh")).expect(t, http.StatusOK)
+	e.do("POST", "/threads/d1/runs/wait?format=natsagent", input("fresh")).expect(t, http.StatusOK)
 	var st struct {
 		Values struct {
 			Messages []map[string]any `json:"messages"`
@@ -143,9 +143,9 @@ func waitStatus(t *testing.T, e *env, run string, want protocol.Status) {
 func TestDeleteIsOwned(t *testing.T) {
 	e := newPolicyEnv(t)
 	ctx := context.Background()
-	rec := e.do("POST", "/threads/a1/runs/wait", input("remember that I live in Lyon"), bearer(aliceKey)...).expect(t, http.StatusOK).run(t)
-	e.do("POST", "/threads/a2/runs/wait", input("hello"), bearer(aliceKey)...).expect(t, http.StatusOK)
-	e.do("POST", "/threads/b1/runs/wait", input("hello"), bearer(bobKey)...).expect(t, http.StatusOK)
+	rec := e.do("POST", "/threads/a1/runs/wait?format=natsagent", input("remember that I live in Lyon"), bearer(aliceKey)...).expect(t, http.StatusOK).run(t)
+	e.do("POST", "/threads/a2/runs/wait?format=natsagent", input("hello"), bearer(aliceKey)...).expect(t, http.StatusOK)
+	e.do("POST", "/threads/b1/runs/wait?format=natsagent", input("hello"), bearer(bobKey)...).expect(t, http.StatusOK)
 	if notes, err := e.store.Notes(ctx, "acme", "alice"); err != nil || notes == "" {
 		t.Fatalf("alice's notes before: %q %v", notes, err)
 	}

@@ -194,7 +194,7 @@ func TestFiles_UploadListDownloadAndRun(t *testing.T) {
 		t.Errorf("thread t2 lists %v", other)
 	}
 
-	rec := e.do("POST", "/threads/t1/runs/wait", input("What does my note say?")).expect(t, http.StatusOK).run(t)
+	rec := e.do("POST", "/threads/t1/runs/wait?format=natsagent", input("What does my note say?")).expect(t, http.StatusOK).run(t)
 	if rec.Status != protocol.StatusSuccess || rec.Output == nil || !strings.Contains(rec.Output.Content, "     1\tThe secret word is papaya.") {
 		t.Fatalf("run %+v", rec)
 	}

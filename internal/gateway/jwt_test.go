@@ -199,7 +199,7 @@ func TestJWTValidation(t *testing.T) {
 	if er := r.apiError(t); er.Field != "X-Tenant" || !strings.Contains(er.Message, `the bearer token acts for tenant "acme" only`) {
 		t.Fatalf("X-Tenant: %+v", er)
 	}
-	rec := e.do("POST", "/threads/t1/runs/wait", input("hi"), "Authorization", "Bearer "+valid).expect(t, http.StatusOK).run(t)
+	rec := e.do("POST", "/threads/t1/runs/wait?format=natsagent", input("hi"), "Authorization", "Bearer "+valid).expect(t, http.StatusOK).run(t)
 	if rec.Tenant != "acme" {
 		t.Fatalf("run of tenant %s", rec.Tenant)
 	}

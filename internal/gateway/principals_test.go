@@ -156,7 +156,7 @@ func TestPolicyRefusesRunCreation(t *testing.T) {
 		{"another user, LangGraph style", "f5", with(input("hi"), "config", map[string]any{"configurable": map[string]any{"user_id": "bob"}}),
 			"policy.roles.member.act_for_others"},
 	} {
-		r := e.do("POST", "/threads/"+c.thread+"/runs/wait", c.body, bearer(aliceKey)...).expect(t, http.StatusForbidden)
+		r := e.do("POST", "/threads/"+c.thread+"/runs/wait?format=natsagent", c.body, bearer(aliceKey)...).expect(t, http.StatusForbidden)
 		if er := r.apiError(t); er.Code != CodeForbidden || !strings.Contains(er.Message, c.want) {
 			t.Errorf("%s: %+v, want %q", c.name, er, c.want)
 		}
@@ -165,13 +165,13 @@ func TestPolicyRefusesRunCreation(t *testing.T) {
 		}
 	}
 	// The same requests from an admin run, acting for alice.
-	rec := e.do("POST", "/threads/f6/runs/wait", with(input("hi"), "assistant_id", "coder",
+	rec := e.do("POST", "/threads/f6/runs/wait?format=natsagent", with(input("hi"), "assistant_id", "coder",
 		"config", map[string]any{"tool_approval_mode": "always_trust", "user_id": "alice"}), bearer(opsKey)...).expect(t, http.StatusOK).run(t)
 	if rec.Status != protocol.StatusSuccess {
 		t.Fatalf("admin's run %s: %s", rec.Status, rec.Error)
 	}
 	// alice naming herself is no acting for others.
-	e.do("POST", "/threads/f7/runs/wait", with(input("hi"), "config", map[string]any{"user_id": "alice"}), bearer(aliceKey)...).expect(t, http.StatusOK)
+	e.do("POST", "/threads/f7/runs/wait?format=natsagent", with(input("hi"), "config", map[string]any{"user_id": "alice"}), bearer(aliceKey)...).expect(t, http.StatusOK)
 }
 
 // TestMemoryIsolatedByPrincipal: memory is keyed by user, and the user is
@@ -179,7 +179,7 @@ func TestPolicyRefusesRunCreation(t *testing.T) {
 func TestMemoryIsolatedByPrincipal(t *testing.T) {
 	e := newPolicyEnv(t)
 	ctx := context.Background()
-	rec := e.do("POST", "/threads/a1/runs/wait", input("Please remember that I live in Lyon."), bearer(aliceKey)...).expect(t, http.StatusOK).run(t)
+	rec := e.do("POST", "/threads/a1/runs/wait?format=natsagent", input("Please remember that I live in Lyon."), bearer(aliceKey)...).expect(t, http.StatusOK).run(t)
 	if rec.Status != protocol.StatusSuccess {
 		t.Fatalf("alice's run %s: %s", rec.Status, rec.Error)
 	}
@@ -187,9 +187,9 @@ func TestMemoryIsolatedByPrincipal(t *testing.T) {
 		t.Fatalf("alice's notes %q", notes)
 	}
 
-	e.do("POST", "/threads/b1/runs/wait", with(input("Where do I live? (bob)"), "config", map[string]any{"user_id": "alice"}), bearer(bobKey)...).
+	e.do("POST", "/threads/b1/runs/wait?format=natsagent", with(input("Where do I live? (bob)"), "config", map[string]any{"user_id": "alice"}), bearer(bobKey)...).
 		expect(t, http.StatusForbidden)
-	rec = e.do("POST", "/threads/b1/runs/wait", input("Where do I live? (bob)"), bearer(bobKey)...).expect(t, http.StatusOK).run(t)
+	rec = e.do("POST", "/threads/b1/runs/wait?format=natsagent", input("Where do I live? (bob)"), bearer(bobKey)...).expect(t, http.StatusOK).run(t)
 	if rec.Status != protocol.StatusSuccess {
 		t.Fatalf("bob's run %s: %s", rec.Status, rec.Error)
 	}
@@ -201,7 +201,7 @@ func TestMemoryIsolatedByPrincipal(t *testing.T) {
 	}
 
 	// An admin acting for alice reads hers: acting for others works.
-	e.do("POST", "/threads/o1/runs/wait", with(input("Where does she live? (ops)"), "config", map[string]any{"user_id": "alice"}), bearer(opsKey)...).
+	e.do("POST", "/threads/o1/runs/wait?format=natsagent", with(input("Where does she live? (ops)"), "config", map[string]any{"user_id": "alice"}), bearer(opsKey)...).
 		expect(t, http.StatusOK)
 	if sys := e.sent("Where does she live? (ops)").Messages[0].Content; !strings.Contains(sys, "- Lives in Lyon") {
 		t.Fatalf("the admin's run for alice lacks her memory:\n%s", sys)
@@ -213,9 +213,9 @@ func TestMemoryIsolatedByPrincipal(t *testing.T) {
 // a call to a tool not offered is refused.
 func TestToolPolicyTrimsTheModelsTools(t *testing.T) {
 	e := newPolicyEnv(t)
-	e.do("POST", "/threads/t1/runs/wait", input("hello (alice)"), bearer(aliceKey)...).expect(t, http.StatusOK)
-	e.do("POST", "/threads/t2/runs/wait", input("hello (bob)"), bearer(bobKey)...).expect(t, http.StatusOK)
-	e.do("POST", "/threads/t3/runs/wait", input("hello (ops)"), bearer(opsKey)...).expect(t, http.StatusOK)
+	e.do("POST", "/threads/t1/runs/wait?format=natsagent", input("hello (alice)"), bearer(aliceKey)...).expect(t, http.StatusOK)
+	e.do("POST", "/threads/t2/runs/wait?format=natsagent", input("hello (bob)"), bearer(bobKey)...).expect(t, http.StatusOK)
+	e.do("POST", "/threads/t3/runs/wait?format=natsagent", input("hello (ops)"), bearer(opsKey)...).expect(t, http.StatusOK)
 
 	alice, bob, ops := toolNames(e.sent("hello (alice)")), toolNames(e.sent("hello (bob)")), toolNames(e.sent("hello (ops)"))
 	if slices.Contains(alice, "current_time") || !slices.Contains(alice, "read_file") || !slices.Contains(alice, middleware.RememberTool) {
@@ -234,7 +234,7 @@ func TestToolPolicyTrimsTheModelsTools(t *testing.T) {
 	}
 
 	// The model calls current_time anyway: alice's run gets a refusal.
-	e.do("POST", "/threads/t4/runs/wait", input("what time is it? (alice)"), bearer(aliceKey)...).expect(t, http.StatusOK)
+	e.do("POST", "/threads/t4/runs/wait?format=natsagent", input("what time is it? (alice)"), bearer(aliceKey)...).expect(t, http.StatusOK)
 	var result string
 	for _, r := range e.llm.Requests() {
 		if last := r.LastMessage(); last.Role == model.RoleTool && slices.ContainsFunc(r.Messages, func(m openaitest.Message) bool { return m.Content == "what time is it? (alice)" }) {
@@ -252,7 +252,7 @@ func TestToolPolicyTrimsTheModelsTools(t *testing.T) {
 func TestThreadsAreOwned(t *testing.T) {
 	e := newPolicyEnv(t)
 	ctx := context.Background()
-	rec := e.do("POST", "/threads/a1/runs/wait", input("hello"), bearer(aliceKey)...).expect(t, http.StatusOK).run(t)
+	rec := e.do("POST", "/threads/a1/runs/wait?format=natsagent", input("hello"), bearer(aliceKey)...).expect(t, http.StatusOK).run(t)
 	e.do("POST", "/threads", map[string]any{"thread_id": "a2"}, bearer(aliceKey)...).expect(t, http.StatusOK)
 	for _, id := range []string{"a1", "a2"} {
 		th, _, err := e.stores.Threads.Get(ctx, "acme", id)
@@ -264,7 +264,7 @@ func TestThreadsAreOwned(t *testing.T) {
 	run := "/threads/a1/runs/" + rec.RunID
 	for _, c := range []struct{ method, path string }{
 		{"GET", "/threads/a1"}, {"GET", "/threads/a1/state"}, {"GET", "/threads/a1/history"}, {"POST", "/threads/a1/history"},
-		{"GET", "/threads/a1/runs"}, {"GET", run}, {"GET", run + "/stream"}, {"GET", run + "/join"}, {"POST", run + "/cancel"},
+		{"GET", "/threads/a1/runs"}, {"GET", run}, {"GET", run + "/stream"}, {"GET", run + "/join?format=natsagent"}, {"POST", run + "/cancel"},
 		{"GET", run + "/usage"}, {"GET", "/threads/a1/usage"}, {"POST", "/threads/a1/compact"},
 	} {
 		r := e.do(c.method, c.path, nil, bearer(bobKey)...).expect(t, http.StatusNotFound)
@@ -313,7 +313,7 @@ func TestFirstRunOwnsANewThread(t *testing.T) {
 	if _, err := e.gw.queue.Enqueue(ctx, req, data); err != nil {
 		t.Fatal(err)
 	}
-	e.do("GET", "/threads/n1/runs/n1/join", nil, bearer(opsKey)...).expect(t, http.StatusOK)
+	e.do("GET", "/threads/n1/runs/n1/join?format=natsagent", nil, bearer(opsKey)...).expect(t, http.StatusOK)
 	th, _, err := e.stores.Threads.Get(ctx, "acme", "n1")
 	if err != nil || th.Owner != "carol" {
 		t.Fatalf("thread n1: %+v %v", th, err)

@@ -37,7 +37,7 @@ func TestResumeCheckedBeforePublish(t *testing.T) {
 		t.Fatalf("resume on an idle thread: %+v", err)
 	}
 
-	first := e.do("POST", "/threads/t1/runs/wait", input("book a flight")).expect(t, http.StatusOK).run(t)
+	first := e.do("POST", "/threads/t1/runs/wait?format=natsagent", input("book a flight")).expect(t, http.StatusOK).run(t)
 	if first.Status != protocol.StatusInterrupted || first.Interrupt == nil || first.Interrupt.Question != "Which city?" {
 		t.Fatalf("first run %+v", first)
 	}
@@ -57,7 +57,7 @@ func TestResumeCheckedBeforePublish(t *testing.T) {
 		t.Fatalf("refused resumes left runs behind: %d runs", len(list))
 	}
 
-	done := e.do("POST", "/threads/t1/runs/wait", resume(map[string]any{"answer": "Lyon"})).expect(t, http.StatusOK).run(t)
+	done := e.do("POST", "/threads/t1/runs/wait?format=natsagent", resume(map[string]any{"answer": "Lyon"})).expect(t, http.StatusOK).run(t)
 	if done.Status != protocol.StatusSuccess || done.Output == nil || !strings.Contains(done.Output.Content, "Lyon") {
 		t.Fatalf("resumed run %+v", done)
 	}

@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
+	"github.com/natsagent/natsagent/internal/langgraph"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -26,6 +26,8 @@ type runBody struct {
 	RunID string `json:"run_id"`
 	// IfNotExists is create (default) or reject (404 for a missing thread).
 	IfNotExists string `json:"if_not_exists"`
+	// forkFields start the run from an earlier checkpoint (lgstate.go).
+	forkFields
 }
 
 type runInput struct {
@@ -34,14 +36,8 @@ type runInput struct {
 
 // inputMessage accepts a message as natsagent writes it ({"role",
 // "content"}) and as LangChain clients do ({"type": "human"}, content as a
-// list of text blocks).
-type inputMessage struct {
-	ID      string          `json:"id"`
-	Role    string          `json:"role"`
-	Type    string          `json:"type"`
-	Name    string          `json:"name"`
-	Content json.RawMessage `json:"content"`
-}
+// list of blocks): internal/langgraph reads both.
+type inputMessage = langgraph.Input
 
 type runCommand struct {
 	Resume json.RawMessage `json:"resume"`
@@ -179,57 +175,23 @@ func runConfig(raw json.RawMessage) (protocol.RunConfig, error) {
 	return out, nil
 }
 
-// inputMessages converts input messages to the model's, mapping LangChain
-// roles (human, ai) and text content blocks.
+// inputMessages converts input messages to the model's (langgraph.ToModel:
+// LangChain types and content blocks); Validate then refuses the roles
+// and image parts input may not hold.
 func inputMessages(in []inputMessage) ([]model.Message, error) {
 	out := make([]model.Message, 0, len(in))
 	for i, m := range in {
-		role := m.Role
-		if role == "" {
-			role = m.Type
+		msg, err := langgraph.ToModel(m)
+		var fe *langgraph.FieldError
+		if errors.As(err, &fe) {
+			return nil, errInvalid(fmt.Sprintf("input.messages[%d].%s", i, fe.Field), fe.Msg)
 		}
-		switch role {
-		case "human":
-			role = model.RoleUser
-		case "ai":
-			role = model.RoleAssistant
-		}
-		content, err := textContent(m.Content)
 		if err != nil {
-			return nil, errInvalid(fmt.Sprintf("input.messages[%d].content", i), err.Error())
+			return nil, errInvalid(fmt.Sprintf("input.messages[%d]", i), err.Error())
 		}
-		out = append(out, model.Message{ID: m.ID, Role: role, Name: m.Name, Content: content})
+		out = append(out, msg)
 	}
 	return out, nil
-}
-
-// textContent reads content given as a string or as a list of text
-// blocks ({"type": "text", "text": "..."}).
-func textContent(raw json.RawMessage) (string, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-		return "", nil
-	}
-	var text string
-	if raw[0] == '"' {
-		err := json.Unmarshal(raw, &text)
-		return text, err
-	}
-	var blocks []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	}
-	if err := json.Unmarshal(raw, &blocks); err != nil {
-		return "", fmt.Errorf("must be a string or a list of text blocks")
-	}
-	var b strings.Builder
-	for _, blk := range blocks {
-		if blk.Type != "text" {
-			return "", fmt.Errorf("content blocks of type %q are not supported; send text", clip(blk.Type))
-		}
-		b.WriteString(blk.Text)
-	}
-	return b.String(), nil
 }
 
 func clip(s string) string {

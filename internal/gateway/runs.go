@@ -40,6 +40,9 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 				return err
 			}
 		}
+		if _, err := nativeFormat(r); err != nil {
+			return err
+		}
 		var body runBody
 		if err := decodeBody(r, &body); err != nil {
 			return err
@@ -62,6 +65,9 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 			if err := s.claimThread(r, tenant, thread); err != nil {
 				return err
 			}
+		}
+		if err := s.forkForRun(r.Context(), tenant, thread, body.RunID, &body.forkFields); err != nil {
+			return err
 		}
 
 		// The feed exists before the request is published: nothing the
@@ -101,8 +107,9 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 	}
 }
 
-// writeFinal waits for a run to finish and answers with its record. A
-// client that leaves stops the wait, not the run.
+// writeFinal waits for a run to finish and answers with the thread's
+// values, or its record with ?format=natsagent (runResult). A client that
+// leaves stops the wait, not the run.
 func (s *Server) writeFinal(w http.ResponseWriter, r *http.Request, f *events.Feed, rec *protocol.Run) error {
 	// A server write timeout must not cut a long wait.
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
@@ -115,8 +122,7 @@ func (s *Server) writeFinal(w http.ResponseWriter, r *http.Request, f *events.Fe
 		}
 		return err
 	}
-	writeJSON(w, http.StatusOK, final)
-	return nil
+	return s.writeRunResult(w, r, final)
 }
 
 // runOf reads the run named in the path; a run of another thread is not
@@ -154,9 +160,11 @@ func (s *Server) joinRun(w http.ResponseWriter, r *http.Request, tenant string) 
 	if err != nil {
 		return err
 	}
+	if _, err := nativeFormat(r); err != nil {
+		return err
+	}
 	if rec.Status.Terminal() {
-		writeJSON(w, http.StatusOK, rec)
-		return nil
+		return s.writeRunResult(w, r, rec)
 	}
 	f, err := s.openFeed(r.Context(), s.names.EventSubject(tenant, rec.ThreadID, rec.RunID, protocol.KindLifecycle), 0)
 	if err != nil {

@@ -51,7 +51,7 @@ func TestBackgroundRunThenPoll(t *testing.T) {
 func TestStreamRun(t *testing.T) {
 	e := newEnv(t, textModel("one two three four", 4, 0))
 	// A first run makes stream sequences differ from envelope seqs.
-	e.do("POST", "/threads/warm/runs/wait", input("hi")).expect(t, http.StatusOK)
+	e.do("POST", "/threads/warm/runs/wait?format=natsagent", input("hi")).expect(t, http.StatusOK)
 	s := e.openStream("POST", "/threads/t1/runs/stream", input("hi"))
 	loc := s.resp.Header.Get("Content-Location")
 	if !strings.HasPrefix(loc, "/threads/t1/runs/") {
@@ -104,7 +104,7 @@ func TestStreamRun(t *testing.T) {
 
 func TestWaitStateAndRunList(t *testing.T) {
 	e := newEnv(t, echoModel())
-	r := e.do("POST", "/threads/t1/runs/wait", input("first")).expect(t, http.StatusOK)
+	r := e.do("POST", "/threads/t1/runs/wait?format=natsagent", input("first")).expect(t, http.StatusOK)
 	first := r.run(t)
 	if first.Status != protocol.StatusSuccess || first.Output == nil || first.Output.Content != "echo: first" {
 		t.Fatalf("first run %+v", first)
@@ -112,13 +112,13 @@ func TestWaitStateAndRunList(t *testing.T) {
 	if r.header.Get("Content-Location") != "/threads/t1/runs/"+first.RunID {
 		t.Fatalf("Content-Location %q", r.header.Get("Content-Location"))
 	}
-	second := e.do("POST", "/threads/t1/runs/wait", with(input("second"), "agent", "chatbot")).expect(t, http.StatusOK).run(t)
+	second := e.do("POST", "/threads/t1/runs/wait?format=natsagent", with(input("second"), "agent", "chatbot")).expect(t, http.StatusOK).run(t)
 	if second.Output == nil || second.Output.Content != "echo: second" {
 		t.Fatalf("second run %+v", second)
 	}
 
 	var st stateView
-	e.do("GET", "/threads/t1/state", nil).expect(t, http.StatusOK).decode(t, &st)
+	e.do("GET", "/threads/t1/state?format=natsagent", nil).expect(t, http.StatusOK).decode(t, &st)
 	var msgs []model.Message
 	if err := json.Unmarshal(st.Values["messages"], &msgs); err != nil {
 		t.Fatal(err)
@@ -139,7 +139,7 @@ func TestWaitStateAndRunList(t *testing.T) {
 	// History: newest checkpoint first; replaying the changes oldest first
 	// rebuilds the state.
 	var hist []historyEntry
-	e.do("GET", "/threads/t1/history", nil).expect(t, http.StatusOK).decode(t, &hist)
+	e.do("GET", "/threads/t1/history?format=natsagent", nil).expect(t, http.StatusOK).decode(t, &hist)
 	if len(hist) < 2 || hist[0].CheckpointID != *st.CheckpointID || hist[len(hist)-1].ParentCheckpointID != "" {
 		t.Fatalf("history %+v", hist)
 	}
@@ -154,7 +154,7 @@ func TestWaitStateAndRunList(t *testing.T) {
 		t.Fatalf("history rebuilds %d messages, state has %d", len(rebuilt.Messages), len(msgs))
 	}
 	var page1 []historyEntry
-	e.do("GET", "/threads/t1/history?limit=1&offset=1", nil).expect(t, http.StatusOK).decode(t, &page1)
+	e.do("GET", "/threads/t1/history?format=natsagent&limit=1&offset=1", nil).expect(t, http.StatusOK).decode(t, &page1)
 	if len(page1) != 1 || page1[0].CheckpointID != hist[1].CheckpointID {
 		t.Fatalf("history page %+v", page1)
 	}
@@ -178,7 +178,7 @@ func TestWaitStateAndRunList(t *testing.T) {
 	// A thread without checkpoints has empty messages.
 	e.do("POST", "/threads", map[string]any{"thread_id": "empty"}).expect(t, http.StatusOK)
 	var empty stateView
-	r = e.do("GET", "/threads/empty/state", nil).expect(t, http.StatusOK)
+	r = e.do("GET", "/threads/empty/state?format=natsagent", nil).expect(t, http.StatusOK)
 	r.decode(t, &empty)
 	if string(empty.Values["messages"]) != "[]" || empty.CheckpointID != nil {
 		t.Fatalf("empty state %s", r.body)
@@ -209,7 +209,7 @@ func runIDs(runs []protocol.Run) []string {
 
 func TestStatelessRuns(t *testing.T) {
 	e := newEnv(t, echoModel())
-	rec := e.do("POST", "/runs/wait", input("hello")).expect(t, http.StatusOK).run(t)
+	rec := e.do("POST", "/runs/wait?format=natsagent", input("hello")).expect(t, http.StatusOK).run(t)
 	if rec.Status != protocol.StatusSuccess || !protocol.ValidToken(rec.ThreadID) || rec.Output.Content != "echo: hello" {
 		t.Fatalf("stateless wait %+v", rec)
 	}
@@ -228,7 +228,7 @@ func TestStatelessRuns(t *testing.T) {
 	if !protocol.ValidToken(bg.ThreadID) || bg.ThreadID == rec.ThreadID || bg.ThreadID == evs[0].env.ThreadID {
 		t.Fatalf("stateless background run %+v", bg)
 	}
-	final := e.do("GET", "/threads/"+bg.ThreadID+"/runs/"+bg.RunID+"/join", nil).expect(t, http.StatusOK).run(t)
+	final := e.do("GET", "/threads/"+bg.ThreadID+"/runs/"+bg.RunID+"/join?format=natsagent", nil).expect(t, http.StatusOK).run(t)
 	if final.Status != protocol.StatusSuccess || final.Output.Content != "echo: bg" {
 		t.Fatalf("joined %+v", final)
 	}
@@ -243,7 +243,7 @@ func TestRunIDMakesRetriesIdempotent(t *testing.T) {
 	if a.RunID != "fixed" || b.RunID != "fixed" || !a.CreatedAt.Equal(b.CreatedAt) || a.MsgSeq != b.MsgSeq {
 		t.Fatalf("retry gave another run: %+v vs %+v", a, b)
 	}
-	final := e.do("POST", "/threads/t1/runs/wait", body).expect(t, http.StatusOK).run(t)
+	final := e.do("POST", "/threads/t1/runs/wait?format=natsagent", body).expect(t, http.StatusOK).run(t)
 	if final.Status != protocol.StatusSuccess {
 		t.Fatalf("final %+v", final)
 	}
@@ -310,12 +310,12 @@ func TestRejectWhileThreadBusy(t *testing.T) {
 	e.do("POST", "/threads/t1/runs/stream", with(input("three"), "multitask_strategy", "reject")).expect(t, http.StatusConflict)
 
 	release()
-	final := e.do("GET", "/threads/t1/runs/"+first.RunID+"/join", nil).expect(t, http.StatusOK).run(t)
+	final := e.do("GET", "/threads/t1/runs/"+first.RunID+"/join?format=natsagent", nil).expect(t, http.StatusOK).run(t)
 	if final.Status != protocol.StatusSuccess {
 		t.Fatalf("first run %+v", final)
 	}
 	// Idle again: reject runs are accepted.
-	ok := e.do("POST", "/threads/t1/runs/wait", with(input("four"), "multitask_strategy", "reject")).expect(t, http.StatusOK).run(t)
+	ok := e.do("POST", "/threads/t1/runs/wait?format=natsagent", with(input("four"), "multitask_strategy", "reject")).expect(t, http.StatusOK).run(t)
 	if ok.Status != protocol.StatusSuccess {
 		t.Fatalf("reject run on an idle thread %+v", ok)
 	}
@@ -382,7 +382,7 @@ func TestCancelWithoutWorkers(t *testing.T) {
 func TestJoinFinishedRunWithLastEventID(t *testing.T) {
 	e := newEnv(t, textModel("a b c d e f", 6, 0))
 	// A first run makes stream sequences differ from envelope seqs.
-	e.do("POST", "/threads/warm/runs/wait", input("hi")).expect(t, http.StatusOK)
+	e.do("POST", "/threads/warm/runs/wait?format=natsagent", input("hi")).expect(t, http.StatusOK)
 	all := e.openStream("POST", "/threads/t1/runs/stream", with(input("hi"), "run_id", "r1")).rest(10 * time.Second)
 	if len(fixedTypes(all)) != 10 {
 		t.Fatalf("run has events %v, want 10 of the fixed types", types(all))
@@ -444,7 +444,7 @@ func TestLiveJoinResumesWithoutGapsOrDuplicates(t *testing.T) {
 
 func TestJoinAfterEventsExpired(t *testing.T) {
 	e := newEnv(t, echoModel())
-	rec := e.do("POST", "/threads/t1/runs/wait", with(input("hi"), "run_id", "r1")).expect(t, http.StatusOK).run(t)
+	rec := e.do("POST", "/threads/t1/runs/wait?format=natsagent", with(input("hi"), "run_id", "r1")).expect(t, http.StatusOK).run(t)
 	st, err := e.js.Stream(context.Background(), e.settings.Names.EventsStream())
 	if err != nil {
 		t.Fatal(err)
@@ -461,7 +461,7 @@ func TestJoinAfterEventsExpired(t *testing.T) {
 		t.Fatalf("synthesized %+v / %+v", evs[0].env, fin)
 	}
 	// join answers from the record.
-	if got := e.do("GET", "/threads/t1/runs/r1/join", nil).expect(t, http.StatusOK).run(t); got.Status != protocol.StatusSuccess {
+	if got := e.do("GET", "/threads/t1/runs/r1/join?format=natsagent", nil).expect(t, http.StatusOK).run(t); got.Status != protocol.StatusSuccess {
 		t.Fatalf("join %+v", got)
 	}
 }
@@ -471,7 +471,7 @@ func TestWaitClientLeavesRunGoesOn(t *testing.T) {
 	e := newEnv(t, m)
 	t.Cleanup(release)
 	ctx, cancel := context.WithCancel(context.Background())
-	req, err := http.NewRequestWithContext(ctx, "POST", e.http.URL+"/threads/t1/runs/wait",
+	req, err := http.NewRequestWithContext(ctx, "POST", e.http.URL+"/threads/t1/runs/wait?format=natsagent",
 		strings.NewReader(`{"run_id":"r1","input":{"messages":[{"role":"user","content":"hi"}]}}`))
 	if err != nil {
 		t.Fatal(err)
@@ -490,7 +490,7 @@ func TestWaitClientLeavesRunGoesOn(t *testing.T) {
 		t.Fatal("the wait answered before the run finished")
 	}
 	release()
-	if rec := e.do("GET", "/threads/t1/runs/r1/join", nil).expect(t, http.StatusOK).run(t); rec.Status != protocol.StatusSuccess {
+	if rec := e.do("GET", "/threads/t1/runs/r1/join?format=natsagent", nil).expect(t, http.StatusOK).run(t); rec.Status != protocol.StatusSuccess {
 		t.Fatalf("run after the client left: %+v", rec)
 	}
 }
@@ -574,7 +574,7 @@ func TestUnknownAgentEndsAsErrorRun(t *testing.T) {
 	if fin.Status != protocol.StatusError || !strings.Contains(fin.Error, `"nobody"`) || evs[1].env.Seq != 2 {
 		t.Fatalf("run.finished seq %d %+v, want an error naming the agent", evs[1].env.Seq, fin)
 	}
-	final := e.do("GET", "/threads/t1/runs/"+rec.RunID+"/join", nil).expect(t, http.StatusOK).run(t)
+	final := e.do("GET", "/threads/t1/runs/"+rec.RunID+"/join?format=natsagent", nil).expect(t, http.StatusOK).run(t)
 	if final.Status != protocol.StatusError || !strings.Contains(final.Error, `"nobody"`) {
 		t.Fatalf("record %+v", final)
 	}
@@ -596,7 +596,7 @@ func TestLangGraphShapes(t *testing.T) {
 		"multitask_strategy": "interrupt",
 		"metadata":           map[string]any{"n": 12345678901234567},
 	}
-	r := e.do("POST", "/threads/t1/runs/wait", body).expect(t, http.StatusOK)
+	r := e.do("POST", "/threads/t1/runs/wait?format=natsagent", body).expect(t, http.StatusOK)
 	rec := r.run(t)
 	if rec.Status != protocol.StatusSuccess || rec.Output.Content != "echo: from blocks" {
 		t.Fatalf("run %+v", rec)
@@ -613,7 +613,7 @@ func TestLangGraphShapes(t *testing.T) {
 	}
 	// The top level wins over configurable.
 	body["config"] = map[string]any{"model": "top", "configurable": map[string]any{"model": "configured"}}
-	e.do("POST", "/threads/t1/runs/wait", body).expect(t, http.StatusOK)
+	e.do("POST", "/threads/t1/runs/wait?format=natsagent", body).expect(t, http.StatusOK)
 	if reqs := m.Requests(); reqs[len(reqs)-1].Model != "top" {
 		t.Fatalf("model name %q, want top", reqs[len(reqs)-1].Model)
 	}

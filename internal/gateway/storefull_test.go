@@ -62,5 +62,5 @@ func TestStoreFullAnswers507(t *testing.T) {
 	reopen = e.fill(names.RunsStream())
 	expectStoreFull(t, e.do("POST", "/threads/t1/runs", with(input("hi"), "run_id", "r1")), names.RunsStream())
 	reopen()
-	e.do("POST", "/threads/t1/runs/wait", with(input("hi"), "run_id", "r1")).expect(t, http.StatusOK)
+	e.do("POST", "/threads/t1/runs/wait?format=natsagent", with(input("hi"), "run_id", "r1")).expect(t, http.StatusOK)
 }

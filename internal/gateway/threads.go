@@ -161,12 +161,10 @@ type stateView struct {
 	Status             string                     `json:"status"`
 }
 
-// threadState: GET /threads/{thread_id}/state.
-func (s *Server) threadState(w http.ResponseWriter, r *http.Request, tenant string) error {
-	th, err := s.thread(r, tenant)
-	if err != nil {
-		return err
-	}
+// nativeState: GET /threads/{thread_id}/state?format=natsagent, the state
+// with natsagent's messages.
+func (s *Server) nativeState(w http.ResponseWriter, r *http.Request, th *protocol.Thread) error {
+	tenant := th.Tenant
 	st, chain, err := s.stores.Checkpoints.Load(r.Context(), tenant, th.ThreadID, th.Head)
 	if err != nil {
 		return err
@@ -205,14 +203,12 @@ type historyEntry struct {
 	Changes            state.Update `json:"changes"`
 }
 
-// threadHistory lists the checkpoints of a thread's current history,
-// newest first (LangGraph's thread history). Each entry holds what its
-// step changed; replaying them oldest first rebuilds the state.
-func (s *Server) threadHistory(w http.ResponseWriter, r *http.Request, tenant string) error {
-	th, err := s.thread(r, tenant)
-	if err != nil {
-		return err
-	}
+// nativeHistory lists the checkpoints of a thread's current history,
+// newest first, as natsagent stores them (?format=natsagent). Each entry
+// holds what its step changed; replaying them oldest first rebuilds the
+// state.
+func (s *Server) nativeHistory(w http.ResponseWriter, r *http.Request, th *protocol.Thread) error {
+	tenant := th.Tenant
 	p, err := pageOf(r)
 	if err != nil {
 		return err

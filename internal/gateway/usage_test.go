@@ -15,11 +15,11 @@ func TestUsageEndpoints(t *testing.T) {
 		return model.Reply{Text: "ok", Usage: &model.Usage{PromptTokens: 100 + n, CompletionTokens: 10}}
 	})
 	e := newEnv(t, m)
-	first := e.do("POST", "/threads/t1/runs/wait", input("first")).expect(t, http.StatusOK).run(t)
+	first := e.do("POST", "/threads/t1/runs/wait?format=natsagent", input("first")).expect(t, http.StatusOK).run(t)
 	if first.Usage == nil || first.Usage.Total.Input != 100 || first.Usage.Total.Calls != 1 {
 		t.Fatalf("usage on the record %+v", first.Usage)
 	}
-	second := e.do("POST", "/threads/t1/runs/wait", input("second")).expect(t, http.StatusOK).run(t)
+	second := e.do("POST", "/threads/t1/runs/wait?format=natsagent", input("second")).expect(t, http.StatusOK).run(t)
 
 	var ru protocol.RunUsage
 	e.do("GET", "/threads/t1/runs/"+second.RunID+"/usage", nil).expect(t, http.StatusOK).decode(t, &ru)

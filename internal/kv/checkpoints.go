@@ -36,7 +36,22 @@ type Delta struct {
 	Step   int          `json:"step"`
 	Time   time.Time    `json:"time"`
 	Update state.Update `json:"update"`
+	// Source is set on a checkpoint the gateway wrote outside a run
+	// (time travel): SourceUpdate or SourceFork.
+	Source string `json:"source,omitempty"`
+	// AsNode is the node an update was written as (LangGraph's as_node).
+	AsNode string `json:"as_node,omitempty"`
+	// Replaced is the head this checkpoint replaced when it was written
+	// on an earlier checkpoint: the branch left behind, which stays
+	// readable through it.
+	Replaced string `json:"replaced,omitempty"`
 }
+
+// Sources of checkpoints written outside a run.
+const (
+	SourceUpdate = "update" // a state update (POST /threads/{id}/state)
+	SourceFork   = "fork"   // a run started from an earlier checkpoint
+)
 
 // Put writes a delta. Checkpoint ids are unique per lease epoch, so two
 // workers never write the same key.
@@ -70,14 +85,52 @@ func (s *Checkpoints) Load(ctx context.Context, tenant, thread, head string) (*s
 	if head == "" {
 		return st, nil, nil
 	}
-	byID, err := s.readDeltas(ctx, tenant, thread)
-	if errors.Is(err, errWatchStalled) && s.js != nil {
-		// Walk the chain key by key through the bucket's leader instead.
-		byID, err = map[string]*Delta{}, nil
-	}
+	byID, err := s.All(ctx, tenant, thread)
 	if err != nil {
 		return nil, nil, err
 	}
+	chain, err := s.Chain(ctx, tenant, thread, head, byID)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, d := range chain {
+		st.Apply(d.Update)
+	}
+	return st, chain, nil
+}
+
+// All reads every delta of a thread, by id: the chain from its head and
+// any other (rolled back, left behind by time travel, lost with a lease).
+// A watch that stalls yields none; Chain then walks the chain key by key
+// through the bucket's leader.
+func (s *Checkpoints) All(ctx context.Context, tenant, thread string) (map[string]*Delta, error) {
+	byID, err := s.readDeltas(ctx, tenant, thread)
+	if errors.Is(err, errWatchStalled) && s.js != nil {
+		return map[string]*Delta{}, nil
+	}
+	return byID, err
+}
+
+// Chain returns the chain of deltas that ends at head, oldest first,
+// taking them from byID (as All read them) and adding to it those a
+// replica had not delivered.
+func (s *Checkpoints) Chain(ctx context.Context, tenant, thread, head string, byID map[string]*Delta) ([]*Delta, error) {
+	if head == "" {
+		return nil, nil
+	}
+	chain, err := s.chain(ctx, tenant, thread, head, byID)
+	if err != nil {
+		return nil, err
+	}
+	for i, j := 0, len(chain)-1; i < j; i, j = i+1, j-1 {
+		chain[i], chain[j] = chain[j], chain[i]
+	}
+	return chain, nil
+}
+
+// chain walks from head to the first checkpoint, newest first.
+func (s *Checkpoints) chain(ctx context.Context, tenant, thread, head string, byID map[string]*Delta) ([]*Delta, error) {
+	var err error
 	var chain []*Delta
 	for id := head; id != ""; {
 		d, ok := byID[id]
@@ -97,21 +150,15 @@ func (s *Checkpoints) Load(ctx context.Context, tenant, thread, head string) (*s
 			}
 		}
 		if !ok {
-			return nil, nil, fmt.Errorf("thread %s: checkpoint %s is missing (chain from head %s)", thread, id, head)
+			return nil, fmt.Errorf("thread %s: checkpoint %s is missing (chain from head %s)", thread, id, head)
 		}
 		chain = append(chain, d)
 		id = d.Parent
 		if len(chain) > len(byID) {
-			return nil, nil, fmt.Errorf("thread %s: checkpoint chain from %s has a cycle", thread, head)
+			return nil, fmt.Errorf("thread %s: checkpoint chain from %s has a cycle", thread, head)
 		}
 	}
-	for i, j := 0, len(chain)-1; i < j; i, j = i+1, j-1 {
-		chain[i], chain[j] = chain[j], chain[i]
-	}
-	for _, d := range chain {
-		st.Apply(d.Update)
-	}
-	return st, chain, nil
+	return chain, nil
 }
 
 // errWatchStalled is a watch of a thread's deltas that stopped delivering

@@ -74,7 +74,7 @@ func TestTraceFromGatewayThroughWorkerAndSubagent(t *testing.T) {
 	d := newDeployment(t, deploymentConfig{traces: tp, profiles: profiles})
 	d.startWorker(m, nil)
 
-	code, out := d.post("/threads/t1/runs/wait", map[string]any{"run_id": "r1",
+	code, out := d.post("/threads/t1/runs/wait?format=natsagent", map[string]any{"run_id": "r1",
 		"input": map[string]any{"messages": []map[string]string{{"role": "user", "content": secretQuestion}}}})
 	if code != http.StatusOK {
 		t.Fatalf("wait: %d %s", code, out)
@@ -97,7 +97,7 @@ func TestTraceFromGatewayThroughWorkerAndSubagent(t *testing.T) {
 		}
 		return s
 	}
-	httpSpan := byName("POST /threads/{thread_id}/runs/wait")
+	httpSpan := byName("POST /threads/{thread_id}/runs/wait?format=natsagent")
 	publish := byName("publish AGENT_RUNS")
 	run := byName("run chatbot")
 	timeTool := byName("execute_tool current_time")

@@ -86,7 +86,7 @@ const seg = encodeURIComponent;
 export const paths = {
   threads: () => '/threads?limit=100',
   thread: (t) => `/threads/${seg(t)}`,
-  state: (t) => `/threads/${seg(t)}/state`,
+  state: (t) => `/threads/${seg(t)}/state?format=natsagent`,
   runs: (t) => `/threads/${seg(t)}/runs?limit=100`,
   latestRun: (t) => `/threads/${seg(t)}/runs?limit=1`,
   createRun: (t) => (t ? `/threads/${seg(t)}/runs` : '/runs'),
