@@ -375,6 +375,39 @@ func TestCheckpointsOffTheHistoryBeyondTheNewestGo(t *testing.T) {
 	}
 }
 
+// A branch time travel left behind (reached through a delta's replaced) is
+// history: the sweep keeps it, and removes a rolled-back run's checkpoint.
+func TestCheckpointsOfATimeTravelBranchStay(t *testing.T) {
+	e := newEnv(t)
+	// c1 <- c2 <- c3 was the history; a fork f1 on c1 replaced c3, and a
+	// run added n1 after it. r1 (on c1) was rolled back.
+	e.writeDelta("acme", "h1", "c1", "")
+	e.writeDelta("acme", "h1", "c2", "c1")
+	e.writeDelta("acme", "h1", "c3", "c2")
+	e.writeDelta("acme", "h1", "r1", "c1")
+	fork := &kv.Delta{ID: "f1", Parent: "c1", Replaced: "c3", Source: kv.SourceFork, Time: time.Now().UTC()}
+	if _, err := e.stores.Checkpoints.Put(e.ctx, "acme", "h1", fork); err != nil {
+		t.Fatal(err)
+	}
+	e.writeDelta("acme", "h1", "n1", "f1")
+	if _, err := e.stores.Threads.Put(e.ctx, &protocol.Thread{ThreadID: "h1", Tenant: "acme", Head: "n1"}, 0); err != nil {
+		t.Fatal(err)
+	}
+	later := at(time.Now().Add(CheckpointGrace + time.Minute))
+	if rep := e.sweep(e.sweeper(Policy{Tenants: map[string]Rules{"acme": {Checkpoints: 1}}}, later, nil), "acme"); rep.Checkpoints != 1 {
+		t.Fatalf("checkpoints removed %d, want 1 (r1)", rep.Checkpoints)
+	}
+	b := e.names.CheckpointsBucket()
+	for _, id := range []string{"c1", "c2", "c3", "f1", "n1"} {
+		if !e.exists(b, "acme.h1."+id) {
+			t.Errorf("checkpoint %s of the history was removed", id)
+		}
+	}
+	if e.exists(b, "acme.h1.r1") {
+		t.Error("the rolled-back checkpoint r1 was kept")
+	}
+}
+
 // eraser deletes threads' records, as internal/erase does (with the rest
 // of each thread): it skips a thread already gone, and refuses the whole
 // call, touching none, when one is busy (here: titled "taken").

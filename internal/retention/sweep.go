@@ -337,8 +337,10 @@ func (s *Sweeper) sweepFiles(ctx context.Context, tenant string, cutoff time.Tim
 }
 
 // sweepCheckpoints removes, from each thread with more than keep
-// checkpoints, the older ones that are not on the chain from the thread's
-// head and were written before cutoff. The chain itself is never cut:
+// checkpoints, the older ones that are not on the thread's history and
+// were written before cutoff. The history is the chain from the head and
+// the branches time travel left behind (reached through a delta's
+// replaced), which a client reads as LangGraph's history. The chain itself is never cut:
 // each delta holds only what its step changed, so the state at the head
 // needs every one of them (there is no snapshot to fold them into).
 func (s *Sweeper) sweepCheckpoints(ctx context.Context, tenant string, keep int, cutoff time.Time) (int, error) {
@@ -349,11 +351,12 @@ func (s *Sweeper) sweepCheckpoints(ctx context.Context, tenant string, keep int,
 		}
 		c := checkpoint{entry: entry{e.Key(), e.Revision()}, thread: t[1], created: e.Created()}
 		var d struct {
-			ID     string `json:"id"`
-			Parent string `json:"parent"`
+			ID       string `json:"id"`
+			Parent   string `json:"parent"`
+			Replaced string `json:"replaced"`
 		}
 		if json.Unmarshal(e.Value(), &d) == nil && d.ID != "" {
-			c.id, c.parent = d.ID, d.Parent
+			c.id, c.parent, c.replaced = d.ID, d.Parent, d.Replaced
 		}
 		return c, true
 	})
@@ -385,7 +388,9 @@ func (s *Sweeper) sweepCheckpoints(ctx context.Context, tenant string, keep int,
 type checkpoint struct {
 	entry
 	thread, id, parent string
-	created            time.Time
+	// replaced is the head a time-travel checkpoint replaced.
+	replaced string
+	created  time.Time
 }
 
 func (s *Sweeper) threadCheckpoints(ctx context.Context, tenant, thread string, deltas []checkpoint, keep int, cutoff time.Time) (int, error) {
@@ -405,12 +410,16 @@ func (s *Sweeper) threadCheckpoints(ctx context.Context, tenant, thread string, 
 		return 0, err
 	}
 	parent := make(map[string]string, len(deltas))
+	replaced := map[string]string{}
 	for _, c := range deltas {
 		if c.id == "" {
 			s.log.Warn("a checkpoint does not decode; its thread's checkpoints are kept", zap.String("tenant", tenant), zap.String("thread_id", thread), zap.String("key", c.key))
 			return 0, nil
 		}
 		parent[c.id] = c.parent
+		if c.replaced != "" {
+			replaced[c.id] = c.replaced
+		}
 	}
 	chain := map[string]bool{}
 	for id := head; id != ""; id = parent[id] {
@@ -420,6 +429,27 @@ func (s *Sweeper) threadCheckpoints(ctx context.Context, tenant, thread string, 
 			return 0, nil
 		}
 		chain[id] = true
+	}
+	// The branches time travel left behind are history too; a branch
+	// whose checkpoints are gone is kept as far as it goes.
+	var branches []string
+	for id := range chain {
+		if r := replaced[id]; r != "" {
+			branches = append(branches, r)
+		}
+	}
+	for len(branches) > 0 {
+		id := branches[len(branches)-1]
+		branches = branches[:len(branches)-1]
+		for ; id != "" && !chain[id]; id = parent[id] {
+			if _, ok := parent[id]; !ok {
+				break
+			}
+			chain[id] = true
+			if r := replaced[id]; r != "" {
+				branches = append(branches, r)
+			}
+		}
 	}
 	slices.SortFunc(deltas, func(a, b checkpoint) int { return cmp.Compare(b.rev, a.rev) })
 	var old []checkpoint
