@@ -1,0 +1,81 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/natsagent/natsagent/internal/model"
+)
+
+// sdkDir is the pinned npm project of the official LangGraph JS SDK
+// (.ci/run installs it with npm ci).
+const sdkDir = "testdata/langgraph-sdk"
+
+// sdkModel echoes the last message, asks a clarification for a message
+// containing "ask me", and fails for one containing "break".
+func sdkModel() *model.Scripted {
+	return model.NewScripted(func(_ int, req *model.Request) model.Reply {
+		last := req.Messages[len(req.Messages)-1]
+		switch {
+		case last.Role == model.RoleUser && strings.Contains(last.Content, "ask me"):
+			return model.Reply{ToolCalls: []model.ToolCall{{ID: "q1", Name: "ask_clarification",
+				Arguments: `{"question":"Which city?","type":"missing_info"}`}}}
+		case strings.Contains(last.Content, "break"):
+			return model.Reply{Err: errors.New("the model is broken")}
+		case last.Role == model.RoleTool:
+			return model.Reply{Text: "got: " + last.Content}
+		}
+		return model.Reply{Text: "echo: " + last.Content}
+	})
+}
+
+// TestLangGraphSDK runs the official LangGraph JS SDK against the gateway
+// (testdata/langgraph-sdk/state.mjs): values, state, history, time travel,
+// interrupts, as a LangGraph client sees them. Without node or the
+// installed SDK it skips, unless NATSAGENT_LANGGRAPH_TESTS=1 (CI), where it
+// fails.
+func TestLangGraphSDK(t *testing.T) {
+	node, err := exec.LookPath("node")
+	missing := ""
+	switch {
+	case err != nil:
+		missing = "node not found on PATH (Node 20 or later)"
+	default:
+		if _, err := os.Stat(filepath.Join(sdkDir, "node_modules", "@langchain", "langgraph-sdk", "package.json")); err != nil {
+			missing = "the LangGraph SDK is not installed (run npm ci in internal/gateway/" + sdkDir + ")"
+		}
+	}
+	if missing != "" {
+		if os.Getenv("NATSAGENT_LANGGRAPH_TESTS") == "1" {
+			t.Fatal(missing + "; NATSAGENT_LANGGRAPH_TESTS=1 requires it")
+		}
+		t.Skip(missing + "; set NATSAGENT_LANGGRAPH_TESTS=1 to make this a failure")
+	}
+	e := newEnv(t, sdkModel())
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "state.mjs")
+	cmd.Dir = sdkDir
+	cmd.Env = append(os.Environ(), "LANGGRAPH_URL="+e.http.URL)
+	out, err := cmd.CombinedOutput()
+	t.Logf("SDK checks:\n%s", out)
+	if err != nil {
+		t.Fatalf("the SDK checks failed: %v", err)
+	}
+	// Every check ran: a script that stopped early must not pass.
+	m := regexp.MustCompile(`(?m)^checks passed: (\d+)$`).FindSubmatch(out)
+	if m == nil {
+		t.Fatal("the script did not report its checks")
+	}
+	if n, _ := strconv.Atoi(string(m[1])); n != 12 {
+		t.Fatalf("%d checks passed, want 12", n)
+	}
+}
