@@ -6,8 +6,10 @@
 // follows run events with ordered consumers, and sends cancel requests. It
 // never executes a run, never takes a thread's lease and never changes a
 // run record once a worker may own it; the only records it writes are a
-// submitted run's pending record, a run it rejects itself, and a new
-// thread. It also reads and writes threads' workdirs (the files people
+// submitted run's pending record, a run it rejects itself, a new thread,
+// and for time travel (a state update, a run from an earlier checkpoint, a
+// copy) a checkpoint and the thread's head, moved with a compare-and-set
+// only while no run holds or waits for the thread. It also reads and writes threads' workdirs (the files people
 // upload and download), through Config.Files.
 package gateway
 

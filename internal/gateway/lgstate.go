@@ -499,7 +499,10 @@ func (s *Server) timeTravel(ctx context.Context, th *protocol.Thread, ref checkp
 		if attempt == 2 {
 			return errConflict(fmt.Sprintf("thread %s changed while its state was written; try again", th.ThreadID))
 		}
-		if th, _, err = s.stores.Threads.GetLatest(ctx, th.Tenant, th.ThreadID); err != nil {
+		tenant, thread := th.Tenant, th.ThreadID
+		if th, _, err = s.stores.Threads.GetLatest(ctx, tenant, thread); errors.Is(err, kv.ErrNotFound) {
+			return errNotFound(fmt.Sprintf("thread %s not found", thread))
+		} else if err != nil {
 			return err
 		}
 		d.ID = d.Source + "-" + newID()
