@@ -97,7 +97,7 @@ func TestTraceFromGatewayThroughWorkerAndSubagent(t *testing.T) {
 		}
 		return s
 	}
-	httpSpan := byName("POST /threads/{thread_id}/runs/wait?format=natsagent")
+	httpSpan := byName("POST /threads/{thread_id}/runs/wait")
 	publish := byName("publish AGENT_RUNS")
 	run := byName("run chatbot")
 	timeTool := byName("execute_tool current_time")
