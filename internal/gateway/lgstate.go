@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/natsagent/natsagent/internal/erase"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/langgraph"
 	"github.com/natsagent/natsagent/internal/middleware"
@@ -693,21 +694,50 @@ func (s *Server) copyThread(w http.ResponseWriter, r *http.Request, tenant strin
 	// The copy's runs must not write checkpoint ids it already has: they
 	// count epochs on from the original's.
 	cp.Owner, cp.Title, cp.Epoch = ownerOf(r), th.Title, th.Epoch
-	if _, ok := g.byID[th.Head]; ok {
-		cp.Head = th.Head
-		if ok, _ := g.stateAt(th.Head).Value(middleware.InterruptValue, &protocol.Interrupt{}); ok {
-			cp.Status = protocol.ThreadInterrupted
-		}
-	}
-	for _, d := range g.order {
-		if _, err := s.stores.Checkpoints.Put(ctx, tenant, cp.ThreadID, d); err != nil {
-			return err
-		}
-	}
+	// The record goes first, without a head, so a copy that fails half way
+	// is a thread the eraser removes whole rather than keys no record
+	// names.
 	if _, err := s.stores.Threads.Put(ctx, cp, 0); err != nil {
+		return err
+	}
+	if err := s.copyHistory(ctx, g, cp); err != nil {
+		cleanup, done := context.WithTimeout(context.WithoutCancel(ctx), s.submitTimeout)
+		defer done()
+		if derr := s.eraser.DeleteThread(cleanup, tenant, cp.ThreadID, erase.ThreadOptions{}); derr != nil {
+			s.log.Warn("a failed thread copy was not removed", zap.String("tenant", tenant), zap.String("thread_id", cp.ThreadID), zap.Error(derr))
+		}
 		return err
 	}
 	s.log.Info("thread copied", zap.String("tenant", tenant), zap.String("thread_id", th.ThreadID), zap.String("copy", cp.ThreadID), zap.Int("checkpoints", len(g.order)))
 	writeJSON(w, http.StatusOK, viewThread(cp))
 	return nil
+}
+
+// copyHistory writes the history of g under the thread cp and moves cp's
+// head to the original's.
+func (s *Server) copyHistory(ctx context.Context, g *threadGraph, cp *protocol.Thread) error {
+	for _, d := range g.order {
+		if _, err := s.stores.Checkpoints.Put(ctx, cp.Tenant, cp.ThreadID, d); err != nil {
+			return err
+		}
+	}
+	head := g.th.Head
+	if _, ok := g.byID[head]; !ok {
+		return nil
+	}
+	status := protocol.ThreadIdle
+	if ok, _ := g.stateAt(head).Value(middleware.InterruptValue, &protocol.Interrupt{}); ok {
+		status = protocol.ThreadInterrupted
+	}
+	updated, _, err := s.stores.Threads.Mutate(ctx, cp.Tenant, cp.ThreadID, func(t *protocol.Thread) error {
+		if !t.CreatedAt.Equal(cp.CreatedAt) || t.Head != "" || t.Lease != nil {
+			return errConflict(fmt.Sprintf("thread %s changed while it was copied", cp.ThreadID))
+		}
+		t.Head, t.Status = head, status
+		return nil
+	})
+	if err == nil {
+		*cp = *updated
+	}
+	return err
 }
