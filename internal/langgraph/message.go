@@ -377,6 +377,9 @@ func clip(s string) string {
 // response; it is not safe for concurrent use.
 type Encoder struct {
 	seen map[string]encoded
+	// size is the length of the last transcript encoded: the next one
+	// (the state before or after it) is about as long.
+	size int
 }
 
 type encoded struct {
@@ -390,6 +393,7 @@ func (e *Encoder) Messages(ms []model.Message) (json.RawMessage, error) {
 		e.seen = make(map[string]encoded)
 	}
 	var b bytes.Buffer
+	b.Grow(e.size + len(ms) + 2)
 	b.WriteByte('[')
 	for i, m := range ms {
 		if i > 0 {
@@ -409,6 +413,7 @@ func (e *Encoder) Messages(ms []model.Message) (json.RawMessage, error) {
 		b.Write(data)
 	}
 	b.WriteByte(']')
+	e.size = b.Len()
 	return b.Bytes(), nil
 }
 
