@@ -184,7 +184,8 @@ func inputMessages(in []inputMessage) ([]model.Message, error) {
 		msg, err := langgraph.ToModel(m)
 		var fe *langgraph.FieldError
 		if errors.As(err, &fe) {
-			return nil, errInvalid(fmt.Sprintf("input.messages[%d].%s", i, fe.Field), fe.Msg)
+			field := fmt.Sprintf("input.messages[%d].%s", i, fe.Field)
+			return nil, errInvalid(field, field+": "+fe.Msg)
 		}
 		if err != nil {
 			return nil, errInvalid(fmt.Sprintf("input.messages[%d]", i), err.Error())

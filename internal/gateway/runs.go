@@ -66,7 +66,10 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 				return err
 			}
 		}
-		if err := s.forkForRun(r.Context(), tenant, thread, body.RunID, &body.forkFields); err != nil {
+		forkCtx, cancelFork := context.WithTimeout(context.WithoutCancel(r.Context()), s.submitTimeout)
+		err = s.forkForRun(forkCtx, tenant, thread, body.RunID, &body.forkFields)
+		cancelFork()
+		if err != nil {
 			return err
 		}
 
