@@ -33,6 +33,10 @@ func FuzzRunBody(f *testing.F) {
 		`{"input":{"messages":[{"role":"user","content":"\u0000\ud800"}]}}`,
 		`{"input":` + strings.Repeat("[", 100) + `}`,
 		"{\"input\":{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}}",
+		`{"input":{"messages":[{"type":"ai","content":"","tool_calls":[{"id":"c","name":"f","args":{"a":1}}]}]},"checkpoint_id":"e1-1"}`,
+		`{"input":{"messages":[{"type":"human","content":"x"}]},"checkpoint":{"checkpoint_id":"e1-1","checkpoint_ns":""}}`,
+		`{"input":{"messages":[{"type":"human","content":"x"}]},"checkpoint":{"configurable":{"checkpoint_id":5}}}`,
+		`{"input":{"messages":[{"type":"tool","content":"x","tool_call_id":"c"}]},"checkpoint":7}`,
 		`{} {}`, `[]`, `null`, ``, ` `, `"x"`,
 	}
 	for _, s := range seeds {
