@@ -30,6 +30,7 @@ import (
 // Publisher publishes run events to the events stream.
 type Publisher struct {
 	js     jetstream.JetStream
+	nc     *nats.Conn // live events
 	names  bus.Names
 	stream jetstream.Stream
 	log    *zap.Logger
@@ -44,7 +45,7 @@ func NewPublisher(ctx context.Context, js jetstream.JetStream, names bus.Names, 
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Publisher{js: js, names: names, stream: st, log: log}, nil
+	return &Publisher{js: js, nc: js.Conn(), names: names, stream: st, log: log}, nil
 }
 
 // Msg builds the NATS message of one event. msgID, when set, makes the
@@ -66,16 +67,25 @@ func (p *Publisher) Msg(tenant, thread, run string, attempt int, seq uint64, eve
 	return m, nil
 }
 
-// AppendEnvelope appends the JSON of an event envelope to b. It is the
-// hottest encoding of a run (every token delta goes through it), so it is
-// written out by hand: the data, already JSON, is copied as it is instead
-// of being re-validated, and the strings are escaped by strconv only when
-// they hold something beyond the id alphabet.
+// AppendEnvelope appends the JSON of an event envelope to b, at
+// protocol.EnvelopeVersion whatever e.V says. It is the hottest encoding
+// of a run (every token delta goes through it), so it is written out by
+// hand: the data, already JSON, is copied as it is instead of being
+// re-validated, and the strings are escaped by strconv only when they
+// hold something beyond the id alphabet. A live event (e.Live) carries
+// live, after and index instead of seq.
 func AppendEnvelope(b []byte, e *protocol.Event) []byte {
-	b = append(b, `{"type":`...)
+	b = append(b, `{"v":2,"type":`...)
 	b = appendString(b, e.Type)
-	b = append(b, `,"seq":`...)
-	b = strconv.AppendUint(b, e.Seq, 10)
+	if e.Live {
+		b = append(b, `,"live":true,"after":`...)
+		b = strconv.AppendUint(b, e.After, 10)
+		b = append(b, `,"index":`...)
+		b = strconv.AppendUint(b, e.Index, 10)
+	} else {
+		b = append(b, `,"seq":`...)
+		b = strconv.AppendUint(b, e.Seq, 10)
+	}
 	b = append(b, `,"run_id":`...)
 	b = appendString(b, e.RunID)
 	b = append(b, `,"thread_id":`...)
@@ -282,6 +292,20 @@ type Stream struct {
 	// worker may have taken it over) and its events are dropped.
 	live    func() bool
 	dropped int
+
+	// resumable stores the live events too (SetResumable); index counts
+	// the live events published.
+	resumable bool
+	index     uint64
+}
+
+// SetResumable makes the stream store the events that otherwise go out
+// live (protocol.LiveEvent), for a run that asked for a resumable stream
+// (protocol.RunRequest.StreamResumable).
+func (s *Stream) SetResumable(resumable bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.resumable = resumable
 }
 
 // SetFence makes the stream drop the events emitted once live reports
@@ -316,6 +340,10 @@ func (s *Stream) Emit(eventType string, data any, msgID string) {
 		}
 		return
 	}
+	if !s.resumable && msgID == "" && protocol.LiveEvent(eventType) {
+		s.emitLive(eventType, data)
+		return
+	}
 	s.seq++
 	m, err := s.p.Msg(s.tenant, s.thread, s.run, s.attempt, s.seq, eventType, data, msgID)
 	if err == nil {
@@ -333,6 +361,25 @@ func (s *Stream) Emit(eventType string, data any, msgID string) {
 	}
 	s.p.log.Warn("publish run event failed", zap.String("tenant", s.tenant), zap.String("thread_id", s.thread), zap.String("run_id", s.run),
 		zap.String("type", eventType), zap.Error(err))
+}
+
+// emitLive publishes a live event on core NATS, with s.mu held: after
+// the last stored event emitted (s.seq), numbered by s.index. A live
+// event is never sent again: a reader that missed it gets its content
+// from the stored event that makes it redundant.
+func (s *Stream) emitLive(eventType string, data any) {
+	raw, err := encodeData(data)
+	if err == nil {
+		s.index++
+		env := protocol.Event{Type: eventType, Live: true, After: s.seq, Index: s.index, RunID: s.run, ThreadID: s.thread, Tenant: s.tenant,
+			Attempt: s.attempt, Time: time.Now().UTC(), Data: raw}
+		err = s.p.nc.Publish(s.p.names.LiveSubject(s.tenant, s.thread, s.run, protocol.KindOf(eventType)),
+			AppendEnvelope(make([]byte, 0, 160+len(raw)), &env))
+	}
+	if err != nil {
+		s.p.log.Debug("publish live run event failed", zap.String("tenant", s.tenant), zap.String("thread_id", s.thread), zap.String("run_id", s.run),
+			zap.String("type", eventType), zap.Error(err))
+	}
 }
 
 // failed notes an event whose publish failed, with s.mu held. One that

@@ -26,6 +26,10 @@ type runBody struct {
 	RunID string `json:"run_id"`
 	// IfNotExists is create (default) or reject (404 for a missing thread).
 	IfNotExists string `json:"if_not_exists"`
+	// StreamResumable is LangGraph's: store every event (token deltas
+	// too) so a stream resumed with Last-Event-ID misses none
+	// (protocol.RunRequest.StreamResumable). A JSON boolean.
+	StreamResumable bool `json:"stream_resumable"`
 }
 
 type runInput struct {
@@ -97,6 +101,7 @@ func (s *Server) request(b *runBody, tenant, thread string) (*protocol.RunReques
 		Agent:             agentName,
 		MultitaskStrategy: strategy,
 		Metadata:          b.Metadata,
+		StreamResumable:   b.StreamResumable,
 	}
 	if b.Input != nil {
 		msgs, err := inputMessages(b.Input.Messages)
