@@ -288,9 +288,9 @@ type Event struct {
 	// from 1: a reader shows it once the stored event After was shown,
 	// in Index order, and drops it once its message's message.completed
 	// (stored) arrived.
-	Live  bool   `json:"live,omitempty"`
-	After uint64 `json:"after,omitempty"`
-	Index uint64 `json:"index,omitempty"`
+	Live     bool   `json:"live,omitempty"`
+	After    uint64 `json:"after,omitempty"`
+	Index    uint64 `json:"index,omitempty"`
 	RunID    string `json:"run_id"`
 	ThreadID string `json:"thread_id"`
 	Tenant   string `json:"tenant"`
