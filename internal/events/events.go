@@ -297,6 +297,9 @@ type Stream struct {
 	// the live events published.
 	resumable bool
 	index     uint64
+	// Reused by emitLive: the envelope, a delta's data, the subjects.
+	liveBuf, liveData []byte
+	liveSubjects      map[string]string
 }
 
 // SetResumable makes the stream store the events that otherwise go out
@@ -366,20 +369,52 @@ func (s *Stream) Emit(eventType string, data any, msgID string) {
 // emitLive publishes a live event on core NATS, with s.mu held: after
 // the last stored event emitted (s.seq), numbered by s.index. A live
 // event is never sent again: a reader that missed it gets its content
-// from the stored event that makes it redundant.
+// from the stored event that makes it redundant. It runs once per token
+// delta, so it reuses its buffers (Publish copies the data before it
+// returns) and writes a delta's data by hand.
 func (s *Stream) emitLive(eventType string, data any) {
-	raw, err := encodeData(data)
+	var raw json.RawMessage
+	var err error
+	if d, ok := data.(protocol.DeltaData); ok {
+		s.liveData = appendDelta(s.liveData[:0], &d)
+		raw = s.liveData
+	} else {
+		raw, err = encodeData(data)
+	}
 	if err == nil {
 		s.index++
 		env := protocol.Event{Type: eventType, Live: true, After: s.seq, Index: s.index, RunID: s.run, ThreadID: s.thread, Tenant: s.tenant,
 			Attempt: s.attempt, Time: time.Now().UTC(), Data: raw}
-		err = s.p.nc.Publish(s.p.names.LiveSubject(s.tenant, s.thread, s.run, protocol.KindOf(eventType)),
-			AppendEnvelope(make([]byte, 0, 160+len(raw)), &env))
+		s.liveBuf = AppendEnvelope(s.liveBuf[:0], &env)
+		err = s.p.nc.Publish(s.liveSubject(protocol.KindOf(eventType)), s.liveBuf)
 	}
 	if err != nil {
 		s.p.log.Debug("publish live run event failed", zap.String("tenant", s.tenant), zap.String("thread_id", s.thread), zap.String("run_id", s.run),
 			zap.String("type", eventType), zap.Error(err))
 	}
+}
+
+// liveSubject is the run's live subject of kind, built once per kind.
+func (s *Stream) liveSubject(kind string) string {
+	if subject, ok := s.liveSubjects[kind]; ok {
+		return subject
+	}
+	if s.liveSubjects == nil {
+		s.liveSubjects = map[string]string{}
+	}
+	subject := s.p.names.LiveSubject(s.tenant, s.thread, s.run, kind)
+	s.liveSubjects[kind] = subject
+	return subject
+}
+
+// appendDelta appends the JSON of a delta's data, as encoding/json
+// writes it.
+func appendDelta(b []byte, d *protocol.DeltaData) []byte {
+	b = append(b, `{"message_id":`...)
+	b = appendString(b, d.MessageID)
+	b = append(b, `,"delta":`...)
+	b = appendString(b, d.Delta)
+	return append(b, '}')
 }
 
 // failed notes an event whose publish failed, with s.mu held. One that

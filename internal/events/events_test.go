@@ -282,3 +282,20 @@ func TestDeltasAreLiveUnlessResumable(t *testing.T) {
 		}
 	}
 }
+
+// A delta's data is written by hand: exactly what encoding/json writes.
+func TestAppendDeltaIsEncodingJSON(t *testing.T) {
+	for _, d := range []protocol.DeltaData{
+		{MessageID: "msg_1", Delta: "plain text "},
+		{MessageID: "m", Delta: "héllo \"quoted\" <b>&\n\t\u2028\x01"},
+		{MessageID: "", Delta: ""},
+	} {
+		want, err := json.Marshal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := appendDelta(nil, &d); string(got) != string(want) {
+			t.Errorf("appendDelta %s, want %s", got, want)
+		}
+	}
+}

@@ -619,6 +619,7 @@ func TestValidation(t *testing.T) {
 		{"bad run id", with(input("hi"), "run_id", "a b"), http.StatusBadRequest, "run_id"},
 		{"bad strategy", with(input("hi"), "multitask_strategy", "sometimes"), http.StatusBadRequest, "multitask_strategy"},
 		{"bad if_not_exists", with(input("hi"), "if_not_exists", "maybe"), http.StatusBadRequest, "if_not_exists"},
+		{"stream_resumable not a boolean", with(input("hi"), "stream_resumable", "yes"), http.StatusBadRequest, "stream_resumable"},
 		{"two agents", with(input("hi"), "agent", "a", "assistant_id", "b"), http.StatusBadRequest, "agent"},
 		{"bad agent", with(input("hi"), "assistant_id", "no/slash"), http.StatusBadRequest, "agent"},
 		{"negative max steps", with(input("hi"), "config", map[string]any{"max_steps": -1}), http.StatusBadRequest, "config.max_steps"},
