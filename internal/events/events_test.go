@@ -299,3 +299,42 @@ func TestAppendDeltaIsEncodingJSON(t *testing.T) {
 		}
 	}
 }
+
+// FuzzEnvelope: whatever the strings and numbers, the hand-written
+// envelope is valid JSON that decodes back into the event, stored or
+// live, at version 2.
+func FuzzEnvelope(f *testing.F) {
+	f.Add("message.delta", "r1", "t1", "default", uint64(9), uint64(3), 2, true, `{"message_id":"m","delta":"x"}`)
+	f.Add("run.started", "r\"1", "<t>", "a\\b", uint64(1), uint64(0), 1, false, `{"attempt":1}`)
+	f.Add("\u2028é\x00", "", "", "", uint64(1<<63), uint64(1<<40), -1, false, ``)
+	f.Fuzz(func(t *testing.T, typ, run, thread, tenant string, seq, index uint64, attempt int, live bool, data string) {
+		if data != "" && !json.Valid([]byte(data)) {
+			return // the data is JSON already, as Stream.Emit hands it
+		}
+		want := protocol.Event{Type: typ, RunID: run, ThreadID: thread, Tenant: tenant, Attempt: attempt,
+			Time: time.Date(2026, 12, 1, 1, 2, 3, 4, time.UTC), Data: json.RawMessage(data)}
+		if live {
+			want.Live, want.After, want.Index = true, seq, index
+		} else {
+			want.Seq = seq
+		}
+		b := AppendEnvelope(nil, &want)
+		if !json.Valid(b) {
+			t.Fatalf("invalid JSON: %q", b)
+		}
+		var got protocol.Event
+		if err := json.Unmarshal(b, &got); err != nil {
+			t.Fatal(err)
+		}
+		// encoding/json replaces invalid UTF-8, as any reader does.
+		norm := func(s string) string { return string([]rune(s)) }
+		if got.V != protocol.EnvelopeVersion || got.Type != norm(typ) || got.RunID != norm(run) || got.ThreadID != norm(thread) ||
+			got.Tenant != norm(tenant) || got.Attempt != attempt || got.Live != live || got.Seq != want.Seq || got.After != want.After ||
+			got.Index != want.Index || !got.Time.Equal(want.Time) {
+			t.Fatalf("got %+v\nwant %+v\nfrom %s", got, want, b)
+		}
+		if data != "" && !jsonEqual(got.Data, want.Data) {
+			t.Fatalf("data %s, want %s", got.Data, want.Data)
+		}
+	})
+}
