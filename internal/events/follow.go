@@ -39,6 +39,7 @@ type Follow struct {
 	once   sync.Once
 	m      merger
 	ready  []Item
+	err    error // the feed's, once it failed
 }
 
 // Item is one event a Follow delivers.
@@ -114,12 +115,16 @@ func (fw *Follow) SawSeq(tenant, run string, seq uint64) {
 func (fw *Follow) Next(ctx context.Context) (Item, error) {
 	fw.once.Do(func() { go fw.pump() })
 	for len(fw.ready) == 0 {
+		if fw.err != nil {
+			return Item{}, fw.err
+		}
 		select {
 		case <-ctx.Done():
 			return Item{}, ctx.Err()
 		case it := <-fw.stored:
 			if it.err != nil {
-				return Item{}, it.err
+				fw.err = it.err
+				continue
 			}
 			var seq uint64
 			if md, err := it.m.Metadata(); err == nil {
