@@ -2,9 +2,11 @@
 // within a run, and the lifecycle events whose count the protocol
 // guarantees (at most one run.queued, exactly one run.finished per run,
 // one run.started per attempt), made idempotent with Nats-Msg-Id so a
-// redelivered or repeated step never stores them twice; and reading them
-// back in stream order (Feed), for the gateway and the CLI. It knows
-// subjects and envelopes, not how runs execute.
+// redelivered or repeated step never stores them twice; the live events
+// (token deltas: core NATS, not stored, unless the run is resumable);
+// and reading them back, in stream order (Feed) or merged with the live
+// ones as a person sees them (Follow), for the gateway and the CLI. It
+// knows subjects and envelopes, not how runs execute.
 package events
 
 import (
@@ -27,7 +29,8 @@ import (
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
-// Publisher publishes run events to the events stream.
+// Publisher publishes run events: to the events stream, and live ones
+// on core NATS.
 type Publisher struct {
 	js     jetstream.JetStream
 	nc     *nats.Conn // live events
