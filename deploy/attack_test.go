@@ -247,6 +247,10 @@ func runAttackerSuite(t *testing.T, d attackDeployment) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	acmeLive, err := acme.nc.SubscribeSync("agent.live.acme.>")
+	if err != nil {
+		t.Fatal(err)
+	}
 	ajs, err := jetstream.New(acme.nc)
 	if err != nil {
 		t.Fatal(err)
@@ -258,6 +262,8 @@ func runAttackerSuite(t *testing.T, d attackDeployment) {
 	if fin := finishedOn(t, acmeEvents, "acme", "a-hi"); fin.Status != protocol.StatusSuccess {
 		t.Fatalf("acme's own run ended %s: %s", fin.Status, fin.Error)
 	}
+	// Its token deltas came live, through acme's import of agent.live.
+	liveDeltaOn(t, acmeLive, "acme", "a-hi")
 	if s := svc.submission("acme", "a-hi"); s != own {
 		t.Fatalf("acme's run was stamped %+v", s)
 	}
@@ -314,7 +320,7 @@ func runAttackerSuite(t *testing.T, d attackDeployment) {
 
 	// 2. Globex's subjects, the submit service itself, the JetStream API,
 	// KV, Object Store and service discovery: refused by the server.
-	for _, subject := range []string{"agent.events.globex.>", "agent.events.>", ">", "agent.runs.>", "agent.runs.globex.*", "agent.ctl.>",
+	for _, subject := range []string{"agent.events.globex.>", "agent.events.>", "agent.live.globex.>", "agent.live.>", ">", "agent.runs.>", "agent.runs.globex.*", "agent.ctl.>",
 		"agent.submit.>", "agent.submit.acme.*", "$JS.>", "$JS.API.>", "$KV.>", "$KV.agent_runs.globex.>", "$O.>", "$SRV.>", "agent.subagent.>", "agent.tools.>"} {
 		sub := acme.subscribeDenied(subject)
 		defer func() { _ = sub.Unsubscribe() }()
@@ -367,6 +373,12 @@ func runAttackerSuite(t *testing.T, d attackDeployment) {
 		t.Fatal(err)
 	}
 	globex := d.user(t, "globex")
+	// Globex's live events, from before acme's r1 and globex's r1 below:
+	// globex's come, acme's never.
+	globexLive, err := globex.nc.SubscribeSync("agent.live.globex.>")
+	if err != nil {
+		t.Fatal(err)
+	}
 	reply, err = globex.nc.Request("agent.ctl.globex.gw.nope.cancel", nil, 15*time.Second)
 	if err != nil || !strings.Contains(string(reply.Data), protocol.CodeNotFound) {
 		t.Fatalf("globex's own cancel of an unknown run: %v %s", err, reply.Data)
@@ -442,6 +454,7 @@ func runAttackerSuite(t *testing.T, d attackDeployment) {
 	if rec := asGlobex("/threads/gc/runs/wait?format=natsagent", `{"run_id":"r1","input":{"messages":[{"role":"user","content":"hi"}]}}`); rec.Status != protocol.StatusSuccess {
 		t.Fatalf("globex's r1 after acme's r1 ended %q, want success", rec.Status)
 	}
+	liveDeltaOn(t, globexLive, "globex", "r1")
 	// Its lifecycle events are stored too, not dropped as duplicates of
 	// acme's r1's.
 	evStream, err := sjs.Stream(ctx, settings.Names.EventsStream())
@@ -768,6 +781,33 @@ func finishedOn(t *testing.T, sub *nats.Subscription, tenant, run string) protoc
 	}
 	t.Fatalf("no run.finished of %s.%s", tenant, run)
 	return protocol.FinishedData{}
+}
+
+// liveDeltaOn waits on sub for a live message.delta of tenant's run,
+// failing on any event of another tenant before it.
+func liveDeltaOn(t *testing.T, sub *nats.Subscription, tenant, run string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		m, err := sub.NextMsg(time.Until(deadline))
+		if err != nil {
+			break
+		}
+		var ev protocol.Event
+		if err := json.Unmarshal(m.Data, &ev); err != nil {
+			t.Fatalf("live event %s: %v", m.Data, err)
+		}
+		if ev.Tenant != tenant || !strings.HasPrefix(m.Subject, "agent.live."+tenant+".") {
+			t.Fatalf("a live subscriber of tenant %s received an event of tenant %s on %s", tenant, ev.Tenant, m.Subject)
+		}
+		if ev.RunID == run && ev.Type == protocol.EventMessageDelta {
+			if !ev.Live || ev.V != protocol.EnvelopeVersion || ev.Seq != 0 || ev.Index == 0 {
+				t.Fatalf("a live delta's envelope: %s", m.Data)
+			}
+			return
+		}
+	}
+	t.Fatalf("no live message.delta of %s.%s", tenant, run)
 }
 
 func userInput(text string) *protocol.Input {

@@ -69,9 +69,26 @@ func TestRunStreamsTextAndToolCall(t *testing.T) {
 	if evs[0].Type != protocol.EventRunQueued || evs[len(evs)-1].Type != protocol.EventRunFinished {
 		t.Fatalf("events %v", evs)
 	}
+	// The stored events count from 1; the deltas came live among them
+	// (no seq), the answer's before its message.completed.
+	stored, deltas := 0, ""
 	for i, ev := range evs {
-		if ev.Seq != uint64(i+1) || ev.ThreadID != "t1" {
-			t.Fatalf("event %d: seq %d thread %s", i, ev.Seq, ev.ThreadID)
+		if ev.ThreadID != "t1" || ev.V != protocol.EnvelopeVersion {
+			t.Fatalf("event %d: thread %s v %d", i, ev.ThreadID, ev.V)
+		}
+		if ev.Live {
+			var d protocol.DeltaData
+			if ev.Type != protocol.EventMessageDelta || ev.Seq != 0 || json.Unmarshal(ev.Data, &d) != nil {
+				t.Fatalf("live event %d: %+v", i, ev)
+			}
+			deltas += d.Delta
+			continue
+		}
+		if stored++; ev.Seq != uint64(stored) {
+			t.Fatalf("event %d: seq %d, want %d", i, ev.Seq, stored)
+		}
+		if ev.Type == protocol.EventMessageCompleted && deltas != "echo: hello" {
+			t.Fatalf("message.completed after the deltas %q", deltas)
 		}
 	}
 	var fin protocol.FinishedData

@@ -28,6 +28,10 @@ type start struct {
 // minute). Events of a superseded attempt (a worker paused past its
 // lease) are skipped, as the gateway skips them.
 func (c *client) openFeed(ctx context.Context, subject string, from start) (*events.Feed, error) {
+	return events.OpenFeed(ctx, c.js, c.names, subject, feedConfig(from))
+}
+
+func feedConfig(from start) events.FeedConfig {
 	cfg := events.FeedConfig{DeleteTimeout: 2 * time.Second, DropStale: true}
 	switch {
 	case !from.since.IsZero():
@@ -35,7 +39,13 @@ func (c *client) openFeed(ctx context.Context, subject string, from start) (*eve
 	case !from.all:
 		cfg.NewOnly = true
 	}
-	return events.OpenFeed(ctx, c.js, c.names, subject, cfg)
+	return cfg
+}
+
+// openFollow is openFeed for events a person reads: the stored events
+// of subject merged with the live ones (token deltas, events.Follow).
+func (c *client) openFollow(ctx context.Context, subject string, from start) (*events.Follow, error) {
+	return events.OpenFollow(ctx, c.js, c.names, subject, feedConfig(from))
 }
 
 // errDetached ends a follow the person stopped with Ctrl-C: the run goes
@@ -50,7 +60,7 @@ var idleCheck = 3 * time.Second
 
 // followRun prints a run's events from f until its run.finished, and
 // returns that event's data. ctx ending (Ctrl-C) returns errDetached.
-func (c *client) followRun(ctx context.Context, f *events.Feed, r *renderer, run string) (*protocol.FinishedData, error) {
+func (c *client) followRun(ctx context.Context, f *events.Follow, r *renderer, run string) (*protocol.FinishedData, error) {
 	for {
 		m, err := f.NextWithin(ctx, idleCheck)
 		switch {
@@ -73,7 +83,7 @@ func (c *client) followRun(ctx context.Context, f *events.Feed, r *renderer, run
 		case err != nil:
 			return nil, fmt.Errorf("lost the run's events: %w; follow it again with `natsagent tail --run %s`", err, run)
 		default:
-			if fin := r.event(m.Data()); fin != nil {
+			if fin := r.event(m.Data); fin != nil {
 				return fin, nil
 			}
 		}
@@ -81,7 +91,7 @@ func (c *client) followRun(ctx context.Context, f *events.Feed, r *renderer, run
 }
 
 // followThread prints a thread's events until ctx ends.
-func (c *client) followThread(ctx context.Context, f *events.Feed, r *renderer) error {
+func (c *client) followThread(ctx context.Context, f *events.Follow, r *renderer) error {
 	for {
 		m, err := f.NextWithin(ctx, time.Minute)
 		if err != nil {
@@ -93,6 +103,6 @@ func (c *client) followThread(ctx context.Context, f *events.Feed, r *renderer) 
 			}
 			return err
 		}
-		r.event(m.Data())
+		r.event(m.Data)
 	}
 }

@@ -47,6 +47,9 @@ type runView struct {
 	in, out  int
 	approx   bool
 	printed  map[string]bool // messages whose text is on screen
+	// partial holds the text of the deltas printed of a message not
+	// completed yet: its message.completed prints what they missed.
+	partial map[string]string
 	// skipped holds seqs jumped over since the first event seen, which a
 	// late event may still fill (at most maxSkipped).
 	skipped map[uint64]bool
@@ -80,10 +83,13 @@ func (r *renderer) event(raw []byte) *protocol.FinishedData {
 	// finishes with seq 1 as well.
 	last := ev.Type == protocol.EventRunFinished
 	late := ev.Seq < v.seq && v.skipped[ev.Seq] && ev.Type != protocol.EventMessageDelta
-	if v.finished || !last && (ev.Seq <= v.seq && !late || ev.Attempt != 0 && ev.Attempt < v.attempt) {
+	// A live event has no seq: the follow (events.Follow) placed it.
+	repeated := !ev.Live && ev.Seq <= v.seq && !late
+	if v.finished || !last && (repeated || ev.Attempt != 0 && ev.Attempt < v.attempt) {
 		return nil
 	}
 	switch {
+	case ev.Live:
 	case late:
 		delete(v.skipped, ev.Seq)
 	case ev.Seq > v.seq:
@@ -156,13 +162,31 @@ func (r *renderer) show(ev *protocol.Event, v *runView, fin *protocol.FinishedDa
 		io.WriteString(r.w, d.Delta)
 		r.midLine = !strings.HasSuffix(d.Delta, "\n")
 		v.printed[d.MessageID] = true
+		if v.partial == nil {
+			v.partial = make(map[string]string)
+		}
+		v.partial[d.MessageID] += d.Delta
 	case protocol.EventMessageCompleted:
 		var m model.Message
 		if json.Unmarshal(ev.Data, &m) != nil {
 			return
 		}
-		if !v.printed[m.ID] && strings.TrimSpace(m.Content) != "" {
+		shown, streamed := v.partial[m.ID]
+		delete(v.partial, m.ID)
+		switch {
+		case strings.TrimSpace(m.Content) == "":
+		case !v.printed[m.ID]:
 			r.endLine()
+			r.line(m.Content)
+		case streamed && shown != m.Content && strings.HasPrefix(m.Content, shown) && r.lastMsg == m.ID:
+			// Live deltas were missed at the end (a reconnect, a
+			// slow reader): the message's rest.
+			io.WriteString(r.w, m.Content[len(shown):])
+			r.midLine = !strings.HasSuffix(m.Content, "\n")
+		case streamed && shown != m.Content:
+			// Some were missed in between: the whole message again.
+			r.endLine()
+			r.line(r.st.dim("(the whole message, some of its text was missed:)"))
 			r.line(m.Content)
 		}
 		v.printed[m.ID] = true

@@ -113,13 +113,13 @@ func launch(ctx context.Context, c *client, std stdio, f *runFlags, req *protoco
 	} else if err := protocol.CheckToken("--run-id", req.RunID); err != nil {
 		return err
 	}
-	var fd *events.Feed
+	var fd *events.Follow
 	if !f.detach {
 		if err := protocol.CheckToken("thread id", req.ThreadID); err != nil {
 			return err
 		}
 		var err error
-		fd, err = c.openFeed(ctx, c.names.RunEvents(req.Tenant, req.ThreadID, req.RunID), start{all: true})
+		fd, err = c.openFollow(ctx, c.names.RunEvents(req.Tenant, req.ThreadID, req.RunID), start{all: true})
 		if err != nil {
 			return fmt.Errorf("read the run's events: %w", err)
 		}
@@ -146,7 +146,7 @@ func launch(ctx context.Context, c *client, std stdio, f *runFlags, req *protoco
 }
 
 // follow prints a run's events until it ends; Ctrl-C detaches.
-func follow(ctx context.Context, c *client, std stdio, f *clientFlags, fd *events.Feed, rec *protocol.Run) error {
+func follow(ctx context.Context, c *client, std stdio, f *clientFlags, fd *events.Follow, rec *protocol.Run) error {
 	r := newRenderer(std.out, styleFor(std), f.json, false)
 	fin, err := c.followRun(ctx, fd, r, rec.RunID)
 	if errors.Is(err, errDetached) {

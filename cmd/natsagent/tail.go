@@ -54,7 +54,7 @@ from its record.`, std)
 	if _, _, err := c.thread(ctx, *thread); err != nil {
 		return err
 	}
-	fd, err := c.openFeed(ctx, c.names.ThreadEvents(c.tenant, *thread), from)
+	fd, err := c.openFollow(ctx, c.names.ThreadEvents(c.tenant, *thread), from)
 	if err != nil {
 		return fmt.Errorf("read the thread's events: %w", err)
 	}
@@ -94,7 +94,7 @@ func tailRun(ctx context.Context, c *client, std stdio, f *clientFlags, run, thr
 			return err
 		}
 	}
-	fd, err := c.openFeed(ctx, c.names.RunEvents(c.tenant, rec.ThreadID, run), from)
+	fd, err := c.openFollow(ctx, c.names.RunEvents(c.tenant, rec.ThreadID, run), from)
 	if err != nil {
 		return fmt.Errorf("read the run's events: %w", err)
 	}

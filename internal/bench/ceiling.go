@@ -32,8 +32,9 @@ import (
 //  3. start: run.queued async (events), then the run record created as
 //     running (runs); the run index put async (threads); run.started async
 //     (events)
-//     loop: 4 more events async (thread.titled, message.delta, usage.model,
-//     message.completed)
+//     loop: 2 more events async (usage.model, message.completed) and 2
+//     live ones, core publishes outside the stream (thread.titled,
+//     message.delta)
 //  4. finalize: the last step's checkpoint delta (checkpoints)
 //  5. the terminal record (CAS update, runs) ∥ the lease's release (CAS
 //     update, threads)
@@ -43,7 +44,7 @@ import (
 //     then the request is acked (not waited for), and usage is written in
 //     the background: the run's totals ∥ the thread's (usage, 2 creates)
 //
-// 16 stored messages: 1 request, 7 events, 2 run records, 3 thread
+// 14 stored messages: 1 request, 5 events, 2 run records, 3 thread
 // writes, 1 checkpoint, 2 usage. When the protocol changes what a run
 // writes, this list changes with it.
 type ceiling struct {
@@ -296,7 +297,7 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 	var futures []jetstream.PubAckFuture
 	emit := func(seq int, kind, typ, msgID string, extra string) error {
 		m := nats.NewMsg(c.names.EventSubject(tenant, thread, run, kind))
-		m.Data = fmt.Appendf(nil, `{"type":%q,"seq":%d,"run_id":%q,"thread_id":%q,"tenant":%q,"time":"2026-12-01T00:00:00Z","data":{"attempt":1%s}}`, typ, seq, run, thread, tenant, extra)
+		m.Data = fmt.Appendf(nil, `{"v":2,"type":%q,"seq":%d,"run_id":%q,"thread_id":%q,"tenant":%q,"time":"2026-12-01T00:00:00Z","data":{"attempt":1%s}}`, typ, seq, run, thread, tenant, extra)
 		if msgID != "" {
 			m.Header.Set(nats.MsgIdHdr, msgID)
 		}
@@ -323,6 +324,13 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 	for i, ev := range []struct{ kind, typ string }{
 		{protocol.KindUpdates, "thread.titled"},
 		{protocol.KindMessages, protocol.EventMessageDelta},
+	} {
+		live := fmt.Appendf(nil, `{"v":2,"type":%q,"live":true,"after":2,"index":%d,"run_id":%q,"thread_id":%q,"tenant":%q,"time":"2026-12-01T00:00:00Z","data":{"delta":"ok"}}`, ev.typ, i+1, run, thread, tenant)
+		if err := c.wjs.Conn().Publish(c.names.LiveSubject(tenant, thread, run, ev.kind), live); err != nil {
+			return err
+		}
+	}
+	for i, ev := range []struct{ kind, typ string }{
 		{protocol.KindUsage, protocol.EventUsageModel},
 		{protocol.KindMessages, protocol.EventMessageCompleted},
 	} {
@@ -343,7 +351,7 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 		defer wg.Done()
 		_, relErr = c.kvThreads.Update(ctx, threadKey, []byte(`{"thread_id":"`+thread+`","tenant":"default","status":"idle","epoch":1,"head":"1-1","last_run_id":"`+run+`","created_at":"2026-12-01T00:00:00Z"}`), thRev)
 	}()
-	_, recErr := c.kvRuns.Update(ctx, runKey, fmt.Appendf(nil, string(ceilRecord), run, thread, "success", 7), recRev)
+	_, recErr := c.kvRuns.Update(ctx, runKey, fmt.Appendf(nil, string(ceilRecord), run, thread, "success", 5), recRev)
 	wg.Wait()
 	if recErr != nil || relErr != nil {
 		return fmt.Errorf("end: %v, %v", recErr, relErr)
@@ -362,7 +370,7 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 
 	// 7. run.finished.
 	fin := nats.NewMsg(c.names.EventSubject(tenant, thread, run, protocol.KindLifecycle))
-	fin.Data = fmt.Appendf(nil, `{"type":%q,"seq":7,"run_id":%q,"thread_id":%q,"tenant":%q,"time":"2026-12-01T00:00:00Z","data":{"status":"success","output":{"role":"assistant","content":"ok"}}}`, protocol.EventRunFinished, run, thread, tenant)
+	fin.Data = fmt.Appendf(nil, `{"type":%q,"seq":5,"run_id":%q,"thread_id":%q,"tenant":%q,"time":"2026-12-01T00:00:00Z","data":{"status":"success","output":{"role":"assistant","content":"ok"}}}`, protocol.EventRunFinished, run, thread, tenant)
 	fin.Header.Set(nats.MsgIdHdr, run+".finished")
 	if _, err := c.wjs.PublishMsg(ctx, fin); err != nil {
 		return fmt.Errorf("run.finished: %w", err)

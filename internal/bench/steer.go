@@ -161,7 +161,8 @@ func sample(ctx context.Context, d *deployment, i int, cancel bool) (*track, *tr
 	sctx, stop := context.WithTimeout(ctx, 20*time.Second)
 	defer stop()
 
-	deltas, err := d.obsNC.SubscribeSync(d.names.EventSubject(tenant, thread, active, protocol.KindMessages))
+	// Token deltas are live (core NATS, not stored).
+	deltas, err := d.obsNC.SubscribeSync(d.names.LiveSubject(tenant, thread, active, protocol.KindMessages))
 	if err != nil {
 		return nil, nil, 0, err
 	}

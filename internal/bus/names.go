@@ -86,6 +86,34 @@ func (n Names) ThreadLifecycle(tenant, thread string) string {
 // EventsSubjects is the subject filter of the events stream.
 func (n Names) EventsSubjects() string { return n.Prefix + ".events.>" }
 
+// LiveSubject is where one live event of a run is published, on core
+// NATS: outside the events stream's subjects (EventsSubjects), so it is
+// never stored (protocol.LiveEvent).
+func (n Names) LiveSubject(tenant, thread, run, kind string) string {
+	return n.Prefix + ".live." + tenant + "." + thread + "." + run + "." + kind
+}
+
+// RunLive matches every live event of one run.
+func (n Names) RunLive(tenant, thread, run string) string {
+	return n.Prefix + ".live." + tenant + "." + thread + "." + run + ".>"
+}
+
+// ThreadLive matches every live event of a thread's runs.
+func (n Names) ThreadLive(tenant, thread string) string {
+	return n.Prefix + ".live." + tenant + "." + thread + ".>"
+}
+
+// LiveOf is the live subject that goes with a filter of the events stream
+// (RunEvents, ThreadEvents, EventSubject), "" when it has none (a filter
+// of another prefix).
+func (n Names) LiveOf(eventsFilter string) string {
+	head := n.Prefix + ".events."
+	if !strings.HasPrefix(eventsFilter, head) {
+		return ""
+	}
+	return n.Prefix + ".live." + eventsFilter[len(head):]
+}
+
 // CancelSubject is the core request subject that cancels a run.
 func (n Names) CancelSubject(tenant, thread, run string) string {
 	return n.Prefix + ".ctl." + tenant + "." + thread + "." + run + ".cancel"

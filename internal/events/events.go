@@ -2,9 +2,11 @@
 // within a run, and the lifecycle events whose count the protocol
 // guarantees (at most one run.queued, exactly one run.finished per run,
 // one run.started per attempt), made idempotent with Nats-Msg-Id so a
-// redelivered or repeated step never stores them twice; and reading them
-// back in stream order (Feed), for the gateway and the CLI. It knows
-// subjects and envelopes, not how runs execute.
+// redelivered or repeated step never stores them twice; the live events
+// (token deltas: core NATS, not stored, unless the run is resumable);
+// and reading them back, in stream order (Feed) or merged with the live
+// ones as a person sees them (Follow), for the gateway and the CLI. It
+// knows subjects and envelopes, not how runs execute.
 package events
 
 import (
@@ -27,9 +29,11 @@ import (
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
-// Publisher publishes run events to the events stream.
+// Publisher publishes run events: to the events stream, and live ones
+// on core NATS.
 type Publisher struct {
 	js     jetstream.JetStream
+	nc     *nats.Conn // live events
 	names  bus.Names
 	stream jetstream.Stream
 	log    *zap.Logger
@@ -44,7 +48,7 @@ func NewPublisher(ctx context.Context, js jetstream.JetStream, names bus.Names, 
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Publisher{js: js, names: names, stream: st, log: log}, nil
+	return &Publisher{js: js, nc: js.Conn(), names: names, stream: st, log: log}, nil
 }
 
 // Msg builds the NATS message of one event. msgID, when set, makes the
@@ -66,16 +70,25 @@ func (p *Publisher) Msg(tenant, thread, run string, attempt int, seq uint64, eve
 	return m, nil
 }
 
-// AppendEnvelope appends the JSON of an event envelope to b. It is the
-// hottest encoding of a run (every token delta goes through it), so it is
-// written out by hand: the data, already JSON, is copied as it is instead
-// of being re-validated, and the strings are escaped by strconv only when
-// they hold something beyond the id alphabet.
+// AppendEnvelope appends the JSON of an event envelope to b, at
+// protocol.EnvelopeVersion whatever e.V says. It is the hottest encoding
+// of a run (every token delta goes through it), so it is written out by
+// hand: the data, already JSON, is copied as it is instead of being
+// re-validated, and the strings are escaped by strconv only when they
+// hold something beyond the id alphabet. A live event (e.Live) carries
+// live, after and index instead of seq.
 func AppendEnvelope(b []byte, e *protocol.Event) []byte {
-	b = append(b, `{"type":`...)
+	b = append(b, `{"v":2,"type":`...)
 	b = appendString(b, e.Type)
-	b = append(b, `,"seq":`...)
-	b = strconv.AppendUint(b, e.Seq, 10)
+	if e.Live {
+		b = append(b, `,"live":true,"after":`...)
+		b = strconv.AppendUint(b, e.After, 10)
+		b = append(b, `,"index":`...)
+		b = strconv.AppendUint(b, e.Index, 10)
+	} else {
+		b = append(b, `,"seq":`...)
+		b = strconv.AppendUint(b, e.Seq, 10)
+	}
 	b = append(b, `,"run_id":`...)
 	b = appendString(b, e.RunID)
 	b = append(b, `,"thread_id":`...)
@@ -282,6 +295,23 @@ type Stream struct {
 	// worker may have taken it over) and its events are dropped.
 	live    func() bool
 	dropped int
+
+	// resumable stores the live events too (SetResumable); index counts
+	// the live events published.
+	resumable bool
+	index     uint64
+	// Reused by emitLive: the envelope, a delta's data, the subjects.
+	liveBuf, liveData []byte
+	liveSubjects      map[string]string
+}
+
+// SetResumable makes the stream store the events that otherwise go out
+// live (protocol.LiveEvent), for a run that asked for a resumable stream
+// (protocol.RunRequest.StreamResumable).
+func (s *Stream) SetResumable(resumable bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.resumable = resumable
 }
 
 // SetFence makes the stream drop the events emitted once live reports
@@ -316,6 +346,10 @@ func (s *Stream) Emit(eventType string, data any, msgID string) {
 		}
 		return
 	}
+	if !s.resumable && msgID == "" && protocol.LiveEvent(eventType) {
+		s.emitLive(eventType, data)
+		return
+	}
 	s.seq++
 	m, err := s.p.Msg(s.tenant, s.thread, s.run, s.attempt, s.seq, eventType, data, msgID)
 	if err == nil {
@@ -333,6 +367,57 @@ func (s *Stream) Emit(eventType string, data any, msgID string) {
 	}
 	s.p.log.Warn("publish run event failed", zap.String("tenant", s.tenant), zap.String("thread_id", s.thread), zap.String("run_id", s.run),
 		zap.String("type", eventType), zap.Error(err))
+}
+
+// emitLive publishes a live event on core NATS, with s.mu held: after
+// the last stored event emitted (s.seq), numbered by s.index. A live
+// event is never sent again: a reader that missed it gets its content
+// from the stored event that makes it redundant. It runs once per token
+// delta, so it reuses its buffers (Publish copies the data before it
+// returns) and writes a delta's data by hand.
+func (s *Stream) emitLive(eventType string, data any) {
+	var raw json.RawMessage
+	var err error
+	if d, ok := data.(protocol.DeltaData); ok {
+		s.liveData = appendDelta(s.liveData[:0], &d)
+		raw = s.liveData
+	} else {
+		raw, err = encodeData(data)
+	}
+	if err == nil {
+		s.index++
+		env := protocol.Event{Type: eventType, Live: true, After: s.seq, Index: s.index, RunID: s.run, ThreadID: s.thread, Tenant: s.tenant,
+			Attempt: s.attempt, Time: time.Now().UTC(), Data: raw}
+		s.liveBuf = AppendEnvelope(s.liveBuf[:0], &env)
+		err = s.p.nc.Publish(s.liveSubject(protocol.KindOf(eventType)), s.liveBuf)
+	}
+	if err != nil {
+		s.p.log.Debug("publish live run event failed", zap.String("tenant", s.tenant), zap.String("thread_id", s.thread), zap.String("run_id", s.run),
+			zap.String("type", eventType), zap.Error(err))
+	}
+}
+
+// liveSubject is the run's live subject of kind, built once per kind.
+func (s *Stream) liveSubject(kind string) string {
+	if subject, ok := s.liveSubjects[kind]; ok {
+		return subject
+	}
+	if s.liveSubjects == nil {
+		s.liveSubjects = map[string]string{}
+	}
+	subject := s.p.names.LiveSubject(s.tenant, s.thread, s.run, kind)
+	s.liveSubjects[kind] = subject
+	return subject
+}
+
+// appendDelta appends the JSON of a delta's data, as encoding/json
+// writes it.
+func appendDelta(b []byte, d *protocol.DeltaData) []byte {
+	b = append(b, `{"message_id":`...)
+	b = appendString(b, d.MessageID)
+	b = append(b, `,"delta":`...)
+	b = appendString(b, d.Delta)
+	return append(b, '}')
 }
 
 // failed notes an event whose publish failed, with s.mu held. One that

@@ -80,6 +80,7 @@ func TestFlushRestoresEventsLostInFlight(t *testing.T) {
 	e := newRestoreEnv(t)
 	ctx := context.Background()
 	s := e.p.NewStream("default", "t1", "r1", 2, 0)
+	s.SetResumable(true)                                                    // deltas stored
 	s.Emit(protocol.EventMessageDelta, map[string]string{"delta": "a"}, "") // seq 1
 	if err := s.Flush(ctx); err != nil {
 		t.Fatal(err)
@@ -128,6 +129,7 @@ func TestFlushRestoresEventsWhosePublishFoundNoStream(t *testing.T) {
 	}
 	cfg := st.CachedInfo().Config
 	s := e.p.NewStream("default", "t1", "r1", 1, 0)
+	s.SetResumable(true) // deltas stored
 	s.Emit(protocol.EventMessageDelta, map[string]string{"delta": "a"}, "")
 	if err := s.Flush(ctx); err != nil {
 		t.Fatal(err)

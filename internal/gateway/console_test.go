@@ -417,8 +417,14 @@ func contains(want string) func(string) bool {
 // in the page and finishes, and the page fetched nothing from elsewhere.
 func TestConsoleInBrowser(t *testing.T) {
 	p := openBrowser(t)
+	// Some answers wait until the page follows their run: deltas and
+	// progress lines are live, so a page that joins after them sees none.
+	gates := map[string]*gate{"hello there": newGate(t), "show me events": newGate(t)}
 	m := model.NewScripted(func(_ int, req *model.Request) model.Reply {
 		last := req.Messages[len(req.Messages)-1]
+		if g := gates[last.Content]; g != nil {
+			g.wait()
+		}
 		switch {
 		case last.Role == model.RoleTool:
 			return model.Reply{Text: "Saved the note.", Pieces: 2}
@@ -457,6 +463,8 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.SendKeys(chromedp.ID("run-thread"), "web"),
 		chromedp.SendKeys(chromedp.ID("run-message"), "hello there"),
 		chromedp.Click(chromedp.ID("run-submit")))
+	p.waitText(t, "#run-status", equals("running"))
+	gates["hello there"].open()
 	p.waitText(t, "#run-status", equals("success"))
 	p.waitText(t, "#timeline .message.assistant .text", equals("Hello from the scripted model, streamed."))
 	if n := p.eval(t, `document.querySelector("#timeline .message.assistant").dataset.deltas`); n != "6" {
@@ -531,6 +539,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	p.do(t, "submit a run that emits",
 		chromedp.SendKeys(chromedp.ID("run-message"), "show me events"),
 		chromedp.Click(chromedp.ID("run-submit")))
+	p.waitText(t, "#run-status", equals("running"))
+	gates["show me events"].open()
 	p.waitText(t, "#run-status", equals("success"))
 	p.waitText(t, "#subagents", contains("researcher success"))
 	p.waitText(t, "#subagents", contains("reading sources"))
@@ -577,3 +587,18 @@ func TestConsoleInBrowser(t *testing.T) {
 		}
 	}
 }
+
+// gate holds a scripted model's answer until the test opens it.
+type gate struct {
+	ch   chan struct{}
+	once sync.Once
+}
+
+func newGate(t *testing.T) *gate {
+	g := &gate{ch: make(chan struct{})}
+	t.Cleanup(g.open)
+	return g
+}
+
+func (g *gate) wait() { <-g.ch }
+func (g *gate) open() { g.once.Do(func() { close(g.ch) }) }

@@ -357,6 +357,28 @@ func types(evs []sseEvent) []string {
 	return out
 }
 
+// storedOnly keeps the events with an SSE id: the stored ones (a live
+// event, a token delta, has none).
+func storedOnly(evs []sseEvent) []sseEvent {
+	var out []sseEvent
+	for _, ev := range evs {
+		if ev.id != "" {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// lastID is the id an EventSource resumes with: the last one it got.
+func lastID(evs []sseEvent) string {
+	for i := len(evs) - 1; i >= 0; i-- {
+		if evs[i].id != "" {
+			return evs[i].id
+		}
+	}
+	return ""
+}
+
 func ids(evs []sseEvent) []string {
 	out := make([]string, len(evs))
 	for i, ev := range evs {

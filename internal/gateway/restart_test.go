@@ -66,7 +66,8 @@ func (s *stream) drain(timeout time.Duration) []sseEvent {
 func TestGatewayRestartDuringStream(t *testing.T) {
 	e := newEnv(t, textModel(strings.TrimSpace(strings.Repeat("w ", 60)), 60, 30*time.Millisecond))
 	first, stopFirst := e.startGateway()
-	first.do("POST", "/threads/t1/runs", with(input("hi"), "run_id", "r1")).expect(t, 200)
+	// Resumable: every delta is stored, so each comes exactly once too.
+	first.do("POST", "/threads/t1/runs", with(input("hi"), "run_id", "r1", "stream_resumable", true)).expect(t, 200)
 
 	var got []sseEvent
 	s := first.openStream("GET", "/threads/t1/runs/r1/stream", nil)

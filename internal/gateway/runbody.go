@@ -28,6 +28,10 @@ type runBody struct {
 	IfNotExists string `json:"if_not_exists"`
 	// forkFields start the run from an earlier checkpoint (lgstate.go).
 	forkFields
+	// StreamResumable is LangGraph's: store every event (token deltas
+	// too) so a stream resumed with Last-Event-ID misses none
+	// (protocol.RunRequest.StreamResumable). A JSON boolean.
+	StreamResumable bool `json:"stream_resumable"`
 }
 
 type runInput struct {
@@ -93,6 +97,7 @@ func (s *Server) request(b *runBody, tenant, thread string) (*protocol.RunReques
 		Agent:             agentName,
 		MultitaskStrategy: strategy,
 		Metadata:          b.Metadata,
+		StreamResumable:   b.StreamResumable,
 	}
 	if b.Input != nil {
 		msgs, err := inputMessages(b.Input.Messages)

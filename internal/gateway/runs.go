@@ -76,9 +76,10 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		// The feed exists before the request is published: nothing the
 		// run emits can be missed.
 		var f *events.Feed
+		var fw *events.Follow
 		switch mode {
 		case modeStream:
-			f, err = s.openFeed(r.Context(), s.names.RunEvents(tenant, thread, req.RunID), 0)
+			fw, err = s.openFollow(r.Context(), s.names.RunEvents(tenant, thread, req.RunID), 0)
 		case modeWait:
 			f, err = s.openFeed(r.Context(), s.names.EventSubject(tenant, thread, req.RunID, protocol.KindLifecycle), 0)
 		}
@@ -87,6 +88,9 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		}
 		if f != nil {
 			defer f.Close()
+		}
+		if fw != nil {
+			defer fw.Close()
 		}
 
 		// A client that disconnects mid-submission must not leave it half
@@ -100,7 +104,7 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		w.Header().Set("Content-Location", runLocation(rec.ThreadID, rec.RunID))
 		switch mode {
 		case modeStream:
-			s.streamRun(w, r, f, rec, 0)
+			s.streamRun(w, r, fw, rec, 0)
 		case modeWait:
 			return s.writeFinal(w, r, f, rec)
 		default:
@@ -188,7 +192,7 @@ func (s *Server) joinStream(w http.ResponseWriter, r *http.Request, tenant strin
 	if err != nil {
 		return err
 	}
-	f, err := s.openFeed(r.Context(), s.names.RunEvents(tenant, rec.ThreadID, rec.RunID), after)
+	f, err := s.openFollow(r.Context(), s.names.RunEvents(tenant, rec.ThreadID, rec.RunID), after)
 	if err != nil {
 		return fmt.Errorf("read run events: %w", err)
 	}

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -71,12 +72,28 @@ func TestStreamRun(t *testing.T) {
 	}
 	runID := strings.TrimPrefix(loc, "/threads/t1/runs/")
 	var lastID uint64
-	for i, ev := range evs {
-		if ev.env.Seq != uint64(i+1) {
-			t.Fatalf("event %d has seq %d; seqs must count from 1 without gaps", i, ev.env.Seq)
+	var text strings.Builder
+	for _, ev := range evs {
+		if ev.env.Type != ev.event || ev.env.RunID != runID || ev.env.ThreadID != "t1" || ev.env.Tenant != "default" || ev.env.V != protocol.EnvelopeVersion {
+			t.Fatalf("frame %q carries %+v", ev.event, ev.env)
 		}
-		if ev.env.Type != ev.event || ev.env.RunID != runID || ev.env.ThreadID != "t1" || ev.env.Tenant != "default" {
-			t.Fatalf("event %d: frame %q carries %+v", i, ev.event, ev.env)
+		// Deltas are live: no id (Last-Event-ID stays a stream sequence)
+		// and no seq; the stored events count without them.
+		if ev.event == protocol.EventMessageDelta {
+			if ev.id != "" || !ev.env.Live || ev.env.Seq != 0 {
+				t.Fatalf("a delta with id %q: %+v", ev.id, ev.env)
+			}
+			var d protocol.DeltaData
+			_ = json.Unmarshal(ev.env.Data, &d)
+			text.WriteString(d.Delta)
+		}
+	}
+	if got := text.String(); got != "one two three four" {
+		t.Fatalf("the deltas made %q", got)
+	}
+	for i, ev := range storedOnly(evs) {
+		if ev.env.Seq != uint64(i+1) || ev.env.Live {
+			t.Fatalf("stored event %d has seq %d; seqs must count from 1 without gaps", i, ev.env.Seq)
 		}
 		id, err := strconv.ParseUint(ev.id, 10, 64)
 		if err != nil || id <= lastID {
@@ -383,9 +400,14 @@ func TestJoinFinishedRunWithLastEventID(t *testing.T) {
 	e := newEnv(t, textModel("a b c d e f", 6, 0))
 	// A first run makes stream sequences differ from envelope seqs.
 	e.do("POST", "/threads/warm/runs/wait?format=natsagent", input("hi")).expect(t, http.StatusOK)
-	all := e.openStream("POST", "/threads/t1/runs/stream", with(input("hi"), "run_id", "r1")).rest(10 * time.Second)
-	if len(fixedTypes(all)) != 10 {
-		t.Fatalf("run has events %v, want 10 of the fixed types", types(all))
+	streamed := e.openStream("POST", "/threads/t1/runs/stream", with(input("hi"), "run_id", "r1")).rest(10 * time.Second)
+	if len(fixedTypes(streamed)) != 10 {
+		t.Fatalf("run has events %v, want 10 of the fixed types", types(streamed))
+	}
+	// The deltas went out live; a finished run replays its stored events.
+	all := storedOnly(streamed)
+	if len(fixedTypes(all)) != 4 {
+		t.Fatalf("run stored %v, want the 4 fixed types without deltas", types(all))
 	}
 	n := len(all)
 	for _, k := range []int{1, 3, n - 1} {
@@ -412,9 +434,11 @@ func TestJoinFinishedRunWithLastEventID(t *testing.T) {
 	e.do("GET", "/threads/t2/runs/r1/stream", nil).expect(t, http.StatusNotFound)
 }
 
+// A run with a resumable stream stores its deltas: a client that rejoins
+// with Last-Event-ID misses none of them.
 func TestLiveJoinResumesWithoutGapsOrDuplicates(t *testing.T) {
 	e := newEnv(t, textModel(strings.TrimSpace(strings.Repeat("w ", 40)), 40, 25*time.Millisecond))
-	e.do("POST", "/threads/t1/runs", with(input("hi"), "run_id", "r1")).expect(t, http.StatusOK)
+	e.do("POST", "/threads/t1/runs", with(input("hi"), "run_id", "r1", "stream_resumable", true)).expect(t, http.StatusOK)
 
 	const k = 5
 	s := e.openStream("GET", "/threads/t1/runs/r1/stream", nil)
@@ -439,6 +463,87 @@ func TestLiveJoinResumesWithoutGapsOrDuplicates(t *testing.T) {
 		t.Fatalf("events %v", types(all))
 	}
 	// Every stream, the abandoned one included, removed its consumer.
+	e.noConsumersLeft()
+}
+
+// Issue 16: without stream_resumable the deltas are live. A client cut
+// mid-message rejoins with Last-Event-ID: it gets the stored events it
+// missed once each, the deltas streamed from then on, and the stored
+// message.completed with the whole text, which replaces the partial one.
+func TestResumeMidMessageGetsTheWholeMessage(t *testing.T) {
+	var words []string
+	for i := range 40 {
+		words = append(words, fmt.Sprintf("w%d", i))
+	}
+	text := strings.Join(words, " ")
+	e := newEnv(t, textModel(text, 40, 25*time.Millisecond))
+	e.do("POST", "/threads/t1/runs", with(input("hi"), "run_id", "r1")).expect(t, http.StatusOK)
+
+	deltas := func(evs []sseEvent) string {
+		var b strings.Builder
+		for _, ev := range evs {
+			if ev.event == protocol.EventMessageDelta {
+				var d protocol.DeltaData
+				_ = json.Unmarshal(ev.env.Data, &d)
+				b.WriteString(d.Delta)
+			}
+		}
+		return b.String()
+	}
+	s := e.openStream("GET", "/threads/t1/runs/r1/stream", nil)
+	var head []sseEvent
+	for n := 0; n < 3; {
+		ev, ok := s.next(15 * time.Second)
+		if !ok {
+			t.Fatalf("stream ended after %v", types(head))
+		}
+		head = append(head, ev)
+		if ev.event == protocol.EventMessageDelta {
+			n++
+		}
+	}
+	s.close() // cut mid-message
+	if rec := e.do("GET", "/threads/t1/runs/r1", nil).run(t); rec.Status.Terminal() {
+		t.Fatalf("run finished before the rejoin (%s): the test must join live", rec.Status)
+	}
+	time.Sleep(100 * time.Millisecond) // a few deltas go by unseen
+	tail := e.openStream("GET", "/threads/t1/runs/r1/stream", nil, "Last-Event-ID", lastID(head)).rest(20 * time.Second)
+
+	before, after := deltas(head), deltas(tail)
+	// A head and a tail of the text, without a delta twice (the ones
+	// streamed while the client was away are gone).
+	if !strings.HasPrefix(text, before) || !strings.HasSuffix(text, after) || after == "" || len(before)+len(after) > len(text) {
+		t.Fatalf("deltas before the cut %q, after %q: want a head and a tail of %q", before, after, text)
+	}
+	var completed *model.Message
+	for i, ev := range tail {
+		if ev.event == protocol.EventMessageCompleted {
+			completed = &model.Message{}
+			if err := json.Unmarshal(ev.env.Data, completed); err != nil {
+				t.Fatal(err)
+			}
+			for _, later := range tail[i:] {
+				if later.event == protocol.EventMessageDelta {
+					t.Fatal("a delta after message.completed")
+				}
+			}
+		}
+	}
+	if completed == nil || completed.Content != text {
+		t.Fatalf("message.completed %+v, want the whole text", completed)
+	}
+	// The stored events: each once, seqs without gaps, as a replay has
+	// them.
+	got := storedOnly(append(head, tail...))
+	all := e.openStream("GET", "/threads/t1/runs/r1/stream", nil).rest(5 * time.Second)
+	if strings.Join(ids(got), ",") != strings.Join(ids(all), ",") {
+		t.Fatalf("joined ids %v\nwant %v", ids(got), ids(all))
+	}
+	for i, ev := range got {
+		if ev.env.Seq != uint64(i+1) {
+			t.Fatalf("stored event %d has seq %d: a gap or a duplicate", i, ev.env.Seq)
+		}
+	}
 	e.noConsumersLeft()
 }
 
@@ -514,6 +619,7 @@ func TestValidation(t *testing.T) {
 		{"bad run id", with(input("hi"), "run_id", "a b"), http.StatusBadRequest, "run_id"},
 		{"bad strategy", with(input("hi"), "multitask_strategy", "sometimes"), http.StatusBadRequest, "multitask_strategy"},
 		{"bad if_not_exists", with(input("hi"), "if_not_exists", "maybe"), http.StatusBadRequest, "if_not_exists"},
+		{"stream_resumable not a boolean", with(input("hi"), "stream_resumable", "yes"), http.StatusBadRequest, "stream_resumable"},
 		{"two agents", with(input("hi"), "agent", "a", "assistant_id", "b"), http.StatusBadRequest, "agent"},
 		{"bad agent", with(input("hi"), "assistant_id", "no/slash"), http.StatusBadRequest, "agent"},
 		{"negative max steps", with(input("hi"), "config", map[string]any{"max_steps": -1}), http.StatusBadRequest, "config.max_steps"},

@@ -35,6 +35,18 @@ func (s *Server) openFeed(ctx context.Context, subject string, after uint64) (*e
 	})
 }
 
+// openFollow is openFeed for a stream a person reads: the stored events
+// of subject merged with the live ones (token deltas, events.Follow).
+func (s *Server) openFollow(ctx context.Context, subject string, after uint64) (*events.Follow, error) {
+	return events.OpenFollow(ctx, s.js, s.names, subject, events.FeedConfig{
+		After:              after,
+		DropStale:          true,
+		MaxResets:          3,
+		DeleteInBackground: true,
+		Log:                s.log,
+	})
+}
+
 // envelopeType reads an event's type without decoding its data.
 func envelopeType(data []byte) string {
 	var env struct {
@@ -47,10 +59,21 @@ func envelopeType(data []byte) string {
 // resumeAttempt tells f, which resumes rec's events after stream
 // sequence after, the newest run.started the client had by then, so the
 // events of older attempts stored later are dropped as in a stream read
-// from the start. It reads the run's lifecycle events up to after (a
+// from the start, and the run's seq of the event at after, so the live
+// events that follow it go out at once and later ones wait for their
+// stored event. It reads the run's lifecycle events up to after (a
 // few: run.queued and a run.started per attempt); if that fails, the
 // feed drops what follows a newer run.started only.
-func (s *Server) resumeAttempt(ctx context.Context, f *events.Feed, rec *protocol.Run, after uint64) {
+func (s *Server) resumeAttempt(ctx context.Context, f *events.Follow, rec *protocol.Run, after uint64) {
+	runEvents := strings.TrimSuffix(s.names.RunEvents(rec.Tenant, rec.ThreadID, rec.RunID), ">")
+	if m, err := s.events.GetMsg(ctx, after); err == nil && strings.HasPrefix(m.Subject, runEvents) {
+		var env struct {
+			Seq uint64 `json:"seq"`
+		}
+		if json.Unmarshal(m.Data, &env) == nil {
+			f.SawSeq(rec.Tenant, rec.RunID, env.Seq)
+		}
+	}
 	subject := s.names.EventSubject(rec.Tenant, rec.ThreadID, rec.RunID, protocol.KindLifecycle)
 	newest := 0
 	for seq := uint64(1); seq <= after; {
@@ -132,7 +155,7 @@ func oneLine(s string) string {
 // client resumes after the stored run.finished (the record's
 // finished_event_id): then the stream is empty, as it was before the
 // events expired.
-func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Feed, rec *protocol.Run, after uint64) {
+func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Follow, rec *protocol.Run, after uint64) {
 	log := s.log.With(zap.String("tenant", rec.Tenant), zap.String("thread_id", rec.ThreadID), zap.String("run_id", rec.RunID))
 	var synth []byte
 	if rec.Status.Terminal() {
@@ -177,18 +200,17 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Fee
 			log.Warn("event stream ended early; the client resumes with Last-Event-ID", zap.Error(err))
 			return
 		}
-		meta, err := m.Metadata()
-		if err != nil {
-			log.Warn("event without metadata", zap.Error(err))
-			continue
+		// A live event has no id: Last-Event-ID stays a stream sequence.
+		id := ""
+		if !m.Live {
+			id = strconv.FormatUint(m.StreamSeq, 10)
 		}
-		t := envelopeType(m.Data())
-		if err := out.event(strconv.FormatUint(meta.Sequence.Stream, 10), t, m.Data()); err != nil {
+		if err := out.event(id, m.Type, m.Data); err != nil {
 			log.Debug("event stream write failed", zap.Error(err))
 			return
 		}
-		if t == protocol.EventRunFinished {
-			s.noteFinishedEventID(rec, meta.Sequence.Stream)
+		if m.Type == protocol.EventRunFinished && !m.Live {
+			s.noteFinishedEventID(rec, m.StreamSeq)
 			return
 		}
 	}

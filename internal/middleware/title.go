@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
 )
 
@@ -62,7 +63,7 @@ func NewTitle(t Title, provider model.Model) (*Title, error) {
 func (*Title) Name() string { return "title" }
 
 // EventTitled is emitted when the thread gets a title.
-const EventTitled = "thread.titled"
+const EventTitled = protocol.EventThreadTitled
 
 type titledData struct {
 	Title string `json:"title"`

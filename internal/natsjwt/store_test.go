@@ -129,8 +129,8 @@ func TestAccountLayout(t *testing.T) {
 	if agent.Name != agent.Subject {
 		t.Errorf("AGENT's JWT is named %q, want its key %s", agent.Name, agent.Subject)
 	}
-	if len(agent.Exports) != 10 {
-		t.Fatalf("AGENT exports %d subjects, want 10", len(agent.Exports))
+	if len(agent.Exports) != 12 {
+		t.Fatalf("AGENT exports %d subjects, want 12", len(agent.Exports))
 	}
 	for _, e := range agent.Exports {
 		if !e.TokenReq {
@@ -144,7 +144,7 @@ func TestAccountLayout(t *testing.T) {
 	if acme.Limits.LeafNodeConn != 0 {
 		t.Errorf("acme may connect %d leaf nodes", acme.Limits.LeafNodeConn)
 	}
-	if len(acme.Imports) != 5 {
+	if len(acme.Imports) != 6 {
 		t.Fatalf("acme imports %d", len(acme.Imports))
 	}
 	for _, imp := range acme.Imports {
@@ -168,7 +168,7 @@ func TestAccountLayout(t *testing.T) {
 	// A tenant's users carry its tenant tag (Nats-Request-Info names the
 	// account by its key); the service and system users carry none.
 	for _, c := range []struct{ account, user, pub, sub, deny, tags string }{
-		{"acme", "app", "agent.runs.acme.* agent.ctl.acme.*.*.cancel agent.ctl.acme.*.delete agent.ctl.acme.*.*.delete", "agent.events.acme.> _INBOX.>", tenantDeny, "natsagent-tenant:acme"},
+		{"acme", "app", "agent.runs.acme.* agent.ctl.acme.*.*.cancel agent.ctl.acme.*.delete agent.ctl.acme.*.*.delete", "agent.events.acme.> agent.live.acme.> _INBOX.>", tenantDeny, "natsagent-tenant:acme"},
 		{natsjwt.ServiceAccount, "worker", "$JS.API.> $JS.ACK.> $JS.FC.> $KV.> $O.> $SRV.> agent.> _INBOX.> _R_.>", "agent.> _INBOX.> $JS.EVENT.ADVISORY.> $SRV.>", "", ""},
 		{natsjwt.SystemAccount, natsjwt.SystemUser, "", "", "", ""},
 	} {
@@ -219,8 +219,8 @@ func TestAccountLayout(t *testing.T) {
 			t.Errorf("removed tenant acme still exported %s", e.Subject)
 		}
 	}
-	if len(agent.Exports) != 5 {
-		t.Errorf("AGENT exports %d subjects after acme's removal, want globex's 5", len(agent.Exports))
+	if len(agent.Exports) != 6 {
+		t.Errorf("AGENT exports %d subjects after acme's removal, want globex's 6", len(agent.Exports))
 	}
 	if _, err := s.AddUser("acme", "x"); !errors.Is(err, natsjwt.ErrNotFound) {
 		t.Errorf("user of a removed tenant: %v", err)

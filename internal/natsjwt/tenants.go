@@ -22,7 +22,7 @@ type share struct {
 // shares are what AGENT exports to tenant and tenant imports: its
 // submissions (published to P.runs.T.<thread>, served by the workers'
 // submit service on P.submit.T.<thread>), its cancel and delete requests,
-// and its runs' events.
+// and its runs' events, stored and live.
 func (s *Store) shares(tenant string) []share {
 	p := s.prefix
 	return []share{
@@ -31,6 +31,7 @@ func (s *Store) shares(tenant string) []share {
 		{jwt.Service, "delete-thread", p + ".ctl." + tenant + ".*.delete", p + ".ctl." + tenant + ".*.delete"},
 		{jwt.Service, "delete-run", p + ".ctl." + tenant + ".*.*.delete", p + ".ctl." + tenant + ".*.*.delete"},
 		{jwt.Stream, "events", p + ".events." + tenant + ".>", p + ".events." + tenant + ".>"},
+		{jwt.Stream, "live", p + ".live." + tenant + ".>", p + ".live." + tenant + ".>"},
 	}
 }
 
@@ -43,7 +44,7 @@ func (s *Store) TenantPublish(tenant string) []string {
 // TenantSubscribe are the subjects a tenant's users may subscribe to. The
 // account has its own _INBOX namespace: no inbox prefix is needed.
 func (s *Store) TenantSubscribe(tenant string) []string {
-	return []string{s.prefix + ".events." + tenant + ".>", "_INBOX.>"}
+	return []string{s.prefix + ".events." + tenant + ".>", s.prefix + ".live." + tenant + ".>", "_INBOX.>"}
 }
 
 // AddTenant creates tenant's account, without JetStream, importing its

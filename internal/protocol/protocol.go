@@ -85,6 +85,12 @@ type RunRequest struct {
 	// submitters write the runs stream, and each of them replaces whatever a
 	// client put here; a worker takes it as given.
 	Principal *Principal `json:"principal,omitempty"`
+	// StreamResumable stores the run's live events (LiveEvent: token
+	// deltas, progress lines, titles) in the events stream as well, so a
+	// reader resuming mid-message gets every delta again. Default false:
+	// they go out on core NATS only (P.live...), and a resumed reader
+	// gets the whole message from its stored message.completed.
+	StreamResumable bool `json:"stream_resumable,omitempty"`
 }
 
 // Principal is an authenticated caller: a user of one tenant with roles.
@@ -263,10 +269,28 @@ type LostData struct {
 	Reason string `json:"reason"`
 }
 
+// EnvelopeVersion is the "v" every event envelope carries: 2 since live
+// events (docs/protocol.md 1.6). An envelope without "v" is version 1.
+const EnvelopeVersion = 2
+
 // Event is the envelope of every run event.
 type Event struct {
-	Type     string `json:"type"`
-	Seq      uint64 `json:"seq"`
+	// V is the envelope's protocol version (EnvelopeVersion; 0: an
+	// envelope of version 1, stored before "v" existed).
+	V    int    `json:"v,omitempty"`
+	Type string `json:"type"`
+	// Seq numbers the run's stored events from 1 without gaps; a live
+	// event has none (0).
+	Seq uint64 `json:"seq,omitempty"`
+	// Live marks an event published on core NATS only (LiveEvent), not
+	// stored. After is the seq of the last stored event its attempt
+	// emitted before it, and Index counts the attempt's live events
+	// from 1: a reader shows it once the stored event After was shown,
+	// in Index order, and drops it once its message's message.completed
+	// (stored) arrived.
+	Live     bool   `json:"live,omitempty"`
+	After    uint64 `json:"after,omitempty"`
+	Index    uint64 `json:"index,omitempty"`
 	RunID    string `json:"run_id"`
 	ThreadID string `json:"thread_id"`
 	Tenant   string `json:"tenant"`
@@ -277,6 +301,24 @@ type Event struct {
 	Time    time.Time       `json:"time"`
 	Data    json.RawMessage `json:"data,omitempty"`
 }
+
+// LiveEvent reports whether an event type goes out live (core NATS,
+// not stored) unless its run asked for a resumable stream: the events a
+// later stored event makes redundant. A message.delta is repeated whole
+// by its message.completed; a thread.titled by the thread's record
+// (title); a subagent.progress by the subagent's own run record and its
+// subagent.finished.
+func LiveEvent(eventType string) bool {
+	switch eventType {
+	case EventMessageDelta, EventSubagentProgress, EventThreadTitled:
+		return true
+	}
+	return false
+}
+
+// EventThreadTitled is published when the title middleware names a
+// thread; the title is kept in the thread record.
+const EventThreadTitled = "thread.titled"
 
 // KindOf returns the subject kind an event type is published under.
 func KindOf(eventType string) string {

@@ -237,6 +237,23 @@ func (e *env) watch(thread, run string) *watcher {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(cc.Stop)
+	// And its live events (subagent.progress, deltas): core NATS.
+	sub, err := e.js.Conn().Subscribe(e.names.RunLive(protocol.DefaultTenant, thread, run), func(m *nats.Msg) {
+		var ev protocol.Event
+		if err := json.Unmarshal(m.Data, &ev); err != nil {
+			return
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.events = append(w.events, ev)
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.js.Conn().Flush(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = sub.Unsubscribe() })
 	return w
 }
 

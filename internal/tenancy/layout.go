@@ -11,12 +11,14 @@
 //   - AGENT exports to T alone the services P.submit.T.* (the submit
 //     service, internal/intake), P.ctl.T.*.*.cancel, P.ctl.T.*.delete and
 //     P.ctl.T.*.*.delete (the delete service, internal/erase), and the
-//     stream P.events.T.>;
+//     streams P.events.T.> (stored run events) and P.live.T.> (live
+//     run events: token deltas, core NATS only);
 //   - T imports them as P.runs.T.* (share: the server adds
 //     Nats-Request-Info, which names T's account and user), the control
-//     subjects under their own names (share) and P.events.T.>;
+//     subjects under their own names (share), P.events.T.> and
+//     P.live.T.>;
 //   - T's users publish only to P.runs.T.* and the control subjects and
-//     subscribe only to P.events.T.> and _INBOX.>.
+//     subscribe only to P.events.T.>, P.live.T.> and _INBOX.>.
 //
 // Replies to service imports go back to the requesting client only, so a
 // reply subject a tenant names never reaches a stream, a bucket or another
@@ -146,6 +148,7 @@ func Layout(prefix, tenant string) (TenantLayout, error) {
 	deleteThread := p + ".ctl." + t + ".*.delete"
 	deleteRun := p + ".ctl." + t + ".*.*.delete"
 	events := p + ".events." + t + ".>"
+	live := p + ".live." + t + ".>"
 	only := []string{t}
 	return TenantLayout{
 		Prefix: p,
@@ -156,6 +159,7 @@ func Layout(prefix, tenant string) (TenantLayout, error) {
 			{Kind: KindService, Subject: deleteThread, ResponseType: ResponseSingleton, Accounts: only},
 			{Kind: KindService, Subject: deleteRun, ResponseType: ResponseSingleton, Accounts: only},
 			{Kind: KindStream, Subject: events, Accounts: only},
+			{Kind: KindStream, Subject: live, Accounts: only},
 		},
 		Imports: []Import{
 			{Kind: KindService, Account: ServiceAccount, Subject: submit, LocalSubject: runs, Share: true},
@@ -163,11 +167,12 @@ func Layout(prefix, tenant string) (TenantLayout, error) {
 			{Kind: KindService, Account: ServiceAccount, Subject: deleteThread, LocalSubject: deleteThread, Share: true},
 			{Kind: KindService, Account: ServiceAccount, Subject: deleteRun, LocalSubject: deleteRun, Share: true},
 			{Kind: KindStream, Account: ServiceAccount, Subject: events, LocalSubject: events},
+			{Kind: KindStream, Account: ServiceAccount, Subject: live, LocalSubject: live},
 		},
 		User: Permissions{
 			PublishAllow:   []string{runs, cancel, deleteThread, deleteRun},
 			PublishDeny:    denied,
-			SubscribeAllow: []string{events, "_INBOX.>"},
+			SubscribeAllow: []string{events, live, "_INBOX.>"},
 			SubscribeDeny:  denied,
 		},
 	}, nil

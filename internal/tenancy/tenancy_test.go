@@ -14,7 +14,7 @@ func TestLayoutOfATenant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.Prefix != "agent" || len(l.Exports) != 5 || len(l.Imports) != 5 {
+	if l.Prefix != "agent" || len(l.Exports) != 6 || len(l.Imports) != 6 {
 		t.Fatalf("layout %+v", l)
 	}
 	want := []Import{
@@ -23,6 +23,7 @@ func TestLayoutOfATenant(t *testing.T) {
 		{KindService, ServiceAccount, "agent.ctl.acme.*.delete", "agent.ctl.acme.*.delete", true},
 		{KindService, ServiceAccount, "agent.ctl.acme.*.*.delete", "agent.ctl.acme.*.*.delete", true},
 		{KindStream, ServiceAccount, "agent.events.acme.>", "agent.events.acme.>", false},
+		{KindStream, ServiceAccount, "agent.live.acme.>", "agent.live.acme.>", false},
 	}
 	for i, im := range l.Imports {
 		if im != want[i] {
@@ -35,7 +36,7 @@ func TestLayoutOfATenant(t *testing.T) {
 		}
 	}
 	if strings.Join(l.User.PublishAllow, " ") != "agent.runs.acme.* agent.ctl.acme.*.*.cancel agent.ctl.acme.*.delete agent.ctl.acme.*.*.delete" ||
-		strings.Join(l.User.SubscribeAllow, " ") != "agent.events.acme.> _INBOX.>" {
+		strings.Join(l.User.SubscribeAllow, " ") != "agent.events.acme.> agent.live.acme.> _INBOX.>" {
 		t.Fatalf("user permissions %+v", l.User)
 	}
 	for _, bad := range []string{"", "a.b", "a*", ">", "AGENT", "agent", "sys", "$G", strings.Repeat("a", 129), "a b"} {

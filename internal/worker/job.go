@@ -564,6 +564,7 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	// first (the run is handed back unstarted; the lease stays, for the
 	// next delivery to take over) or after the event.
 	stream.SetFence(lease.live)
+	stream.SetResumable(req.StreamResumable)
 	j.hold.Lock()
 	if j.drained || w.isDraining() {
 		j.hold.Unlock()

@@ -9,7 +9,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/events"
-	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
@@ -30,12 +29,12 @@ func TestTakeoverMarksTheEventsTheDeadWorkerLost(t *testing.T) {
 	w := h.watch("default", "t1", "r1")
 	h.submit(request("t1", "r1", "work"))
 	<-stuck
-	// What the worker emitted before the model call (run.queued,
-	// run.started, thread.titled) is published without waiting: stored
-	// before the last seq is read. Under load it was not yet, and the
-	// late thread.titled took the very seq forged below (seqs 1 2 3 3).
+	// What the worker stored before the model call (run.queued,
+	// run.started; thread.titled goes out live) is published without
+	// waiting: stored before the last seq is read. Under load it was not
+	// yet, and a late event took the very seq forged below (seqs 1 2 3 3).
 	testdeploy.WaitFor(t, 10*time.Second, "the events before the model call", func() bool {
-		return w.count(middleware.EventTitled) == 1
+		return w.count(protocol.EventRunStarted) == 1
 	})
 
 	ctx := context.Background()

@@ -226,6 +226,11 @@ func TestPlainNATSClient(t *testing.T) {
 	}
 	defer cc.Stop()
 
+	// Token deltas are live: core NATS, outside the events stream.
+	live, err := nc.SubscribeSync("agent.live.acme.chat-1.run-1.>")
+	if err != nil {
+		t.Fatal(err)
+	}
 	body := `{"run_id":"run-1","thread_id":"chat-1","tenant":"acme","agent":"chatbot",
 	  "input":{"messages":[{"role":"user","content":"what time is it?"}]},
 	  "multitask_strategy":"enqueue","config":{"max_steps":5},"metadata":{"source":"raw"}}`
@@ -252,10 +257,23 @@ func TestPlainNATSClient(t *testing.T) {
 					t.Fatalf("run ended %s", d.Status)
 				}
 				joined := strings.Join(types, " ")
-				for _, want := range []string{"run.queued", "run.started", "message.delta", "tool.started", "tool.finished", "message.completed"} {
+				for _, want := range []string{"run.queued", "run.started", "tool.started", "tool.finished", "message.completed"} {
 					if !strings.Contains(joined, want) {
 						t.Fatalf("no %s in %v", want, types)
 					}
+				}
+				m, err := live.NextMsg(10 * time.Second)
+				if err != nil {
+					t.Fatalf("no live event: %v", err)
+				}
+				var le struct {
+					V     int    `json:"v"`
+					Type  string `json:"type"`
+					Live  bool   `json:"live"`
+					Index uint64 `json:"index"`
+				}
+				if err := json.Unmarshal(m.Data, &le); err != nil || le.V != 2 || !le.Live || le.Index != 1 || !strings.HasPrefix(m.Subject, "agent.live.acme.chat-1.run-1.") {
+					t.Fatalf("live event on %s: %s", m.Subject, m.Data)
 				}
 				return
 			}
