@@ -370,12 +370,26 @@ func (p *tab) do(t *testing.T, what string, actions ...chromedp.Action[chromedp.
 // text waits until the element's text satisfies ok, and returns it.
 func (p *tab) waitText(t *testing.T, sel string, ok func(string) bool) string {
 	t.Helper()
+	return p.waitEval(t, sel, fmt.Sprintf(`(document.querySelector(%q) || {}).textContent || ""`, sel), ok)
+}
+
+// waitFollowing waits until the run page's event stream is open: the
+// gateway follows the run from then on, so the live events (token
+// deltas) the model sends after it reach the page.
+func (p *tab) waitFollowing(t *testing.T) {
+	t.Helper()
+	p.waitEval(t, "the run's event stream", `(document.querySelector("#timeline") || {dataset: {}}).dataset.following || ""`, equals("true"))
+}
+
+// waitEval waits until expr, a string expression, satisfies ok.
+func (p *tab) waitEval(t *testing.T, what, expr string, ok func(string) bool) string {
+	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	last := ""
 	for time.Now().Before(deadline) {
-		v, err := chromedp.Run(p.ctx, chromedp.Evaluate[string](fmt.Sprintf(`(document.querySelector(%q) || {}).textContent || ""`, sel)))
+		v, err := chromedp.Run(p.ctx, chromedp.Evaluate[string](expr))
 		if err != nil {
-			p.fail(t, "read "+sel, err)
+			p.fail(t, "read "+what, err)
 		}
 		if ok(v) {
 			return v
@@ -383,7 +397,7 @@ func (p *tab) waitText(t *testing.T, sel string, ok func(string) bool) string {
 		last = v
 		time.Sleep(50 * time.Millisecond)
 	}
-	p.fail(t, "wait for "+sel, fmt.Errorf("its text is still %q", last))
+	p.fail(t, "wait for "+what, fmt.Errorf("it is still %q", last))
 	return ""
 }
 
@@ -463,7 +477,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.SendKeys(chromedp.ID("run-thread"), "web"),
 		chromedp.SendKeys(chromedp.ID("run-message"), "hello there"),
 		chromedp.Click(chromedp.ID("run-submit")))
-	p.waitText(t, "#run-status", equals("running"))
+	p.waitFollowing(t)
 	gates["hello there"].open()
 	p.waitText(t, "#run-status", equals("success"))
 	p.waitText(t, "#timeline .message.assistant .text", equals("Hello from the scripted model, streamed."))
@@ -539,7 +553,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	p.do(t, "submit a run that emits",
 		chromedp.SendKeys(chromedp.ID("run-message"), "show me events"),
 		chromedp.Click(chromedp.ID("run-submit")))
-	p.waitText(t, "#run-status", equals("running"))
+	p.waitFollowing(t)
 	gates["show me events"].open()
 	p.waitText(t, "#run-status", equals("success"))
 	p.waitText(t, "#subagents", contains("researcher success"))

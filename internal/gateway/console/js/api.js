@@ -102,9 +102,12 @@ export const paths = {
 
 // events reads a run's event stream from after lastEventID ('' for the
 // start) and yields {id, event, data} until the gateway ends the stream.
-export async function* events(thread, run, lastEventID, signal) {
+export async function* events(thread, run, lastEventID, signal, onOpen) {
   const headers = lastEventID ? { 'Last-Event-ID': lastEventID } : {};
   const resp = await request('GET', paths.stream(thread, run), { signal, accept: 'text/event-stream', headers });
+  // The gateway answers once it follows the run: live events (token
+  // deltas) published from now on reach this stream, earlier ones never do.
+  if (onOpen) onOpen();
   const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
   let buf = '';
   let frame = { id: '', event: '', data: [] };

@@ -501,7 +501,7 @@ export async function renderRun(main, { thread, run }, signal, go) {
   let backoff = 500;
   while (!signal.aborted && !finished) {
     try {
-      for await (const frame of events(thread, run, lastID, signal)) {
+      for await (const frame of events(thread, run, lastID, signal, () => { timeline.dataset.following = 'true'; })) {
         if (frame.id) lastID = frame.id;
         let env;
         try { env = JSON.parse(frame.data); } catch { continue; }
