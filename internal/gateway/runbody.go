@@ -106,13 +106,11 @@ func (s *Server) request(b *runBody, tenant, thread string) (*protocol.RunReques
 		req.Input = &protocol.Input{Messages: msgs}
 	}
 	if c := b.Command; c != nil {
-		if len(c.Update) > 0 && !bytes.Equal(c.Update, []byte("null")) {
-			return nil, errInvalid("command.update", "is not supported: resume an interrupted thread with command.resume")
+		cmd, err := command(c)
+		if err != nil {
+			return nil, err
 		}
-		if len(c.Goto) > 0 && !bytes.Equal(c.Goto, []byte("null")) {
-			return nil, errInvalid("command.goto", "is not supported: resume an interrupted thread with command.resume")
-		}
-		req.Command = &protocol.Command{Resume: c.Resume}
+		req.Command = cmd
 	}
 	cfg, err := runConfig(b.Config)
 	if err != nil {

@@ -102,10 +102,23 @@ type Input struct {
 	Messages []model.Message `json:"messages"`
 }
 
-// Command continues an interrupted thread (approval, clarification).
+// Command continues a thread without new input: Resume answers the
+// interrupt it waits for (approval, clarification, or a custom one, as
+// the interrupting middleware reads it), Update changes its state first
+// (messages appended, title), Goto names where the loop goes on (model or
+// tools). At least one is set.
 type Command struct {
 	Resume json.RawMessage `json:"resume,omitempty"`
+	Update json.RawMessage `json:"update,omitempty"`
+	Goto   string          `json:"goto,omitempty"`
 }
+
+// Goto targets: the agent loop's two nodes, named as LangChain's
+// create_agent names them.
+const (
+	GotoModel = "model"
+	GotoTools = "tools"
+)
 
 // RunConfig holds per-run settings. Zero values mean "the agent's default".
 type RunConfig struct {

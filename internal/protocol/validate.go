@@ -204,8 +204,8 @@ func (r *RunRequest) Validate() error {
 			}
 		}
 	case r.Command != nil:
-		if len(r.Command.Resume) == 0 || bytes.Equal(r.Command.Resume, []byte("null")) {
-			return invalid("command.resume", "is required")
+		if err := r.Command.validate(); err != nil {
+			return err
 		}
 	}
 	if r.Config.MaxSteps < 0 || r.Config.MaxSteps > MaxRunSteps {

@@ -636,7 +636,7 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 			resumed = true
 		}
 	}
-	if req.Command != nil && !resumed {
+	if req.Command != nil && len(req.Command.Resume) > 0 && !resumed {
 		// The thread's state, not its status, says what it waits for: a
 		// resume that failed (say, the wrong number of decisions) leaves
 		// the thread waiting for a corrected one.
@@ -679,6 +679,12 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 	}
 	if !resumed && req.Input != nil {
 		run.Input = req.Input.Messages
+	}
+	if !resumed && req.Command != nil {
+		if run.Update, err = commandUpdate(req.Command, st); err != nil {
+			return agent.Outcome{Status: protocol.StatusError, Error: err.Error()}
+		}
+		run.Goto = req.Command.Goto
 	}
 	return agent.Execute(ctx, run)
 }
