@@ -63,7 +63,7 @@ type Run struct {
 	// response's unanswered tool calls first; GotoModel (or "") goes on
 	// with a model call.
 	Goto string
-	Host  Host
+	Host Host
 	// ToolEnv is what tools get of the run (workdir, identity); the loop
 	// adds the state and the event emitter.
 	ToolEnv tools.Env

@@ -124,7 +124,7 @@ func TestCommandUpdateAppendsAndContinues(t *testing.T) {
 	// Refused with the field named: keys a middleware keeps, tool calls,
 	// tool results, an id the thread has, goto nowhere.
 	for name, c := range map[string]map[string]any{
-		"command.update.approved_tool_calls": cmd("update", map[string]any{"approved_tool_calls": []string{"x"}}),
+		"command.update.approved_tool_calls":    cmd("update", map[string]any{"approved_tool_calls": []string{"x"}}),
 		"command.update.messages[0].tool_calls": cmd("update", map[string]any{"messages": []map[string]any{{"type": "ai", "content": "", "tool_calls": []map[string]any{{"id": "c", "name": "bash", "args": map[string]any{}}}}}}),
 		"command.update.messages[0].role":       cmd("update", map[string]any{"messages": []map[string]any{{"role": "tool", "content": "x"}}}),
 		"command.update.messages[0].id":         cmd("update", map[string]any{"messages": []map[string]any{{"role": "user", "id": "m-upd", "content": "again"}}}),
