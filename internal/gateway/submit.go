@@ -15,6 +15,7 @@ import (
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
 	"github.com/natsagent/natsagent/internal/submit"
+	"github.com/natsagent/natsagent/internal/webhook"
 )
 
 // submit takes a validated run request to the runs stream and returns its
@@ -31,7 +32,11 @@ import (
 //  4. the request is enqueued as every submitter enqueues (internal/submit:
 //     request with Nats-Msg-Id = "<tenant>.<run id>", run.queued, pending
 //     record, run index); a duplicate of another request is 409.
-func (s *Server) submit(ctx context.Context, req *protocol.RunRequest, ifNotExists string) (*protocol.Run, error) {
+//
+// A run due later (after_seconds: due is set) is recorded pending at
+// once and its request scheduled in the jobs stream (submit.Delay); the
+// reject strategy applies when it is due, in the worker.
+func (s *Server) submit(ctx context.Context, req *protocol.RunRequest, ifNotExists string, due time.Time) (*protocol.Run, error) {
 	log := s.log.With(zap.String("tenant", req.Tenant), zap.String("thread_id", req.ThreadID), zap.String("run_id", req.RunID))
 	data, err := json.Marshal(req)
 	if err != nil {
@@ -73,6 +78,15 @@ func (s *Server) submit(ctx context.Context, req *protocol.RunRequest, ifNotExis
 		if err := s.checkCommand(ctx, req, th); err != nil {
 			return nil, err
 		}
+	}
+
+	if !due.IsZero() {
+		rec, err := s.queue.Delay(ctx, req, data, due)
+		if err != nil {
+			return nil, err
+		}
+		log.Info("run scheduled", zap.String("agent", req.Agent), zap.Time("due", due))
+		return rec, nil
 	}
 
 	if req.MultitaskStrategy == protocol.StrategyReject {
@@ -222,6 +236,9 @@ func (s *Server) reject(ctx context.Context, req *protocol.RunRequest, holder st
 		return nil, fmt.Errorf("publish run.finished: %w", err)
 	}
 	_ = s.stores.Threads.IndexRun(ctx, req.Tenant, req.ThreadID, req.RunID, rec.CreatedAt)
+	if err := webhook.Enqueue(ctx, s.js, s.names, rec); err != nil {
+		log.Warn("could not enqueue the rejected run's webhook", zap.Error(err))
+	}
 	log.Info("run rejected: thread busy", zap.String("busy_run", holder))
 	return rec, errConflict(reason)
 }

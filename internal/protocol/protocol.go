@@ -85,6 +85,9 @@ type RunRequest struct {
 	// submitters write the runs stream, and each of them replaces whatever a
 	// client put here; a worker takes it as given.
 	Principal *Principal `json:"principal,omitempty"`
+	// Webhook is a URL the final run record is POSTed to once the run
+	// ended (docs/protocol.md 3.4; internal/webhook).
+	Webhook string `json:"webhook,omitempty"`
 }
 
 // Principal is an authenticated caller: a user of one tenant with roles.
@@ -185,7 +188,29 @@ type Run struct {
 	// it to a client: a client resuming after it gets an empty stream
 	// also once the run's events expired.
 	FinishedEventID uint64 `json:"finished_event_id,omitempty"`
+	// Webhook is the delivery of the run's webhook, when it asked for one.
+	Webhook *RunWebhook `json:"webhook,omitempty"`
 }
+
+// RunWebhook is where a run's webhook delivery stands.
+type RunWebhook struct {
+	URL string `json:"url"`
+	// Status is pending (the run has not ended or the first POST is on
+	// its way), retrying (a POST failed; another follows), sent (a 2xx
+	// answer) or failed (every attempt failed, or the URL was refused).
+	Status    string     `json:"status"`
+	Attempts  int        `json:"attempts,omitempty"`
+	LastError string     `json:"last_error,omitempty"`
+	SentAt    *time.Time `json:"sent_at,omitempty"`
+}
+
+// Webhook delivery statuses.
+const (
+	WebhookPending  = "pending"
+	WebhookRetrying = "retrying"
+	WebhookSent     = "sent"
+	WebhookFailed   = "failed"
+)
 
 // Thread statuses.
 const (
@@ -408,6 +433,15 @@ type ToolEventData struct {
 	Status     string `json:"status,omitempty"`
 	Result     string `json:"result,omitempty"`
 }
+
+// Cancel actions, in a cancel request's body {"action": ...}.
+const (
+	// CancelInterrupt (the default) stops the run and keeps what it did.
+	CancelInterrupt = "interrupt"
+	// CancelRollback stops it and returns the thread to the checkpoint
+	// before it; the gateway then deletes the run.
+	CancelRollback = "rollback"
+)
 
 // CancelReply answers a cancel request.
 type CancelReply struct {
