@@ -167,6 +167,31 @@ func TestOnDisconnect(t *testing.T) {
 		t.Fatalf("run after the client left: %+v", rec)
 	}
 
+	// The same for a wait.
+	ctx, cancel := context.WithCancel(context.Background())
+	body, _ := json.Marshal(with(input("slow again"), "on_disconnect", "cancel", "run_id", "wait1"))
+	req, err := http.NewRequestWithContext(ctx, "POST", e.http.URL+"/threads/d3/runs/wait", strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := e.http.Client().Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	testdeploy.WaitFor(t, 20*time.Second, "waited run running", func() bool {
+		r := e.do("GET", "/threads/d3/runs/wait1", nil)
+		return r.status == http.StatusOK && r.run(t).Status == protocol.StatusRunning
+	})
+	cancel()
+	<-errc
+	if rec := e.awaitRun("d3", "wait1"); rec.Status != protocol.StatusCancelled {
+		t.Fatalf("waited run after the client left: %+v", rec)
+	}
+
 	// Default: the run outlives its client.
 	s = e.openStream("POST", "/threads/d2/runs/stream", input("hi"))
 	run = runIDOf(t, s)

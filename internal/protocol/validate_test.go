@@ -42,6 +42,8 @@ func TestDecodeRunRequest(t *testing.T) {
 		{`{"run_id":"r1","thread_id":"t1","command":{"goto":"end"}}`, "command.goto", "not a node"},
 		{`{"run_id":"r1","thread_id":"t1","command":{"update":{"todos":[]}}}`, "command.update.todos", "kept by the agent"},
 		{`{"run_id":"r1","thread_id":"t1","command":{"update":{"messages":[{"role":"tool","content":"x"}]}}}`, "command.update.messages[0].role", "tools"},
+		{`{"run_id":"r1","thread_id":"t1","input":{"messages":[{"role":"user","content":"x"}]},"webhook":"file:///etc/passwd"}`, "webhook", "http or https"},
+		{`{"run_id":"r1","thread_id":"t1","input":{"messages":[{"role":"user","content":"x"}]},"config":{"tool_approval_mode":"sometimes"}}`, "config.tool_approval_mode", "always_ask"},
 		{`{"run_id":"r.1","thread_id":"t1","input":{"messages":[{"role":"user","content":"x"}]}}`, "run_id", "not a valid id"},
 		{`{"run_id":"r1","thread_id":"t1","tenant":"a b","input":{"messages":[{"role":"user","content":"x"}]}}`, "tenant", "not a valid id"},
 		{`{"run_id":"r1","thread_id":"t1","input":{"messages":[{"role":"tool","content":"x"}]}}`, "input.messages[0].role", "produced by the agent"},
