@@ -7,7 +7,6 @@ import (
 	"fmt"
 
 	"github.com/natsagent/natsagent/internal/middleware"
-	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -129,29 +128,14 @@ func (s *Server) checkCommand(ctx context.Context, req *protocol.RunRequest, th 
 				return errInvalid(fmt.Sprintf("command.update.messages[%d].id", i), fmt.Sprintf("the thread already has a message %s; an update appends messages", m.ID))
 			}
 		}
+		if len(u.Messages) > 0 && (len(c.Resume) > 0 || c.Goto == protocol.GotoTools) && middleware.ToolCallsWaiting(st) {
+			return errInvalid("command.update.messages", "they would come between tool calls and their results (which this command runs first); send them in a run after this one")
+		}
 	}
 	if c.Goto == protocol.GotoTools {
-		i := middleware.LastAssistant(st)
-		if i < 0 || !hasUnanswered(st.Messages[i:]) {
+		if !middleware.ToolCallsWaiting(st) {
 			return errConflict(fmt.Sprintf("thread %s has no tool calls waiting to run; command.goto tools runs the last response's unanswered calls", th.ThreadID))
 		}
 	}
 	return nil
-}
-
-// hasUnanswered reports whether the first message's tool calls lack a
-// result among the messages after it.
-func hasUnanswered(msgs []model.Message) bool {
-	answered := map[string]bool{}
-	for _, m := range msgs[1:] {
-		if m.ToolCallID != "" {
-			answered[m.ToolCallID] = true
-		}
-	}
-	for _, c := range msgs[0].ToolCalls {
-		if !answered[c.ID] {
-			return true
-		}
-	}
-	return false
 }

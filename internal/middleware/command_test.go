@@ -107,3 +107,55 @@ func TestAlwaysAskGatesEveryTool(t *testing.T) {
 		t.Fatalf("approved: %+v, ran %d", out, ran)
 	}
 }
+
+// A command's goto tools runs the last response's unanswered tool calls
+// through the tool chain, then the loop goes on with the model; the
+// command's update (a title) is applied first.
+func TestGotoToolsAndUpdate(t *testing.T) {
+	ran := 0
+	set, err := tools.NewSet(
+		tools.Func(model.ToolSpec{Name: "read_file"}, func(context.Context, json.RawMessage) (string, error) { ran++; return "content", nil }),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain, err := middleware.NewChain(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []model.Message
+	m := model.NewScripted(func(n int, req *model.Request) model.Reply {
+		seen = req.Messages
+		return model.Reply{Text: "done"}
+	})
+	st := &state.State{}
+	st.Apply(state.Update{Messages: []model.Message{
+		{ID: "u1", Role: model.RoleUser, Content: "read it"},
+		{ID: "a1", Role: model.RoleAssistant, ToolCalls: []model.ToolCall{{ID: "c1", Name: "read_file", Arguments: `{}`}}},
+	}})
+	out := agent.Execute(context.Background(), &agent.Run{
+		Runtime: &middleware.Runtime{RunID: "r2", ThreadID: "t", Tenant: "d", Tools: set, Logger: zap.NewNop(), Emit: func(string, any) {}},
+		Chain:   chain, Model: m, System: "sys", State: st, Host: &memHost{base: &state.State{}},
+		Update: state.Update{Values: map[string]json.RawMessage{middleware.TitleValue: json.RawMessage(`"Reading"`)}},
+		Goto:   protocol.GotoTools,
+	})
+	if out.Status != protocol.StatusSuccess || ran != 1 {
+		t.Fatalf("goto tools: %+v, ran %d", out, ran)
+	}
+	var title string
+	if ok, _ := st.Value(middleware.TitleValue, &title); !ok || title != "Reading" {
+		t.Fatalf("title %q", title)
+	}
+	if middleware.ToolCallsWaiting(st) {
+		t.Fatal("tool calls still waiting after goto tools")
+	}
+	var answered bool
+	for _, msg := range seen {
+		if msg.ToolCallID == "c1" && msg.Content == "content" {
+			answered = true
+		}
+	}
+	if !answered {
+		t.Fatalf("the model did not see the tool's result: %+v", seen)
+	}
+}

@@ -15,8 +15,7 @@ import (
 func commandUpdate(c *protocol.Command, st *state.State) (state.Update, error) {
 	var out state.Update
 	if c.Goto == protocol.GotoTools {
-		i := middleware.LastAssistant(st)
-		if i < 0 || len(st.Messages[i].ToolCalls) == 0 {
+		if !middleware.ToolCallsWaiting(st) {
 			return out, fmt.Errorf("command.goto tools: the thread has no tool calls waiting to run")
 		}
 	}
@@ -28,6 +27,9 @@ func commandUpdate(c *protocol.Command, st *state.State) (state.Update, error) {
 		if m.ID != "" && st.Index(m.ID) >= 0 {
 			return out, fmt.Errorf("command.update: the thread already has a message %s; an update appends messages", m.ID)
 		}
+	}
+	if len(u.Messages) > 0 && (len(c.Resume) > 0 || c.Goto == protocol.GotoTools) && middleware.ToolCallsWaiting(st) {
+		return out, fmt.Errorf("command.update.messages: they would come between tool calls and their results; send them in a run after this one")
 	}
 	out.Messages = u.Messages
 	if u.Title != nil {
