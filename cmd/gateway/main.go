@@ -180,7 +180,7 @@ func run() error {
 	}
 	gw, err := gateway.New(ctx, nc, gateway.Config{Settings: settings, MaxBodyBytes: cfg.Gateway.MaxBodyBytes, Logger: log, Limits: lim,
 		Files: app.QuotaFiles(workdirs, lim), MaxFileBytes: cfg.Files.MaxFileBytes, APIKeys: keys, JWT: bearer, Policy: pol,
-		Metrics: tel.Metrics, MetricsHandler: tel.InlineMetrics(), Traces: tel.TracerProvider})
+		Metrics: tel.Metrics, MetricsHandler: tel.InlineMetrics(), Traces: tel.TracerProvider, WebhookAllowPrivate: cfg.Webhooks.AllowPrivate})
 	if err != nil {
 		return err
 	}

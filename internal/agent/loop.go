@@ -56,7 +56,14 @@ type Run struct {
 	State *state.State
 	// Input holds the run's new messages; nil when resuming.
 	Input []model.Message
-	Host  Host
+	// Update is a command's change to the state, applied before the
+	// before-agent hooks (messages appended, marked as this run's).
+	Update state.Update
+	// Goto is a command's target node: protocol.GotoTools runs the last
+	// response's unanswered tool calls first; GotoModel (or "") goes on
+	// with a model call.
+	Goto string
+	Host Host
 	// ToolEnv is what tools get of the run (workdir, identity); the loop
 	// adds the state and the event emitter.
 	ToolEnv tools.Env
@@ -249,8 +256,23 @@ func stopCause(ctx, preempt context.Context) error {
 }
 
 func (l *loop) execute(ctx context.Context) Outcome {
-	if len(l.Input) > 0 {
+	if len(l.Input) > 0 || (l.rt.Resume == nil && l.Goto != protocol.GotoTools && (!l.Update.Empty() || l.Goto != "")) {
+		// New input, or a command that is no resume: the waiting
+		// interrupt is settled as not answered.
 		l.abandonInterrupt()
+	}
+	if !l.Update.Empty() {
+		u := l.Update
+		msgs := make([]model.Message, len(u.Messages))
+		for i, m := range u.Messages {
+			m = m.Clone()
+			if m.ID == "" {
+				m.ID = newID("msg")
+			}
+			msgs[i] = l.mark(m)
+		}
+		u.Messages = msgs
+		l.stage(u)
 	}
 	if len(l.Input) > 0 {
 		in := make([]model.Message, len(l.Input))
@@ -301,7 +323,11 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 		}
 	}
 	modelCall := l.Chain.ModelCall(l.rt, l.callModel)
-	switch res.Jump {
+	jump := res.Jump
+	if jump == middleware.JumpNone && l.Goto == protocol.GotoTools {
+		jump = middleware.JumpTools
+	}
+	switch jump {
 	case middleware.JumpEnd:
 		return Outcome{Status: protocol.StatusSuccess, StopReason: res.StopReason}, true
 	case middleware.JumpTools:

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
@@ -13,7 +14,19 @@ import (
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/memory"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/submit"
+	"github.com/natsagent/natsagent/internal/webhook"
 )
+
+// WebhookConfig is the webhook deliveries' configuration.
+func WebhookConfig(cfg config.Config) webhook.Config {
+	return webhook.Config{
+		Secret:       string(cfg.Webhooks.Secret),
+		AllowPrivate: cfg.Webhooks.AllowPrivate,
+		MaxAttempts:  cfg.Webhooks.MaxAttempts,
+		Timeout:      time.Duration(cfg.Webhooks.Timeout),
+	}
+}
 
 // WithMemory lets profiles enable the memory middleware, over store.
 func WithMemory(store *memory.Store) AgentsOption {
@@ -41,7 +54,15 @@ func Jobs(ctx context.Context, js jetstream.JetStream, cfg config.Config, settin
 		return nil, err
 	}
 	extractor := memory.NewExtractor(store, stores, m, log)
-	handlers := map[string]jobs.Handler{memory.JobKind: extractor.Handle}
+	handlers := map[string]jobs.Handler{
+		memory.JobKind:  extractor.Handle,
+		webhook.JobKind: webhook.NewHandler(WebhookConfig(cfg), stores, log).Handle,
+	}
+	queue, err := submit.NewQueue(ctx, js, settings.Names, stores, "scheduler", log)
+	if err != nil {
+		return nil, err
+	}
+	handlers[submit.DelayedJobKind] = queue.DelayedHandler(settings.MaxRequestBytes, log)
 	for _, o := range opts {
 		if err := o(ctx, js, settings, stores, log, handlers); err != nil {
 			return nil, err

@@ -41,6 +41,8 @@ type Config struct {
 	Limits Limits `yaml:"limits"`
 	// Retention bounds how long each tenant's data is kept (retention.go).
 	Retention Retention `yaml:"retention"`
+	// Webhooks configures runs' webhook deliveries (webhooks.go).
+	Webhooks Webhooks `yaml:"webhooks"`
 }
 
 // Agent is an agent profile.
@@ -267,6 +269,7 @@ func (c *Config) applyEnv(get func(string) string) {
 	}
 	c.NATS.applyAuthEnv(get)
 	c.Telemetry.applyEnv(get)
+	c.Webhooks.applyEnv(get)
 }
 
 // UsesDemoModel reports whether no model provider is configured.
@@ -336,6 +339,7 @@ func (c *Config) Validate() error {
 	c.Telemetry.validate(c.Gateway.Authenticated(), bad)
 	c.Limits.validate(bad)
 	c.Retention.validate(c.NATS, bad)
+	c.Webhooks.validate(bad)
 	seen := make(map[string]bool)
 	for i, a := range c.Agents {
 		path := fmt.Sprintf("agents[%d]", i)

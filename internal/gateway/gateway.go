@@ -81,6 +81,9 @@ type Config struct {
 	// whose context the request carries to the worker; nil traces
 	// nothing.
 	Traces trace.TracerProvider
+	// WebhookAllowPrivate lets a run's webhook name a loopback or private
+	// address (config webhooks.allow_private); refused by default.
+	WebhookAllowPrivate bool
 }
 
 // Server serves the HTTP API. It keeps no state of its own: any number of

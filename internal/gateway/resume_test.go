@@ -43,7 +43,8 @@ func TestResumeCheckedBeforePublish(t *testing.T) {
 	}
 	for name, body := range map[string]any{
 		"empty answer":   map[string]any{"answer": "  "},
-		"not an object":  "Lyon",
+		"a number":       42,
+		"empty string":   " ",
 		"decisions only": map[string]any{"decisions": []map[string]any{{"type": "approve"}}},
 	} {
 		if err := e.do("POST", "/threads/t1/runs", resume(body)).expect(t, http.StatusBadRequest).apiError(t); !strings.HasPrefix(err.Field, "command.resume") {

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
+	"sort"
+	"strings"
 
 	"github.com/natsagent/natsagent/internal/langgraph"
 	"github.com/natsagent/natsagent/internal/model"
@@ -32,6 +35,74 @@ type runBody struct {
 	// too) so a stream resumed with Last-Event-ID misses none
 	// (protocol.RunRequest.StreamResumable). A JSON boolean.
 	StreamResumable bool `json:"stream_resumable"`
+
+	// LangGraph's run options (runoptions.go).
+	Context          json.RawMessage `json:"context"`
+	Webhook          *string         `json:"webhook"`
+	OnDisconnect     string          `json:"on_disconnect"`
+	OnCompletion     string          `json:"on_completion"`
+	AfterSeconds     *json.Number    `json:"after_seconds"`
+	CheckpointDuring *bool           `json:"checkpoint_during"`
+	Durability       string          `json:"durability"`
+	InterruptBefore  json.RawMessage `json:"interrupt_before"`
+	InterruptAfter   json.RawMessage `json:"interrupt_after"`
+	FeedbackKeys     json.RawMessage `json:"feedback_keys"`
+	LangsmithTracer  json.RawMessage `json:"langsmith_tracer"`
+	// The stream options belong to the stream modes (sse.go); they are
+	// accepted here so the body check below knows them.
+	StreamMode      json.RawMessage `json:"stream_mode"`
+	StreamSubgraphs json.RawMessage `json:"stream_subgraphs"`
+	// Tenant is ignored: the tenant comes from authentication (3.1).
+	Tenant json.RawMessage `json:"tenant"`
+
+	// unknown lists the body's fields no one reads: each is refused.
+	unknown []string
+}
+
+// UnmarshalJSON decodes a run body and notes the fields it does not know,
+// which request refuses by name: an option silently ignored is a bug a
+// client cannot see.
+func (b *runBody) UnmarshalJSON(data []byte) error {
+	type plain runBody
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if err := dec.Decode((*plain)(b)); err != nil {
+		return err
+	}
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(data, &keys); err != nil {
+		return err
+	}
+	known := runBodyFields()
+	for k := range keys {
+		if !known[k] {
+			b.unknown = append(b.unknown, k)
+		}
+	}
+	sort.Strings(b.unknown)
+	return nil
+}
+
+// addJSONFields adds the JSON names of t's fields to out, those of an
+// embedded struct (forkFields) included.
+func addJSONFields(out map[string]bool, t reflect.Type) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Anonymous && f.Type.Kind() == reflect.Struct {
+			addJSONFields(out, f.Type)
+			continue
+		}
+		if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" && name != "-" {
+			out[name] = true
+		}
+	}
+}
+
+// runBodyFields are the JSON names of runBody's fields.
+func runBodyFields() map[string]bool {
+	out := map[string]bool{}
+	addJSONFields(out, reflect.TypeFor[runBody]())
+	return out
 }
 
 type runInput struct {
@@ -67,6 +138,12 @@ const langGraphInterrupt = "interrupt"
 
 // request builds and validates the run request of a body.
 func (s *Server) request(b *runBody, tenant, thread string) (*protocol.RunRequest, error) {
+	if len(b.unknown) > 0 {
+		return nil, errInvalid(clip(b.unknown[0]), fmt.Sprintf("%q is not a run option natsagent knows; remove it (docs/protocol.md 3.4 lists the options)", clip(b.unknown[0])))
+	}
+	if err := s.checkOptions(b); err != nil {
+		return nil, err
+	}
 	switch b.IfNotExists {
 	case "", ifNotExistsCreate, ifNotExistsReject:
 	default:
@@ -99,6 +176,9 @@ func (s *Server) request(b *runBody, tenant, thread string) (*protocol.RunReques
 		Metadata:          b.Metadata,
 		StreamResumable:   b.StreamResumable,
 	}
+	if b.Webhook != nil {
+		req.Webhook = *b.Webhook
+	}
 	if b.Input != nil {
 		msgs, err := inputMessages(b.Input.Messages)
 		if err != nil {
@@ -107,16 +187,17 @@ func (s *Server) request(b *runBody, tenant, thread string) (*protocol.RunReques
 		req.Input = &protocol.Input{Messages: msgs}
 	}
 	if c := b.Command; c != nil {
-		if len(c.Update) > 0 && !bytes.Equal(c.Update, []byte("null")) {
-			return nil, errInvalid("command.update", "is not supported: resume an interrupted thread with command.resume")
+		cmd, err := command(c)
+		if err != nil {
+			return nil, err
 		}
-		if len(c.Goto) > 0 && !bytes.Equal(c.Goto, []byte("null")) {
-			return nil, errInvalid("command.goto", "is not supported: resume an interrupted thread with command.resume")
-		}
-		req.Command = &protocol.Command{Resume: c.Resume}
+		req.Command = cmd
 	}
-	cfg, err := runConfig(b.Config)
+	cfg, err := runConfig(b.Config, b.Context)
 	if err != nil {
+		return nil, err
+	}
+	if err := interruptOptions(b, &cfg); err != nil {
 		return nil, err
 	}
 	req.Config = cfg
@@ -127,29 +208,62 @@ func (s *Server) request(b *runBody, tenant, thread string) (*protocol.RunReques
 	return req, nil
 }
 
-// runConfig reads a run's config: protocol.RunConfig, with LangGraph's
-// "configurable" keys filling what the top level leaves empty.
-func runConfig(raw json.RawMessage) (protocol.RunConfig, error) {
+// runConfig reads a run's config: protocol.RunConfig at its top level,
+// then LangGraph's context and config.configurable filling what the top
+// level leaves empty. A key natsagent does not read is refused by name.
+func runConfig(raw, ctxRaw json.RawMessage) (protocol.RunConfig, error) {
 	var out protocol.RunConfig
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-		return out, nil
-	}
-	var c configurable
-	for _, v := range []any{&out, &c} {
-		if err := json.Unmarshal(raw, v); err != nil {
-			var te *json.UnmarshalTypeError
-			if errors.As(err, &te) {
-				field := "config"
-				if te.Field != "" {
-					field += "." + te.Field
-				}
-				return out, errInvalid(field, fmt.Sprintf("%s must be %s, not %s", field, jsonKind(te.Type), te.Value))
+	if !isNull(raw) {
+		var keys map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &keys); err != nil {
+			return out, errInvalid("config", "config must be an object")
+		}
+		for _, k := range sortedKeys(keys) {
+			if !runConfigKeys[k] && k != "configurable" {
+				return out, errInvalid("config."+clip(k), fmt.Sprintf("config.%s is not a setting natsagent reads: use model, tool_approval_mode, max_steps, timeout_seconds, user_id or configurable", clip(k)))
 			}
-			return out, errInvalid("config", "config must be an object: "+err.Error())
+		}
+		var c configurable
+		for _, v := range []any{&out, &c} {
+			if err := json.Unmarshal(raw, v); err != nil {
+				var te *json.UnmarshalTypeError
+				if errors.As(err, &te) {
+					field := "config"
+					if te.Field != "" {
+						field += "." + te.Field
+					}
+					return out, errInvalid(field, fmt.Sprintf("%s must be %s, not %s", field, jsonKind(te.Type), te.Value))
+				}
+				return out, errInvalid("config", "config must be an object: "+err.Error())
+			}
+		}
+		if err := fillConfig(&out, c.Configurable, "config.configurable"); err != nil {
+			return out, err
 		}
 	}
-	for key, raw := range c.Configurable {
-		field := "config.configurable." + key
+	if !isNull(ctxRaw) {
+		var keys map[string]json.RawMessage
+		if err := json.Unmarshal(ctxRaw, &keys); err != nil {
+			return out, errInvalid("context", "context must be an object")
+		}
+		if err := fillConfig(&out, keys, "context"); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// runConfigKeys are the settings of protocol.RunConfig, which config,
+// config.configurable and context may carry.
+var runConfigKeys = map[string]bool{"model": true, "tool_approval_mode": true, "max_steps": true, "timeout_seconds": true, "user_id": true}
+
+// fillConfig sets the settings of keys that out leaves empty. LangGraph's
+// own configurable keys: thread_id is the path's (as LangGraph sets it),
+// checkpoint_id and checkpoint_ns must be empty.
+func fillConfig(out *protocol.RunConfig, keys map[string]json.RawMessage, prefix string) error {
+	for _, key := range sortedKeys(keys) {
+		raw := keys[key]
+		field := prefix + "." + clip(key)
 		var err error
 		switch key {
 		case "model":
@@ -172,12 +286,31 @@ func runConfig(raw json.RawMessage) (protocol.RunConfig, error) {
 			if out.UserID == "" {
 				err = json.Unmarshal(raw, &out.UserID)
 			}
+		case "thread_id":
+			// LangGraph sets it from the path, whatever a client put
+			// there; so does natsagent.
+		case "checkpoint_id", "checkpoint_ns":
+			var v string
+			if !isNull(raw) && (json.Unmarshal(raw, &v) != nil || v != "") {
+				return errInvalid(field, fmt.Sprintf("%s: name the checkpoint to run from with the body's checkpoint_id or checkpoint, not in the config", field))
+			}
+		default:
+			return errInvalid(field, fmt.Sprintf("%s is not a setting natsagent reads: use model, tool_approval_mode, max_steps, timeout_seconds or user_id", field))
 		}
 		if err != nil {
-			return out, errInvalid(field, fmt.Sprintf("%s: %v", field, err))
+			return errInvalid(field, fmt.Sprintf("%s: %v", field, err))
 		}
 	}
-	return out, nil
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // inputMessages converts input messages to the model's (langgraph.ToModel:

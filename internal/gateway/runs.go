@@ -54,6 +54,9 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		if err := s.authorize(r, tenant, req); err != nil {
 			return err
 		}
+		if err := s.checkWebhook(r.Context(), req); err != nil {
+			return err
+		}
 		if err := s.admitRun(r.Context(), w, req); err != nil {
 			return err
 		}
@@ -96,7 +99,16 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		// A client that disconnects mid-submission must not leave it half
 		// done.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.submitTimeout)
-		rec, err := s.submit(ctx, req, ifNotExists)
+		var due time.Time
+		if after, _ := afterSeconds(&body); after > 0 {
+			// A message schedule fires at whole seconds: round up, so the
+			// run never starts before its after_seconds.
+			due = time.Now().Add(time.Duration(after * float64(time.Second)))
+			if t := due.Truncate(time.Second); !t.Equal(due) {
+				due = t.Add(time.Second)
+			}
+		}
+		rec, err := s.submit(ctx, req, ifNotExists, due)
 		cancel()
 		if err != nil {
 			return err
@@ -105,8 +117,11 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		switch mode {
 		case modeStream:
 			s.streamRun(w, r, fw, rec, 0)
+			s.cancelOnDisconnect(r, rec, body.OnDisconnect == onDisconnectCancel)
 		case modeWait:
-			return s.writeFinal(w, r, f, rec)
+			err := s.writeFinal(w, r, f, rec)
+			s.cancelOnDisconnect(r, rec, body.OnDisconnect == onDisconnectCancel)
+			return err
 		default:
 			writeJSON(w, http.StatusOK, rec)
 		}
@@ -197,11 +212,42 @@ func (s *Server) joinStream(w http.ResponseWriter, r *http.Request, tenant strin
 		return fmt.Errorf("read run events: %w", err)
 	}
 	defer f.Close()
+	cancelOnLeave, err := boolQuery(r, "cancel_on_disconnect")
+	if err != nil {
+		return err
+	}
 	if after > 0 {
 		s.resumeAttempt(r.Context(), f, rec, after)
 	}
 	s.streamRun(w, r, f, rec, after)
+	s.cancelOnDisconnect(r, rec, cancelOnLeave)
 	return nil
+}
+
+// cancelOnDisconnect cancels a run whose client went away before it
+// ended, when the client asked for it (on_disconnect: cancel on a stream
+// or wait, cancel_on_disconnect=1 on a join stream), through the same
+// cancel request as POST .../cancel.
+func (s *Server) cancelOnDisconnect(r *http.Request, rec *protocol.Run, asked bool) {
+	if !asked || r.Context().Err() == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cancelTimeout)
+	defer cancel()
+	log := s.log.With(zap.String("tenant", rec.Tenant), zap.String("thread_id", rec.ThreadID), zap.String("run_id", rec.RunID))
+	cur, _, err := s.stores.Runs.Get(ctx, rec.Tenant, rec.RunID)
+	if err == nil && cur.Status.Terminal() {
+		return
+	}
+	if _, err := s.cancel(ctx, rec.Tenant, rec.ThreadID, rec.RunID, protocol.CancelInterrupt); err != nil {
+		var ae *apiError
+		if errors.As(err, &ae) && ae.code == protocol.CodeConflict {
+			return // it ended meanwhile
+		}
+		log.Warn("the client left; cancelling its run failed", zap.Error(err))
+		return
+	}
+	log.Info("the client left; its run was cancelled (on_disconnect cancel)")
 }
 
 // lastEventID is the events-stream sequence of the last event a client
@@ -274,8 +320,11 @@ func knownStatus(s protocol.Status) bool {
 	return false
 }
 
-// cancelRun: POST /threads/{thread_id}/runs/{run_id}/cancel. The workers
-// serve cancel requests; the gateway relays the answer.
+// cancelRun: POST /threads/{thread_id}/runs/{run_id}/cancel, with
+// LangGraph's ?action=interrupt|rollback and ?wait=. The workers serve
+// cancel requests; the gateway relays the answer. A rollback returns the
+// thread to the checkpoint before the run (the worker does it as the run
+// stops) and then deletes the run, as LangGraph does.
 func (s *Server) cancelRun(w http.ResponseWriter, r *http.Request, tenant string) error {
 	thread, err := pathToken(r, "thread_id")
 	if err != nil {
@@ -285,28 +334,67 @@ func (s *Server) cancelRun(w http.ResponseWriter, r *http.Request, tenant string
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.cancelTimeout)
-	defer cancel()
-	msg, err := s.nc.RequestWithContext(ctx, s.names.CancelSubject(tenant, thread, run), nil)
-	switch {
-	case errors.Is(err, nats.ErrNoResponders):
-		return errUnavailable("no worker is serving cancel requests", nil)
-	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout):
-		return errUnavailable(fmt.Sprintf("no worker answered the cancel request within %s", s.cancelTimeout), nil)
-	case err != nil:
+	action := r.URL.Query().Get("action")
+	switch action {
+	case "", protocol.CancelInterrupt, protocol.CancelRollback:
+	default:
+		return errInvalid("action", fmt.Sprintf("action=%q is not one of interrupt, rollback", clip(action)))
+	}
+	switch r.URL.Query().Get("wait") {
+	// The answer always comes once the run stopped (or after 15 s): wait
+	// changes nothing, but anything else is refused.
+	case "", "0", "1", "true", "false":
+	default:
+		return errInvalid("wait", "wait must be 0, 1, true or false")
+	}
+	reply, err := s.cancel(r.Context(), tenant, thread, run, action)
+	if err != nil {
 		return err
 	}
+	if action == protocol.CancelRollback {
+		if !reply.Status.Terminal() {
+			return errConflict(fmt.Sprintf("run %s was asked to stop and roll back but is still %s; it will be rolled back when it stops: delete it then with DELETE /threads/%s/runs/%s", run, reply.Status, thread, run))
+		}
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), deleteTimeout)
+		defer cancel()
+		if err := s.eraser.DeleteRun(ctx, tenant, thread, run); err != nil {
+			return deleteError(err)
+		}
+		s.log.Info("run rolled back and deleted", zap.String("tenant", tenant), zap.String("thread_id", thread), zap.String("run_id", run))
+	}
+	writeJSON(w, http.StatusOK, reply)
+	return nil
+}
+
+// cancel sends the NATS cancel request (2.12) of a run and reads the
+// answer; action rollback asks the worker to return the thread to the
+// checkpoint before the run.
+func (s *Server) cancel(ctx context.Context, tenant, thread, run, action string) (*protocol.CancelReply, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cancelTimeout)
+	defer cancel()
+	var body []byte
+	if action == protocol.CancelRollback {
+		body = []byte(`{"action":"rollback"}`)
+	}
+	msg, err := s.nc.RequestWithContext(ctx, s.names.CancelSubject(tenant, thread, run), body)
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		return nil, errUnavailable("no worker is serving cancel requests", nil)
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout):
+		return nil, errUnavailable(fmt.Sprintf("no worker answered the cancel request within %s", s.cancelTimeout), nil)
+	case err != nil:
+		return nil, err
+	}
 	if msg.Header.Get("Nats-Service-Error-Code") != "" {
-		return replyError(msg)
+		return nil, replyError(msg)
 	}
 	var reply protocol.CancelReply
 	if err := json.Unmarshal(msg.Data, &reply); err != nil {
-		return fmt.Errorf("decode cancel reply: %w", err)
+		return nil, fmt.Errorf("decode cancel reply: %w", err)
 	}
 	s.log.Info("run cancel requested", zap.String("tenant", tenant), zap.String("thread_id", thread),
-		zap.String("run_id", run), zap.String("status", string(reply.Status)))
-	writeJSON(w, http.StatusOK, reply)
-	return nil
+		zap.String("run_id", run), zap.String("action", action), zap.String("status", string(reply.Status)))
+	return &reply, nil
 }
 
 // replyError maps a NATS error reply to the HTTP error with the same code.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -14,7 +13,9 @@ import (
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/state"
 	"github.com/natsagent/natsagent/internal/submit"
+	"github.com/natsagent/natsagent/internal/webhook"
 )
 
 // submit takes a validated run request to the runs stream and returns its
@@ -31,7 +32,11 @@ import (
 //  4. the request is enqueued as every submitter enqueues (internal/submit:
 //     request with Nats-Msg-Id = "<tenant>.<run id>", run.queued, pending
 //     record, run index); a duplicate of another request is 409.
-func (s *Server) submit(ctx context.Context, req *protocol.RunRequest, ifNotExists string) (*protocol.Run, error) {
+//
+// A run due later (after_seconds: due is set) is recorded pending at
+// once and its request scheduled in the jobs stream (submit.Delay); the
+// reject strategy applies when it is due, in the worker.
+func (s *Server) submit(ctx context.Context, req *protocol.RunRequest, ifNotExists string, due time.Time) (*protocol.Run, error) {
 	log := s.log.With(zap.String("tenant", req.Tenant), zap.String("thread_id", req.ThreadID), zap.String("run_id", req.RunID))
 	data, err := json.Marshal(req)
 	if err != nil {
@@ -70,9 +75,18 @@ func (s *Server) submit(ctx context.Context, req *protocol.RunRequest, ifNotExis
 	}
 
 	if req.Command != nil {
-		if err := s.checkResume(ctx, req, th); err != nil {
+		if err := s.checkCommand(ctx, req, th); err != nil {
 			return nil, err
 		}
+	}
+
+	if !due.IsZero() {
+		rec, err := s.queue.Delay(ctx, req, data, due)
+		if err != nil {
+			return nil, err
+		}
+		log.Info("run scheduled", zap.String("agent", req.Agent), zap.Time("due", due))
+		return rec, nil
 	}
 
 	if req.MultitaskStrategy == protocol.StrategyReject {
@@ -222,36 +236,35 @@ func (s *Server) reject(ctx context.Context, req *protocol.RunRequest, holder st
 		return nil, fmt.Errorf("publish run.finished: %w", err)
 	}
 	_ = s.stores.Threads.IndexRun(ctx, req.Tenant, req.ThreadID, req.RunID, rec.CreatedAt)
+	if err := webhook.Enqueue(ctx, s.js, s.names, rec); err != nil {
+		log.Warn("could not enqueue the rejected run's webhook", zap.Error(err))
+	}
 	log.Info("run rejected: thread busy", zap.String("busy_run", holder))
 	return rec, errConflict(reason)
 }
 
-// checkResume refuses, before anything is published, a resume the thread
-// cannot take: the thread waits for nothing, or the decisions do not fit
-// the tool calls that wait (never a silent guess). The worker checks again
-// when the run starts; this only answers early.
-func (s *Server) checkResume(ctx context.Context, req *protocol.RunRequest, th *protocol.Thread) error {
-	st, _, err := s.stores.Checkpoints.Load(ctx, req.Tenant, th.ThreadID, th.Head)
-	if err != nil {
-		return err
-	}
+// checkResume refuses a resume the thread cannot take: it waits for
+// nothing, or the value does not fit what it waits for.
+func (s *Server) checkResume(st *state.State, req *protocol.RunRequest, th *protocol.Thread) error {
 	var open protocol.Interrupt
 	if ok, err := st.Value(middleware.InterruptValue, &open); err != nil || !ok {
 		return errConflict(fmt.Sprintf("thread %s is not waiting for a person's answer; send new messages as input instead of command.resume", th.ThreadID))
 	}
-	var resume protocol.Resume
-	if err := json.Unmarshal(req.Command.Resume, &resume); err != nil {
-		return errInvalid("command.resume", fmt.Sprintf("must be an object like {\"decisions\": [...]} or {\"answer\": \"...\"}: %v", err))
-	}
 	switch open.Kind {
 	case protocol.InterruptApproval:
+		var resume protocol.Resume
+		if err := json.Unmarshal(req.Command.Resume, &resume); err != nil {
+			return errInvalid("command.resume", fmt.Sprintf("the thread waits for decisions on tool calls: send {\"decisions\": [...]}, one per action request: %v", err))
+		}
 		if err := middleware.CheckDecisions(&open, resume.Decisions); err != nil {
 			return errInvalid("command.resume.decisions", err.Error())
 		}
 	case protocol.InterruptClarification:
-		if strings.TrimSpace(resume.Answer) == "" {
-			return errInvalid("command.resume.answer", fmt.Sprintf("the thread waits for an answer to %q", open.Question))
+		if _, ok := protocol.ResumeAnswer(req.Command.Resume); !ok {
+			return errInvalid("command.resume", fmt.Sprintf("the thread waits for an answer to %q: send it as a string or as {\"answer\": \"...\"}", open.Question))
 		}
 	}
+	// Another kind is a custom interrupt: its middleware reads the value
+	// as sent (Runtime.Resume).
 	return nil
 }

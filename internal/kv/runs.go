@@ -133,5 +133,13 @@ func NewRun(req *protocol.RunRequest, msgSeq uint64, now time.Time) *protocol.Ru
 		Parent:            req.Parent,
 		Metadata:          req.Metadata,
 		MsgSeq:            msgSeq,
+		Webhook:           newWebhook(req.Webhook),
 	}
+}
+
+func newWebhook(url string) *protocol.RunWebhook {
+	if url == "" {
+		return nil
+	}
+	return &protocol.RunWebhook{URL: url, Status: protocol.WebhookPending}
 }

@@ -15,7 +15,9 @@ package middleware
 // clear error and the thread keeps waiting. A subagent never asks a
 // person: in default mode it is not offered gated tools, and an explicit
 // call to one is refused (hiding is not the enforcement). Mode
-// "always_trust" runs everything.
+// "always_trust" runs everything; mode "always_ask" (LangGraph's
+// interrupt_before tools) asks before every call of a lead agent but
+// ask_clarification.
 
 import (
 	"context"
@@ -69,9 +71,9 @@ func NewToolApproval(a ToolApproval, kind string) (*ToolApproval, error) {
 	switch a.Mode {
 	case "":
 		a.Mode = protocol.ApprovalDefault
-	case protocol.ApprovalDefault, protocol.ApprovalAlwaysTrust:
+	case protocol.ApprovalDefault, protocol.ApprovalAlwaysTrust, protocol.ApprovalAlwaysAsk:
 	default:
-		return nil, fmt.Errorf("mode: %q is not one of default, always_trust", a.Mode)
+		return nil, fmt.Errorf("mode: %q is not one of default, always_trust, always_ask", a.Mode)
 	}
 	a.kind = kind
 	return &a, nil
@@ -81,6 +83,13 @@ func NewToolApproval(a ToolApproval, kind string) (*ToolApproval, error) {
 func (*ToolApproval) Name() string { return "tool_approval" }
 
 func (a *ToolApproval) gated(name string) bool { return slices.Contains(a.Tools, name) }
+
+// gatedIn reports whether a call to name waits for a person in this run:
+// a gated tool, or in mode always_ask any tool but ask_clarification
+// (which asks a person itself).
+func (a *ToolApproval) gatedIn(rt *Runtime, name string) bool {
+	return a.gated(name) || (a.mode(rt) == protocol.ApprovalAlwaysAsk && name != ClarificationTool)
+}
 
 func (a *ToolApproval) mode(rt *Runtime) string {
 	if m := rt.Config.ToolApprovalMode; m != "" {
@@ -118,7 +127,7 @@ func (a *ToolApproval) AfterModel(ctx context.Context, rt *Runtime, st *state.St
 	}
 	var reqs []protocol.ActionRequest
 	for _, c := range m.ToolCalls {
-		if a.gated(c.Name) && !answered[c.ID] {
+		if a.gatedIn(rt, c.Name) && !answered[c.ID] {
 			reqs = append(reqs, protocol.ActionRequest{
 				ToolCallID:  c.ID,
 				Name:        c.Name,
@@ -248,7 +257,11 @@ func (a *ToolApproval) WrapModelCall(ctx context.Context, rt *Runtime, req *Mode
 // WrapToolCall runs a gated call only if a person approved it, with their
 // arguments when they edited it.
 func (a *ToolApproval) WrapToolCall(ctx context.Context, rt *Runtime, call *ToolCall, next ToolHandler) (*ToolResult, error) {
-	if !a.active(rt) || !a.gated(call.Call.Name) {
+	gated := a.gated(call.Call.Name)
+	if a.asks() {
+		gated = a.gatedIn(rt, call.Call.Name)
+	}
+	if !a.active(rt) || !gated {
 		return next(ctx, call)
 	}
 	if !a.asks() {

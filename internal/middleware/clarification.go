@@ -154,16 +154,16 @@ func (c *Clarification) BeforeAgent(ctx context.Context, rt *Runtime, st *state.
 	if ok, err := st.Value(InterruptValue, &open); !ok || err != nil || open.Kind != protocol.InterruptClarification {
 		return Result{}, nil
 	}
-	var resume protocol.Resume
-	if err := json.Unmarshal(rt.Resume, &resume); err != nil || strings.TrimSpace(resume.Answer) == "" {
-		return Result{}, fmt.Errorf(`command.resume.answer: the thread waits for an answer to %q; send {"resume":{"answer":"..."}}`, clipText(open.Question, 200))
+	answer, ok := protocol.ResumeAnswer(rt.Resume)
+	if !ok {
+		return Result{}, fmt.Errorf(`command.resume: the thread waits for an answer to %q; send {"resume":"..."} or {"resume":{"answer":"..."}}`, clipText(open.Question, 200))
 	}
 	i := st.Index(clarificationMsgID(open.ToolCallID))
 	if i < 0 {
 		return Result{}, fmt.Errorf("the question the thread waits for is gone from it (tool call %s)", open.ToolCallID)
 	}
 	answered := st.Messages[i]
-	answered.Content = "The person answered: " + strings.TrimSpace(resume.Answer)
+	answered.Content = "The person answered: " + answer
 	answered.Status = model.ToolStatusSuccess
 	return Result{Update: state.Update{
 		Messages: []model.Message{answered},

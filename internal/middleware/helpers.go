@@ -126,3 +126,25 @@ func pendingGuidance(rt *Runtime, owner string) []string {
 	defer rt.mu.Unlock()
 	return append([]string(nil), g.notes...)
 }
+
+// ToolCallsWaiting reports whether the last assistant message has tool
+// calls without a result: messages appended now would split the calls
+// from their results.
+func ToolCallsWaiting(st *state.State) bool {
+	i := LastAssistant(st)
+	if i < 0 {
+		return false
+	}
+	answered := map[string]bool{}
+	for _, m := range st.Messages[i+1:] {
+		if m.ToolCallID != "" {
+			answered[m.ToolCallID] = true
+		}
+	}
+	for _, c := range st.Messages[i].ToolCalls {
+		if !answered[c.ID] {
+			return true
+		}
+	}
+	return false
+}

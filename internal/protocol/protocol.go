@@ -91,6 +91,9 @@ type RunRequest struct {
 	// they go out on core NATS only (P.live...), and a resumed reader
 	// gets the whole message from its stored message.completed.
 	StreamResumable bool `json:"stream_resumable,omitempty"`
+	// Webhook is a URL the final run record is POSTed to once the run
+	// ended (docs/protocol.md 3.4; internal/webhook).
+	Webhook string `json:"webhook,omitempty"`
 }
 
 // Principal is an authenticated caller: a user of one tenant with roles.
@@ -108,10 +111,23 @@ type Input struct {
 	Messages []model.Message `json:"messages"`
 }
 
-// Command continues an interrupted thread (approval, clarification).
+// Command continues a thread without new input: Resume answers the
+// interrupt it waits for (approval, clarification, or a custom one, as
+// the interrupting middleware reads it), Update changes its state first
+// (messages appended, title), Goto names where the loop goes on (model or
+// tools). At least one is set.
 type Command struct {
 	Resume json.RawMessage `json:"resume,omitempty"`
+	Update json.RawMessage `json:"update,omitempty"`
+	Goto   string          `json:"goto,omitempty"`
 }
+
+// Goto targets: the agent loop's two nodes, named as LangChain's
+// create_agent names them.
+const (
+	GotoModel = "model"
+	GotoTools = "tools"
+)
 
 // RunConfig holds per-run settings. Zero values mean "the agent's default".
 type RunConfig struct {
@@ -178,7 +194,29 @@ type Run struct {
 	// it to a client: a client resuming after it gets an empty stream
 	// also once the run's events expired.
 	FinishedEventID uint64 `json:"finished_event_id,omitempty"`
+	// Webhook is the delivery of the run's webhook, when it asked for one.
+	Webhook *RunWebhook `json:"webhook,omitempty"`
 }
+
+// RunWebhook is where a run's webhook delivery stands.
+type RunWebhook struct {
+	URL string `json:"url"`
+	// Status is pending (the run has not ended or the first POST is on
+	// its way), retrying (a POST failed; another follows), sent (a 2xx
+	// answer) or failed (every attempt failed, or the URL was refused).
+	Status    string     `json:"status"`
+	Attempts  int        `json:"attempts,omitempty"`
+	LastError string     `json:"last_error,omitempty"`
+	SentAt    *time.Time `json:"sent_at,omitempty"`
+}
+
+// Webhook delivery statuses.
+const (
+	WebhookPending  = "pending"
+	WebhookRetrying = "retrying"
+	WebhookSent     = "sent"
+	WebhookFailed   = "failed"
+)
 
 // Thread statuses.
 const (
@@ -437,6 +475,15 @@ type ToolEventData struct {
 	Status     string `json:"status,omitempty"`
 	Result     string `json:"result,omitempty"`
 }
+
+// Cancel actions, in a cancel request's body {"action": ...}.
+const (
+	// CancelInterrupt (the default) stops the run and keeps what it did.
+	CancelInterrupt = "interrupt"
+	// CancelRollback stops it and returns the thread to the checkpoint
+	// before it; the gateway then deletes the run.
+	CancelRollback = "rollback"
+)
 
 // CancelReply answers a cancel request.
 type CancelReply struct {

@@ -127,6 +127,14 @@ func appendRun(b []byte, r *Run) ([]byte, bool) {
 		b = append(b, `,"cancel_requested":true`...)
 	}
 	b = appendOptUint(b, `,"finished_event_id":`, r.FinishedEventID)
+	if r.Webhook != nil {
+		// Rare (runs that asked for a webhook): encoding/json.
+		b = append(b, `,"webhook":`...)
+		var err error
+		if b, err = appendMarshal(b, r.Webhook); err != nil {
+			return b, false
+		}
+	}
 	return append(b, '}'), true
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/natsagent/natsagent/internal/model"
@@ -32,6 +33,9 @@ const (
 	ApprovalDefault = "default"
 	// ApprovalAlwaysTrust runs every tool without asking.
 	ApprovalAlwaysTrust = "always_trust"
+	// ApprovalAlwaysAsk stops before every tool call until a person
+	// decides (LangGraph's interrupt_before: ["tools"]).
+	ApprovalAlwaysAsk = "always_ask"
 )
 
 // DefaultAgent is the agent profile used when a request names none.
@@ -204,8 +208,8 @@ func (r *RunRequest) Validate() error {
 			}
 		}
 	case r.Command != nil:
-		if len(r.Command.Resume) == 0 || bytes.Equal(r.Command.Resume, []byte("null")) {
-			return invalid("command.resume", "is required")
+		if err := r.Command.validate(); err != nil {
+			return err
 		}
 	}
 	if r.Config.MaxSteps < 0 || r.Config.MaxSteps > MaxRunSteps {
@@ -218,9 +222,12 @@ func (r *RunRequest) Validate() error {
 		return invalid("config.user_id", "%q is not a valid id", clip(r.Config.UserID, 40))
 	}
 	switch r.Config.ToolApprovalMode {
-	case "", ApprovalDefault, ApprovalAlwaysTrust:
+	case "", ApprovalDefault, ApprovalAlwaysTrust, ApprovalAlwaysAsk:
 	default:
-		return invalid("config.tool_approval_mode", "%q is not one of default, always_trust", clip(r.Config.ToolApprovalMode, 40))
+		return invalid("config.tool_approval_mode", "%q is not one of default, always_trust, always_ask", clip(r.Config.ToolApprovalMode, 40))
+	}
+	if r.Webhook != "" && (len(r.Webhook) > 2048 || !(strings.HasPrefix(r.Webhook, "http://") || strings.HasPrefix(r.Webhook, "https://"))) {
+		return invalid("webhook", "must be an http or https URL of at most 2048 bytes")
 	}
 	if r.Parent != nil {
 		if err := CheckToken("parent.run_id", r.Parent.RunID); err != nil {

@@ -28,6 +28,9 @@ type control struct {
 	Tenant string `json:"tenant"`
 	Thread string `json:"thread"`
 	Run    string `json:"run"`
+	// Rollback (actionCancel) returns the thread to where it was before
+	// the run.
+	Rollback bool `json:"rollback,omitempty"`
 }
 
 const (
@@ -157,7 +160,11 @@ func (w *Worker) handleControl(m *nats.Msg) {
 		cancelRun := j.cancelRun
 		j.hold.Unlock()
 		if cancelRun != nil {
-			cancelRun(ErrCancelled)
+			if c.Rollback {
+				cancelRun(ErrCancelRollback)
+			} else {
+				cancelRun(ErrCancelled)
+			}
 		}
 		select {
 		case <-j.finished:
@@ -219,7 +226,7 @@ func (w *Worker) handleCancel(m *nats.Msg) {
 			return
 		}
 	}
-	status, err := w.cancelRun(ctx, tenant, thread, run)
+	status, err := w.cancelRun(ctx, tenant, thread, run, cancelRollback(m.Data))
 	w.cfg.Metrics.CancelRequest(cancelOutcome(err))
 	if err != nil {
 		var ce *codedError
@@ -240,7 +247,7 @@ type codedError struct{ code, msg string }
 
 func (e *codedError) Error() string { return e.msg }
 
-func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string) (protocol.Status, error) {
+func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string, rollback bool) (protocol.Status, error) {
 	for range 5 {
 		rec, _, err := w.stores.Runs.Get(ctx, tenant, run)
 		if errors.Is(err, kv.ErrNotFound) {
@@ -290,7 +297,7 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string) (pro
 			continue // it started meanwhile
 		}
 		// Running: ask the worker that runs it.
-		data, _ := json.Marshal(control{Action: actionCancel, Tenant: tenant, Thread: thread, Run: run})
+		data, _ := json.Marshal(control{Action: actionCancel, Tenant: tenant, Thread: thread, Run: run, Rollback: rollback})
 		reply, err := w.nc.RequestWithContext(ctx, w.names.WorkerControl(rec.Worker), data)
 		if err == nil {
 			var cr controlReply
@@ -302,9 +309,9 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string) (pro
 		}
 		// Its worker is gone: fence it out and record the cancel.
 		epoch := rec.Epoch
-		done, err := w.finishUnowned(ctx, rec, protocol.StatusCancelled, "", func(r *protocol.Run) bool {
+		done, err := w.finishUnownedTo(ctx, rec, protocol.StatusCancelled, "", func(r *protocol.Run) bool {
 			return r.Status == protocol.StatusRunning && r.Epoch == epoch
-		})
+		}, rollback)
 		if err != nil {
 			return "", err
 		}
@@ -321,6 +328,12 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string) (pro
 // releases the thread if the run held it, and publishes run.finished. It
 // reports false when cond no longer held.
 func (w *Worker) finishUnowned(ctx context.Context, rec *protocol.Run, status protocol.Status, reason string, cond func(*protocol.Run) bool) (bool, error) {
+	return w.finishUnownedTo(ctx, rec, status, reason, cond, false)
+}
+
+// finishUnownedTo is finishUnowned; with rollback, the release also
+// returns the thread's head to the run's base checkpoint.
+func (w *Worker) finishUnownedTo(ctx context.Context, rec *protocol.Run, status protocol.Status, reason string, cond func(*protocol.Run) bool, rollback bool) (bool, error) {
 	lastSeq, err := w.pub.LastSeq(ctx, rec.Tenant, rec.ThreadID, rec.RunID)
 	if err != nil {
 		return false, err
@@ -353,6 +366,9 @@ func (w *Worker) finishUnowned(ctx context.Context, rec *protocol.Run, status pr
 		if held {
 			t.Lease = nil
 			t.Status = protocol.ThreadIdle
+			if rollback {
+				t.Head = rec.BaseCheckpoint
+			}
 		}
 		t.Preempt = withoutRun(t.Preempt, rec.RunID)
 		return nil
@@ -425,4 +441,13 @@ func errorStatus(code string) string {
 		return "503"
 	}
 	return "500"
+}
+
+// cancelRollback reads a cancel request's body: {"action":"rollback"}
+// asks for a rollback; anything else (empty, "interrupt") a cancel.
+func cancelRollback(data []byte) bool {
+	var body struct {
+		Action string `json:"action"`
+	}
+	return json.Unmarshal(data, &body) == nil && body.Action == protocol.CancelRollback
 }

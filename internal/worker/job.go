@@ -206,7 +206,9 @@ func (j *job) settled(ctx context.Context, rec *protocol.Run) bool {
 		_ = j.msg.Ack()
 	case rec.Status.Terminal():
 		// Finished before (a crash between finishing and acking, or a
-		// cancel while pending): make sure its terminal event exists.
+		// cancel while pending): make sure its terminal event exists,
+		// and its webhook job (deduped by id).
+		w.enqueueWebhook(rec)
 		if err := w.pub.EnsureFinished(ctx, rec); err != nil {
 			j.retryLater(err)
 		} else {
@@ -637,7 +639,7 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 			resumed = true
 		}
 	}
-	if req.Command != nil && !resumed {
+	if req.Command != nil && len(req.Command.Resume) > 0 && !resumed {
 		// The thread's state, not its status, says what it waits for: a
 		// resume that failed (say, the wrong number of decisions) leaves
 		// the thread waiting for a corrected one.
@@ -680,6 +682,12 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 	}
 	if !resumed && req.Input != nil {
 		run.Input = req.Input.Messages
+	}
+	if !resumed && req.Command != nil {
+		if run.Update, err = commandUpdate(req.Command, st); err != nil {
+			return agent.Outcome{Status: protocol.StatusError, Error: err.Error()}
+		}
+		run.Goto = req.Command.Goto
 	}
 	return agent.Execute(ctx, run)
 }
@@ -766,6 +774,9 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		return
 	case errors.Is(out.Stopped, ErrCancelled):
 		status = protocol.StatusCancelled
+		if errors.Is(out.Stopped, ErrCancelRollback) && j.rec != nil {
+			rollbackTo = j.rec.BaseCheckpoint
+		}
 	case errors.Is(out.Stopped, ErrRunTimeout):
 		// Whatever the run was waiting for (a provider that stopped
 		// answering, a stuck tool), the person learns the limit it hit
@@ -856,7 +867,7 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		})
 	}()
 	relErr := j.settleWrite(ctx, func() error {
-		return lease.release(ctx, &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: errors.Is(out.Stopped, ErrRolledBack), head: head, title: title})
+		return lease.release(ctx, &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: errors.Is(out.Stopped, ErrRolledBack) || errors.Is(out.Stopped, ErrCancelRollback), head: head, title: title})
 	})
 	j.releaseTenantSlot(ctx)
 	err := <-recErr

@@ -68,6 +68,7 @@ func (w *Worker) ended(rec *protocol.Run) {
 		ran = rec.FinishedAt.Sub(*rec.StartedAt)
 	}
 	w.cfg.Metrics.RunFinished(rec.Tenant, w.agentLabel(rec.Agent), string(rec.Status), ran)
+	w.enqueueWebhook(rec)
 }
 
 // cancelOutcome is a cancel request's outcome as a metric label.

@@ -136,6 +136,9 @@ const DefaultStoreFullWait = 5 * time.Minute
 var (
 	// ErrCancelled: a person or a parent cancelled the run.
 	ErrCancelled = errors.New("run cancelled")
+	// ErrCancelRollback: cancelled with action rollback; the thread goes
+	// back to where it was before the run (errors.Is ErrCancelled).
+	ErrCancelRollback = fmt.Errorf("%w and rolled back", ErrCancelled)
 	// ErrShutdown: the worker is stopping; the run is handed back.
 	ErrShutdown = errors.New("worker shutting down")
 	// ErrRolledBack: a rollback run replaced this run.
