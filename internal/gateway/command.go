@@ -79,7 +79,6 @@ func isNull(raw json.RawMessage) bool {
 	return len(raw) == 0 || bytes.Equal(raw, []byte("null"))
 }
 
-
 // checkCommand refuses, before anything is published, a command the
 // thread cannot take: a resume when it waits for nothing, decisions or an
 // answer that do not fit what it waits for (never a silent guess), an

@@ -413,7 +413,11 @@ func updateMessage(field string, in langgraph.Input) (model.Message, error) {
 			return m, errInvalid(field+".tool_calls", "a state update cannot add tool calls: the agent would run them without asking; send text")
 		}
 	default:
-		return m, errInvalid(field+".type", fmt.Sprintf("%q messages cannot be written by a state update; send human or ai messages (or {\"type\": \"remove\", \"id\"})", clip(m.Role)))
+		kind := ".type"
+		if in.Role != "" {
+			kind = ".role"
+		}
+		return m, errInvalid(field+kind, fmt.Sprintf("%q messages cannot be written by a state update; send human or ai messages (or {\"type\": \"remove\", \"id\"})", clip(m.Role)))
 	}
 	if len(m.Parts) > 0 {
 		return m, errInvalid(field+".content", "images are not stored in a thread: put them in the thread's workdir (file upload)")

@@ -60,8 +60,6 @@ func TestRunBodyRefusesWhatItDoesNotServe(t *testing.T) {
 		"on_disconnect":                     with(input("x"), "on_disconnect", "abort"),
 		"checkpoint_during":                 with(input("x"), "checkpoint_during", false),
 		"durability":                        with(input("x"), "durability", "exit"),
-		"checkpoint_id":                     with(input("x"), "checkpoint_id", "c1"),
-		"checkpoint":                        with(input("x"), "checkpoint", map[string]any{"checkpoint_id": "c1"}),
 		"feedback_keys":                     with(input("x"), "feedback_keys", []string{"score"}),
 		"langsmith_tracer":                  with(input("x"), "langsmith_tracer", map[string]any{"project_name": "p"}),
 		"after_seconds":                     with(input("x"), "after_seconds", -1),
