@@ -40,12 +40,18 @@ import (
 //  6. the events emitted so far are confirmed stored (usually answered
 //     already: no round trip of its own)
 //  7. run.finished, with its Nats-Msg-Id (events)
-//     then the request is acked (not waited for), and usage is written in
-//     the background: the run's totals ∥ the thread's (usage, 2 creates)
+//     then the request is acked (not waited for)
 //
-// 16 stored messages: 1 request, 7 events, 2 run records, 3 thread
-// writes, 1 checkpoint, 2 usage. When the protocol changes what a run
+// Protocol v2 folds, each removing writes from this list:
+//   - usage: the run's totals live in its terminal record, the thread's in
+//     the thread record's release (no usage bucket write: 2 fewer)
+//
+// ceilingWrites stored messages: 1 request, 7 events, 2 run records, 3
+// thread writes, 1 checkpoint. When the protocol changes what a run
 // writes, this list changes with it.
+// ceilingWrites is how many messages the write set above stores a run.
+const ceilingWrites = 14
+
 type ceiling struct {
 	e     *env
 	names bus.Names
@@ -56,10 +62,10 @@ type ceiling struct {
 	onc   *nats.Conn // the observer
 	obs   *observer
 
-	runs                                  jetstream.Stream
-	cons                                  jetstream.Consumer
-	kvRuns, kvThreads, kvCheckpoints, kvU jetstream.KeyValue
-	threadsBucket                         string
+	runs                             jetstream.Stream
+	cons                             jetstream.Consumer
+	kvRuns, kvThreads, kvCheckpoints jetstream.KeyValue
+	threadsBucket                    string
 
 	wg       sync.WaitGroup
 	mu       sync.Mutex
@@ -73,7 +79,8 @@ var (
 	ceilThread     = []byte(`{"thread_id":"%s","tenant":"default","status":"busy","epoch":1,"last_run_id":"%s","lease":{"run_id":"%s","worker":"ceiling","epoch":1,"msg_seq":1,"acquired_at":"2026-12-01T00:00:00Z","renewed_at":"2026-12-01T00:00:00Z"},"created_at":"2026-12-01T00:00:00Z"}`)
 	ceilRecord     = []byte(`{"run_id":"%s","thread_id":"%s","tenant":"default","agent":"chatbot","status":"%s","attempt":1,"worker":"ceiling","epoch":1,"seq":%d,"msg_seq":1,"multitask_strategy":"enqueue","created_at":"2026-12-01T00:00:00Z","started_at":"2026-12-01T00:00:00Z","output":{"role":"assistant","content":"ok"}}`)
 	ceilCheckpoint = []byte(`{"id":"1-1","parent":"","run_id":"%s","step":1,"time":"2026-12-01T00:00:00Z","update":{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"ok"}]}}`)
-	ceilUsage      = []byte(`{"run_id":"%s","thread_id":"%s","tenant":"default","total":{"input_tokens":10,"output_tokens":1,"total_tokens":11},"updated_at":"2026-12-01T00:00:00Z"}`)
+	// The thread's usage, which the release carries since protocol v2.
+	ceilThreadUsage = `,"usage":{"thread_id":"%s","tenant":"default","total":{"input_tokens":10,"output_tokens":1,"total_tokens":11,"calls":1,"main":{"input_tokens":10,"output_tokens":1,"total_tokens":11,"calls":1},"summary":{"input_tokens":0,"output_tokens":0,"total_tokens":0,"calls":0},"models":{"bench":{"main":{"input_tokens":10,"output_tokens":1,"total_tokens":11,"calls":1}}}},"runs":{"%s":{"usage":{"input_tokens":10,"output_tokens":1,"total_tokens":11,"calls":1,"main":{"input_tokens":10,"output_tokens":1,"total_tokens":11,"calls":1},"summary":{"input_tokens":0,"output_tokens":0,"total_tokens":0,"calls":0},"models":{"bench":{"main":{"input_tokens":10,"output_tokens":1,"total_tokens":11,"calls":1}}}},"seq":1}},"applied":1,"updated_at":"2026-12-01T00:00:00Z"}`
 )
 
 func (e *env) newCeiling(ctx context.Context, suffix string) (*ceiling, error) {
@@ -125,7 +132,7 @@ func (c *ceiling) open(ctx context.Context) error {
 	for _, kv := range []struct {
 		dst    *jetstream.KeyValue
 		bucket string
-	}{{&c.kvRuns, c.names.RunsBucket()}, {&c.kvThreads, c.names.ThreadsBucket()}, {&c.kvCheckpoints, c.names.CheckpointsBucket()}, {&c.kvU, c.names.UsageBucket()}} {
+	}{{&c.kvRuns, c.names.RunsBucket()}, {&c.kvThreads, c.names.ThreadsBucket()}, {&c.kvCheckpoints, c.names.CheckpointsBucket()}} {
 		if *kv.dst, err = c.wjs.KeyValue(ctx, kv.bucket); err != nil {
 			return err
 		}
@@ -182,7 +189,6 @@ func (c *ceiling) run(ctx context.Context, reqs []*nats.Msg, slots int) (outcome
 	done := c.obs.waitAll(ctx, tracks)
 	stop()
 	c.fail(<-pulled)
-	// The usage writes of the last runs land before the count.
 	c.wg.Wait()
 	c.mu.Lock()
 	err := c.firstErr
@@ -196,7 +202,7 @@ func (c *ceiling) run(ctx context.Context, reqs []*nats.Msg, slots int) (outcome
 // pull is the worker's pull loop: one fetch for every free slot, one
 // goroutine per request. It stops when ctx ends; the runs it started go
 // on under runCtx (the run.finished the observer saw may not be
-// acknowledged yet, and the usage writes follow it).
+// acknowledged yet).
 func (c *ceiling) pull(ctx, runCtx context.Context, slots int) error {
 	free := make(chan struct{}, slots)
 	for ctx.Err() == nil {
@@ -341,7 +347,7 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_, relErr = c.kvThreads.Update(ctx, threadKey, []byte(`{"thread_id":"`+thread+`","tenant":"default","status":"idle","epoch":1,"head":"1-1","last_run_id":"`+run+`","created_at":"2026-12-01T00:00:00Z"}`), thRev)
+		_, relErr = c.kvThreads.Update(ctx, threadKey, []byte(`{"thread_id":"`+thread+`","tenant":"default","status":"idle","epoch":1,"head":"1-1","last_run_id":"`+run+`","created_at":"2026-12-01T00:00:00Z"`+fmt.Sprintf(ceilThreadUsage, thread, run)+`}`), thRev)
 	}()
 	_, recErr := c.kvRuns.Update(ctx, runKey, fmt.Appendf(nil, string(ceilRecord), run, thread, "success", 7), recRev)
 	wg.Wait()
@@ -368,27 +374,11 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 		return fmt.Errorf("run.finished: %w", err)
 	}
 	_ = msg.Ack()
-
-	// Usage, in the background.
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		var uw sync.WaitGroup
-		uw.Add(1)
-		go func() {
-			defer uw.Done()
-			_, err := c.kvU.Create(context.WithoutCancel(ctx), tenant+".thread."+thread, fmt.Appendf(nil, string(ceilUsage), run, thread))
-			c.fail(err)
-		}()
-		_, err := c.kvU.Create(context.WithoutCancel(ctx), tenant+".run."+run, fmt.Appendf(nil, string(ceilUsage), run, thread))
-		c.fail(err)
-		uw.Wait()
-	}()
 	return nil
 }
 
 // ceilingStages is the stage list for the report.
 var ceilingStages = strings.Join([]string{
 	"request", "thread ∥ head reads", "lease create", "record create (+ run index, events async)",
-	"checkpoint", "terminal record ∥ release", "events confirmed", "run.finished", "(usage async)",
+	"checkpoint", "terminal record ∥ release (+ thread usage)", "events confirmed", "run.finished",
 }, " → ")

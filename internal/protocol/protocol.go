@@ -210,6 +210,13 @@ type Thread struct {
 	// created unauthenticated, any user of the tenant may use it). Over
 	// HTTP, another user's thread is not found unless a role reads all.
 	Owner string `json:"owner,omitempty"`
+	// Usage sums the token usage of the thread's ended runs (protocol
+	// v2): each run's total is applied by the fenced write that releases
+	// the thread at its end, so it counts once. It keeps the last
+	// ThreadRecordUsageRuns runs' entries and folds the older ones into
+	// one sum. Threads whose runs ended before v2 also have totals in
+	// the usage bucket; readers add the two (kv.Usage.ThreadOf).
+	Usage *ThreadUsage `json:"usage,omitempty"`
 }
 
 // Lease names the run that currently owns a thread.

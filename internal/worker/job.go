@@ -210,9 +210,6 @@ func (j *job) settled(ctx context.Context, rec *protocol.Run) bool {
 		if err := w.pub.EnsureFinished(ctx, rec); err != nil {
 			j.retryLater(err)
 		} else {
-			// The usage write may be what the crash cut short; it
-			// replaces, so writing it again counts nothing twice.
-			j.saveUsage(ctx, rec)
 			w.wakeThread(j.req.Tenant, j.req.ThreadID)
 			_ = j.msg.Ack()
 		}
@@ -855,7 +852,7 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		})
 	}()
 	relErr := j.settleWrite(ctx, func() error {
-		return lease.release(ctx, &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: errors.Is(out.Stopped, ErrRolledBack), head: head, title: title})
+		return lease.release(ctx, &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: errors.Is(out.Stopped, ErrRolledBack), head: head, title: title, usage: usage})
 	})
 	j.releaseTenantSlot(ctx)
 	err := <-recErr
@@ -886,7 +883,6 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		j.retryLater(err)
 		return
 	}
-	j.saveUsage(ctx, rec)
 	j.hold.Lock()
 	j.lease = nil
 	j.hold.Unlock()
