@@ -32,7 +32,7 @@ import (
 //  3. start: run.queued async (events), then the run record created as
 //     running (runs); the run index put async (threads); run.started async
 //     (events)
-//     loop: 4 more events async (thread.titled, message.delta, usage.model,
+//     loop: 3 more events async (thread.titled, message.delta,
 //     message.completed)
 //  4. finalize: the last step's checkpoint delta (checkpoints)
 //  5. the terminal record (CAS update, runs) ∥ the lease's release (CAS
@@ -45,12 +45,14 @@ import (
 // Protocol v2 folds, each removing writes from this list:
 //   - usage: the run's totals live in its terminal record, the thread's in
 //     the thread record's release (no usage bucket write: 2 fewer)
+//   - usage.model: its data rides in message.completed's meta.usage (1
+//     event fewer)
 //
-// ceilingWrites stored messages: 1 request, 7 events, 2 run records, 3
+// ceilingWrites stored messages: 1 request, 6 events, 2 run records, 3
 // thread writes, 1 checkpoint. When the protocol changes what a run
 // writes, this list changes with it.
 // ceilingWrites is how many messages the write set above stores a run.
-const ceilingWrites = 14
+const ceilingWrites = 13
 
 type ceiling struct {
 	e     *env
@@ -329,7 +331,6 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 	for i, ev := range []struct{ kind, typ string }{
 		{protocol.KindUpdates, "thread.titled"},
 		{protocol.KindMessages, protocol.EventMessageDelta},
-		{protocol.KindUsage, protocol.EventUsageModel},
 		{protocol.KindMessages, protocol.EventMessageCompleted},
 	} {
 		if err := emit(3+i, ev.kind, ev.typ, "", `,"delta":"ok"`); err != nil {
@@ -349,7 +350,7 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 		defer wg.Done()
 		_, relErr = c.kvThreads.Update(ctx, threadKey, []byte(`{"thread_id":"`+thread+`","tenant":"default","status":"idle","epoch":1,"head":"1-1","last_run_id":"`+run+`","created_at":"2026-12-01T00:00:00Z"`+fmt.Sprintf(ceilThreadUsage, thread, run)+`}`), thRev)
 	}()
-	_, recErr := c.kvRuns.Update(ctx, runKey, fmt.Appendf(nil, string(ceilRecord), run, thread, "success", 7), recRev)
+	_, recErr := c.kvRuns.Update(ctx, runKey, fmt.Appendf(nil, string(ceilRecord), run, thread, "success", 6), recRev)
 	wg.Wait()
 	if recErr != nil || relErr != nil {
 		return fmt.Errorf("end: %v, %v", recErr, relErr)
@@ -368,7 +369,7 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 
 	// 7. run.finished.
 	fin := nats.NewMsg(c.names.EventSubject(tenant, thread, run, protocol.KindLifecycle))
-	fin.Data = fmt.Appendf(nil, `{"type":%q,"seq":7,"run_id":%q,"thread_id":%q,"tenant":%q,"time":"2026-12-01T00:00:00Z","data":{"status":"success","output":{"role":"assistant","content":"ok"}}}`, protocol.EventRunFinished, run, thread, tenant)
+	fin.Data = fmt.Appendf(nil, `{"type":%q,"seq":6,"run_id":%q,"thread_id":%q,"tenant":%q,"time":"2026-12-01T00:00:00Z","data":{"status":"success","output":{"role":"assistant","content":"ok"}}}`, protocol.EventRunFinished, run, thread, tenant)
 	fin.Header.Set(nats.MsgIdHdr, run+".finished")
 	if _, err := c.wjs.PublishMsg(ctx, fin); err != nil {
 		return fmt.Errorf("run.finished: %w", err)

@@ -14,19 +14,31 @@ import (
 	"github.com/natsagent/natsagent/internal/tools"
 )
 
-// usageOfEvents decodes the run's usage.model events.
+// usageOfEvents decodes the call usage the run's message.completed
+// events carry (meta.usage; protocol v1 published it as usage.model).
 func usageOfEvents(t *testing.T, w *watcher) []protocol.UsageModelData {
 	t.Helper()
 	var out []protocol.UsageModelData
 	for _, ev := range w.all() {
-		if ev.Type != protocol.EventUsageModel {
+		if ev.Type == protocol.EventUsageModel {
+			t.Fatalf("protocol v2 publishes no %s", ev.Type)
+		}
+		if ev.Type != protocol.EventMessageCompleted {
 			continue
 		}
-		var d protocol.UsageModelData
-		if err := json.Unmarshal(ev.Data, &d); err != nil {
+		var m struct {
+			ID   string `json:"id"`
+			Meta struct {
+				Usage *protocol.UsageModelData `json:"usage"`
+			} `json:"meta"`
+		}
+		if err := json.Unmarshal(ev.Data, &m); err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, d)
+		if m.Meta.Usage != nil {
+			m.Meta.Usage.MessageID = m.ID
+			out = append(out, *m.Meta.Usage)
+		}
 	}
 	return out
 }

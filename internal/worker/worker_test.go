@@ -34,7 +34,7 @@ func TestRunWithToolCall(t *testing.T) {
 			t.Fatalf("event %d (%s) has seq %d; seqs must count from 1 without gaps: %v", i, ev.Type, ev.Seq, w.types())
 		}
 	}
-	want := []string{"run.queued", "run.started", "thread.titled", "message.delta", "usage.model", "message.completed", "tool.started", "tool.finished", "message.delta", "message.delta", "message.delta", "usage.model", "message.completed", "run.finished"}
+	want := []string{"run.queued", "run.started", "thread.titled", "message.delta", "message.completed", "tool.started", "tool.finished", "message.delta", "message.delta", "message.delta", "message.completed", "run.finished"}
 	if got := strings.Join(w.types(), ","); got != strings.Join(want, ",") {
 		t.Fatalf("events\n got %s\nwant %s", got, strings.Join(want, ","))
 	}
