@@ -29,9 +29,8 @@ import (
 //  0. client: the request, published async with Nats-Msg-Id (runs stream)
 //  1. look: thread record get ∥ the thread's oldest request (direct get)
 //  2. admit: the lease, a CAS create of the thread record (threads)
-//  3. start: run.queued async (events), then the run record created as
-//     running (runs); the run index put async (threads); run.started async
-//     (events)
+//  3. start: the run record created as running (runs); the run index put
+//     async (threads); run.started async (events)
 //     loop: 3 more events async (thread.titled, message.delta,
 //     message.completed)
 //  4. finalize: the last step's checkpoint delta (checkpoints)
@@ -47,12 +46,14 @@ import (
 //     the thread record's release (no usage bucket write: 2 fewer)
 //   - usage.model: its data rides in message.completed's meta.usage (1
 //     event fewer)
+//   - run.queued: a run a worker creates from a plain publish has none; its
+//     run.started (seq 1) carries the queued data (1 event fewer)
 //
-// ceilingWrites stored messages: 1 request, 6 events, 2 run records, 3
+// ceilingWrites stored messages: 1 request, 5 events, 2 run records, 3
 // thread writes, 1 checkpoint. When the protocol changes what a run
 // writes, this list changes with it.
 // ceilingWrites is how many messages the write set above stores a run.
-const ceilingWrites = 13
+const ceilingWrites = 12
 
 type ceiling struct {
 	e     *env
@@ -299,8 +300,7 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 		return fmt.Errorf("lease: %w", err)
 	}
 
-	// 3. run.queued, the record, the run index, run.started; the loop's
-	// events.
+	// 3. The record, the run index, run.started; the loop's events.
 	var futures []jetstream.PubAckFuture
 	emit := func(seq int, kind, typ, msgID string, extra string) error {
 		m := nats.NewMsg(c.names.EventSubject(tenant, thread, run, kind))
@@ -308,24 +308,18 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 		if msgID != "" {
 			m.Header.Set(nats.MsgIdHdr, msgID)
 		}
-		if typ == protocol.EventRunQueued {
-			m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
-		}
 		f, err := c.wjs.PublishMsgAsync(m)
 		futures = append(futures, f)
 		return err
 	}
-	if err := emit(1, protocol.KindLifecycle, protocol.EventRunQueued, run+".queued", ""); err != nil {
-		return err
-	}
-	recRev, err := c.kvRuns.Create(ctx, runKey, fmt.Appendf(nil, string(ceilRecord), run, thread, "running", 2))
+	recRev, err := c.kvRuns.Create(ctx, runKey, fmt.Appendf(nil, string(ceilRecord), run, thread, "running", 1))
 	if err != nil {
 		return fmt.Errorf("record: %w", err)
 	}
 	if _, err := c.wjs.PublishAsync("$KV."+c.threadsBucket+"."+threadKey+".run."+run, []byte(`{"created_at":"2026-12-01T00:00:00Z"}`)); err != nil {
 		return err
 	}
-	if err := emit(2, protocol.KindLifecycle, protocol.EventRunStarted, run+".started.1", ""); err != nil {
+	if err := emit(1, protocol.KindLifecycle, protocol.EventRunStarted, run+".started.1", `,"multitask_strategy":"enqueue","queued_at":"2026-12-01T00:00:00Z"`); err != nil {
 		return err
 	}
 	for i, ev := range []struct{ kind, typ string }{
@@ -333,7 +327,7 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 		{protocol.KindMessages, protocol.EventMessageDelta},
 		{protocol.KindMessages, protocol.EventMessageCompleted},
 	} {
-		if err := emit(3+i, ev.kind, ev.typ, "", `,"delta":"ok"`); err != nil {
+		if err := emit(2+i, ev.kind, ev.typ, "", `,"delta":"ok"`); err != nil {
 			return err
 		}
 	}
@@ -350,7 +344,7 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 		defer wg.Done()
 		_, relErr = c.kvThreads.Update(ctx, threadKey, []byte(`{"thread_id":"`+thread+`","tenant":"default","status":"idle","epoch":1,"head":"1-1","last_run_id":"`+run+`","created_at":"2026-12-01T00:00:00Z"`+fmt.Sprintf(ceilThreadUsage, thread, run)+`}`), thRev)
 	}()
-	_, recErr := c.kvRuns.Update(ctx, runKey, fmt.Appendf(nil, string(ceilRecord), run, thread, "success", 6), recRev)
+	_, recErr := c.kvRuns.Update(ctx, runKey, fmt.Appendf(nil, string(ceilRecord), run, thread, "success", 5), recRev)
 	wg.Wait()
 	if recErr != nil || relErr != nil {
 		return fmt.Errorf("end: %v, %v", recErr, relErr)
@@ -369,7 +363,7 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 
 	// 7. run.finished.
 	fin := nats.NewMsg(c.names.EventSubject(tenant, thread, run, protocol.KindLifecycle))
-	fin.Data = fmt.Appendf(nil, `{"type":%q,"seq":6,"run_id":%q,"thread_id":%q,"tenant":%q,"time":"2026-12-01T00:00:00Z","data":{"status":"success","output":{"role":"assistant","content":"ok"}}}`, protocol.EventRunFinished, run, thread, tenant)
+	fin.Data = fmt.Appendf(nil, `{"type":%q,"seq":5,"run_id":%q,"thread_id":%q,"tenant":%q,"time":"2026-12-01T00:00:00Z","data":{"status":"success","output":{"role":"assistant","content":"ok"}}}`, protocol.EventRunFinished, run, thread, tenant)
 	fin.Header.Set(nats.MsgIdHdr, run+".finished")
 	if _, err := c.wjs.PublishMsg(ctx, fin); err != nil {
 		return fmt.Errorf("run.finished: %w", err)

@@ -380,6 +380,11 @@ type StartedData struct {
 	Attempt int    `json:"attempt"`
 	Worker  string `json:"worker"`
 	Agent   string `json:"agent"`
+	// MultitaskStrategy and QueuedAt are set when run.started stands in
+	// for run.queued (protocol v2): the worker created the run from a
+	// request a plain publish sent, and the run has no run.queued.
+	MultitaskStrategy string     `json:"multitask_strategy,omitempty"`
+	QueuedAt          *time.Time `json:"queued_at,omitempty"`
 }
 
 // QueuedData is the data of run.queued.

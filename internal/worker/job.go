@@ -441,7 +441,9 @@ var errAlreadyFinished = errors.New("run already finished")
 
 // start takes the run to running under the lease it holds, executes the
 // agent loop and finishes the run. A run seen for the first time gets its
-// record created directly as running, with run.queued and run.started.
+// record created directly as running, with run.started (seq 1, carrying
+// run.queued's data) or, for a submitter's request, run.queued and
+// run.started.
 func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *protocol.Run, rev uint64, th *protocol.Thread, thRev uint64) {
 	w := j.w
 	req := j.req
@@ -465,12 +467,23 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 
 	now := time.Now().UTC()
 	var stream *events.Stream
+	// queuedIn: run.started stands in for run.queued (protocol v2), for
+	// a run this worker creates from a request a plain publish sent. A
+	// submitter (the gateway, the submit service) publishes run.queued
+	// itself, possibly while this worker creates the record, so for its
+	// requests the worker publishes the same run.queued (stored once,
+	// by its message id) and numbers run.started after it, as in v1.
+	queuedIn := false
 	if rec == nil {
+		queuedIn = j.msg.Headers().Get(protocol.HeaderSubmitter) == ""
 		stream = w.pub.NewStream(req.Tenant, req.ThreadID, req.RunID, 1, 0)
-		stream.EmitQueued(req)
 		rec = kv.NewRun(req, j.seq, now)
 		rec.Status, rec.Attempt, rec.StartedAt = protocol.StatusRunning, 1, &now
-		rec.Worker, rec.Epoch, rec.BaseCheckpoint, rec.Seq = w.cfg.ID, th.Epoch, th.Head, 2
+		rec.Worker, rec.Epoch, rec.BaseCheckpoint, rec.Seq = w.cfg.ID, th.Epoch, th.Head, 1
+		if !queuedIn {
+			stream.EmitQueued(req)
+			rec.Seq = 2
+		}
 		err := j.roomFor(ctx, func() (err error) {
 			rev, err = w.stores.Runs.Create(ctx, rec)
 			return err
@@ -479,6 +492,10 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 			// Created meanwhile (by the gateway, or a cancel), or the run
 			// id is taken: continue from that record, unless it says this
 			// request must not run; run.queued is stored once either way.
+			// Its events come after what that record numbered.
+			if queuedIn {
+				queuedIn, stream = false, nil
+			}
 			rec, rev, err = w.stores.Runs.GetLatest(ctx, req.Tenant, req.RunID)
 			if err == nil && (rec.ThreadID != req.ThreadID || (rec.MsgSeq != 0 && rec.MsgSeq != j.seq) || rec.Status.Terminal() ||
 				(rec.Status == protocol.StatusPending && rec.CancelRequested)) {
@@ -569,7 +586,12 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 		j.handOff(ctx, stream)
 		return
 	}
-	stream.Emit(protocol.EventRunStarted, protocol.StartedData{Attempt: attempt, Worker: w.cfg.ID, Agent: req.Agent}, events.StartedID(req.RunID, attempt))
+	started := protocol.StartedData{Attempt: attempt, Worker: w.cfg.ID, Agent: req.Agent}
+	if queuedIn {
+		queuedAt := rec.CreatedAt
+		started.MultitaskStrategy, started.QueuedAt = req.MultitaskStrategy, &queuedAt
+	}
+	stream.Emit(protocol.EventRunStarted, started, events.StartedID(req.RunID, attempt))
 	j.hold.Unlock()
 	j.rec, j.recRev = rec, rev
 	j.log = j.log.With(zap.Int("attempt", attempt))

@@ -34,9 +34,18 @@ func TestRunWithToolCall(t *testing.T) {
 			t.Fatalf("event %d (%s) has seq %d; seqs must count from 1 without gaps: %v", i, ev.Type, ev.Seq, w.types())
 		}
 	}
-	want := []string{"run.queued", "run.started", "thread.titled", "message.delta", "message.completed", "tool.started", "tool.finished", "message.delta", "message.delta", "message.delta", "message.completed", "run.finished"}
+	// Protocol v2: a request a plain publish sent has no run.queued; its
+	// run.started (seq 1) carries the queued data.
+	want := []string{"run.started", "thread.titled", "message.delta", "message.completed", "tool.started", "tool.finished", "message.delta", "message.delta", "message.delta", "message.completed", "run.finished"}
 	if got := strings.Join(w.types(), ","); got != strings.Join(want, ",") {
 		t.Fatalf("events\n got %s\nwant %s", got, strings.Join(want, ","))
+	}
+	var started protocol.StartedData
+	if err := json.Unmarshal(evs[0].Data, &started); err != nil {
+		t.Fatal(err)
+	}
+	if started.Attempt != 1 || started.Agent != protocol.DefaultAgent || started.MultitaskStrategy != protocol.StrategyEnqueue || started.QueuedAt == nil || started.QueuedAt.IsZero() {
+		t.Fatalf("run.started data %+v", started)
 	}
 	rec := h.run("default", "r1")
 	if rec.Status != protocol.StatusSuccess || rec.Attempt != 1 || rec.FinishedAt == nil || rec.StartedAt == nil {
