@@ -29,8 +29,8 @@ import (
 //  0. client: the request, published async with Nats-Msg-Id (runs stream)
 //  1. look: thread record get ∥ the thread's oldest request (direct get)
 //  2. admit: the lease, a CAS create of the thread record (threads)
-//  3. start: the run record created as running (runs); the run index put
-//     async (threads); run.started async (events)
+//  3. start: the run record created as running (runs); run.started async
+//     (events)
 //     loop: 3 more events async (thread.titled, message.delta,
 //     message.completed)
 //  4. finalize: the last step's checkpoint delta (checkpoints)
@@ -48,12 +48,15 @@ import (
 //     event fewer)
 //   - run.queued: a run a worker creates from a plain publish has none; its
 //     run.started (seq 1) carries the queued data (1 event fewer)
+//   - run index: the lease's write lists the run in the thread record's
+//     recent_runs; its index key is written only when it leaves that list
+//     (none for a thread's first 32 runs: 1 thread write fewer)
 //
-// ceilingWrites stored messages: 1 request, 5 events, 2 run records, 3
+// ceilingWrites stored messages: 1 request, 5 events, 2 run records, 2
 // thread writes, 1 checkpoint. When the protocol changes what a run
 // writes, this list changes with it.
 // ceilingWrites is how many messages the write set above stores a run.
-const ceilingWrites = 12
+const ceilingWrites = 11
 
 type ceiling struct {
 	e     *env
@@ -68,7 +71,6 @@ type ceiling struct {
 	runs                             jetstream.Stream
 	cons                             jetstream.Consumer
 	kvRuns, kvThreads, kvCheckpoints jetstream.KeyValue
-	threadsBucket                    string
 
 	wg       sync.WaitGroup
 	mu       sync.Mutex
@@ -79,7 +81,7 @@ type ceiling struct {
 // are close, not equal (natsagent's records carry more fields); at a few
 // hundred bytes a write's cost barely depends on its size.
 var (
-	ceilThread     = []byte(`{"thread_id":"%s","tenant":"default","status":"busy","epoch":1,"last_run_id":"%s","lease":{"run_id":"%s","worker":"ceiling","epoch":1,"msg_seq":1,"acquired_at":"2026-12-01T00:00:00Z","renewed_at":"2026-12-01T00:00:00Z"},"created_at":"2026-12-01T00:00:00Z"}`)
+	ceilThread     = []byte(`{"thread_id":"%s","tenant":"default","status":"busy","epoch":1,"last_run_id":"%s","lease":{"run_id":"%s","worker":"ceiling","epoch":1,"msg_seq":1,"acquired_at":"2026-12-01T00:00:00Z","renewed_at":"2026-12-01T00:00:00Z"},"created_at":"2026-12-01T00:00:00Z","recent_runs":["%s"]}`)
 	ceilRecord     = []byte(`{"run_id":"%s","thread_id":"%s","tenant":"default","agent":"chatbot","status":"%s","attempt":1,"worker":"ceiling","epoch":1,"seq":%d,"msg_seq":1,"multitask_strategy":"enqueue","created_at":"2026-12-01T00:00:00Z","started_at":"2026-12-01T00:00:00Z","output":{"role":"assistant","content":"ok"}}`)
 	ceilCheckpoint = []byte(`{"id":"1-1","parent":"","run_id":"%s","step":1,"time":"2026-12-01T00:00:00Z","update":{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"ok"}]}}`)
 	// The thread's usage, which the release carries since protocol v2.
@@ -94,7 +96,7 @@ func (e *env) newCeiling(ctx context.Context, suffix string) (*ceiling, error) {
 	// Provisioned like a deployment, so each write costs the server what
 	// it costs natsagent (storage, duplicate window, direct gets, history).
 	settings := bus.Settings{Names: names}.WithDefaults()
-	c := &ceiling{e: e, names: names, threadsBucket: names.ThreadsBucket()}
+	c := &ceiling{e: e, names: names}
 	if err := bus.Provision(ctx, e.js, settings); err != nil {
 		c.close()
 		return nil, fmt.Errorf("provision the ceiling's assets: %w", err)
@@ -295,12 +297,12 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 	}
 
 	// 2. The lease.
-	thRev, err := c.kvThreads.Create(ctx, threadKey, fmt.Appendf(nil, string(ceilThread), thread, run, run))
+	thRev, err := c.kvThreads.Create(ctx, threadKey, fmt.Appendf(nil, string(ceilThread), thread, run, run, run))
 	if err != nil {
 		return fmt.Errorf("lease: %w", err)
 	}
 
-	// 3. The record, the run index, run.started; the loop's events.
+	// 3. The record, run.started; the loop's events.
 	var futures []jetstream.PubAckFuture
 	emit := func(seq int, kind, typ, msgID string, extra string) error {
 		m := nats.NewMsg(c.names.EventSubject(tenant, thread, run, kind))
@@ -315,9 +317,6 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 	recRev, err := c.kvRuns.Create(ctx, runKey, fmt.Appendf(nil, string(ceilRecord), run, thread, "running", 1))
 	if err != nil {
 		return fmt.Errorf("record: %w", err)
-	}
-	if _, err := c.wjs.PublishAsync("$KV."+c.threadsBucket+"."+threadKey+".run."+run, []byte(`{"created_at":"2026-12-01T00:00:00Z"}`)); err != nil {
-		return err
 	}
 	if err := emit(1, protocol.KindLifecycle, protocol.EventRunStarted, run+".started.1", `,"multitask_strategy":"enqueue","queued_at":"2026-12-01T00:00:00Z"`); err != nil {
 		return err
@@ -342,7 +341,7 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_, relErr = c.kvThreads.Update(ctx, threadKey, []byte(`{"thread_id":"`+thread+`","tenant":"default","status":"idle","epoch":1,"head":"1-1","last_run_id":"`+run+`","created_at":"2026-12-01T00:00:00Z"`+fmt.Sprintf(ceilThreadUsage, thread, run)+`}`), thRev)
+		_, relErr = c.kvThreads.Update(ctx, threadKey, []byte(`{"thread_id":"`+thread+`","tenant":"default","status":"idle","epoch":1,"head":"1-1","last_run_id":"`+run+`","created_at":"2026-12-01T00:00:00Z"`+fmt.Sprintf(ceilThreadUsage, thread, run)+`,"recent_runs":["`+run+`"]}`), thRev)
 	}()
 	_, recErr := c.kvRuns.Update(ctx, runKey, fmt.Appendf(nil, string(ceilRecord), run, thread, "success", 5), recRev)
 	wg.Wait()
@@ -374,6 +373,6 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 
 // ceilingStages is the stage list for the report.
 var ceilingStages = strings.Join([]string{
-	"request", "thread ∥ head reads", "lease create", "record create (+ run index, events async)",
+	"request", "thread ∥ head reads", "lease create", "record create (+ events async)",
 	"checkpoint", "terminal record ∥ release (+ thread usage)", "events confirmed", "run.finished",
 }, " → ")

@@ -200,6 +200,10 @@ func appendThread(b []byte, t *Thread) ([]byte, bool) {
 			return b, false
 		}
 	}
+	if len(t.RecentRuns) > 0 {
+		b = append(b, `,"recent_runs":`...)
+		b = appendStrings(b, t.RecentRuns)
+	}
 	return append(b, '}'), true
 }
 

@@ -503,8 +503,6 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 				j.settled(ctx, rec)
 				return
 			}
-		} else if err == nil {
-			_ = w.stores.Threads.IndexRun(ctx, req.Tenant, req.ThreadID, req.RunID, now)
 		}
 		if err != nil {
 			giveUp(rec, err)
