@@ -192,6 +192,16 @@ func (r *renderer) show(ev *protocol.Event, v *runView, fin *protocol.FinishedDa
 		v.printed[m.ID] = true
 		r.endLine()
 		r.lastMsg = ""
+		// Protocol v2: the call's usage rides on its message (meta.usage
+		// with step); a v1 run sent it apart as usage.model, below.
+		if u, ok := m.Meta["usage"].(map[string]any); ok && u["step"] != nil {
+			in, _ := u["input_tokens"].(float64)
+			out, _ := u["output_tokens"].(float64)
+			approx, _ := u["approximate"].(bool)
+			v.in += int(in)
+			v.out += int(out)
+			v.approx = v.approx || approx
+		}
 	case protocol.EventToolStarted:
 		var d protocol.ToolEventData
 		_ = json.Unmarshal(ev.Data, &d)
@@ -207,7 +217,7 @@ func (r *renderer) show(ev *protocol.Event, v *runView, fin *protocol.FinishedDa
 		} else {
 			r.line("  " + r.st.green("✓ "+orDefault(d.Status, "done")) + " " + r.st.dim(oneLine(d.Result, 80)))
 		}
-	case protocol.EventUsageModel:
+	case protocol.EventUsageModel: // protocol v1 runs
 		var d protocol.UsageModelData
 		if json.Unmarshal(ev.Data, &d) == nil {
 			v.in += d.InputTokens

@@ -2,14 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"sort"
 	"strings"
 	"unicode/utf8"
 
-	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -80,36 +78,29 @@ final. --json prints the stored record.`, std)
 	return usageTable(std.out, rows, u.Total)
 }
 
-// runUsage reads a run's usage: the usage bucket, else the figures its
-// record holds (the bucket write failed, or comes just after the run's
-// end), else zero, as the gateway answers.
+// runUsage reads a run's usage: its record's figures (the usage bucket
+// for a run that ended before protocol v2), else zero, as the gateway
+// answers.
 func (c *client) runUsage(ctx context.Context, run string) (*protocol.RunUsage, error) {
 	rec, err := c.run(ctx, run)
 	if err != nil {
 		return nil, err
 	}
-	u, _, err := c.stores.Usage.Run(ctx, c.tenant, run)
-	switch {
-	case err == nil:
-		return u, nil
-	case errors.Is(err, kv.ErrNotFound):
-		if rec.Usage != nil {
-			return rec.Usage, nil
-		}
-		return &protocol.RunUsage{RunID: rec.RunID, ThreadID: rec.ThreadID, Tenant: rec.Tenant, Final: rec.Status.Terminal()}, nil
+	u, err := c.stores.Usage.RunOf(ctx, rec)
+	if err != nil {
+		return nil, fmt.Errorf("read the usage of run %s: %w", run, err)
 	}
-	return nil, fmt.Errorf("read the usage of run %s: %w", run, err)
+	return u, nil
 }
 
-// threadUsage reads a thread's usage; zero before its first run ended.
+// threadUsage reads a thread's usage: its record's totals plus the usage
+// bucket's from before protocol v2; zero before its first run ended.
 func (c *client) threadUsage(ctx context.Context, thread string) (*protocol.ThreadUsage, error) {
-	if _, _, err := c.thread(ctx, thread); err != nil {
+	th, _, err := c.thread(ctx, thread)
+	if err != nil {
 		return nil, err
 	}
-	u, _, err := c.stores.Usage.Thread(ctx, c.tenant, thread)
-	if errors.Is(err, kv.ErrNotFound) {
-		return &protocol.ThreadUsage{ThreadID: thread, Tenant: c.tenant}, nil
-	}
+	u, err := c.stores.Usage.ThreadOf(ctx, th)
 	if err != nil {
 		return nil, fmt.Errorf("read the usage of thread %s: %w", thread, err)
 	}

@@ -425,7 +425,7 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 		}
 		if res.Interrupt != nil {
 			if final := l.message(msgID); final != nil {
-				l.Host.Emit(protocol.EventMessageCompleted, final.Clone())
+				l.Host.Emit(protocol.EventMessageCompleted, middleware.CompletedMessage(final, usage, l.rt.Step))
 			}
 			return l.paused(res.Interrupt), false
 		}
@@ -433,7 +433,7 @@ func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
 		// message as it is stored: without tool calls a guard stripped.
 		final := l.message(msgID)
 		if final != nil {
-			l.Host.Emit(protocol.EventMessageCompleted, final.Clone())
+			l.Host.Emit(protocol.EventMessageCompleted, middleware.CompletedMessage(final, usage, l.rt.Step))
 		}
 		switch {
 		case res.Jump == middleware.JumpEnd:

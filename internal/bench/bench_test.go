@@ -117,8 +117,8 @@ func TestEveryScenario(t *testing.T) {
 			t.Errorf("%s = %v, breakdown %v", k, r.Value, r.Breakdown)
 		}
 	}
-	if r := rows["burst.ceiling.stored_per_run"]; r.Value != 14 {
-		t.Errorf("the raw ceiling stored %v messages a run, want its 14: %v", r.Value, r.Breakdown)
+	if r := rows["burst.ceiling.stored_per_run"]; r.Value != ceilingWrites {
+		t.Errorf("the raw ceiling stored %v messages a run, want its %d: %v", r.Value, ceilingWrites, r.Breakdown)
 	}
 	if a, b := rows["burst.c4.stored_per_run"], rows["burst.ceiling.stored_per_run"]; math.Abs(a.Value-b.Value) >= 0.5 {
 		t.Errorf("natsagent stores %v a run (%v), the raw ceiling %v (%v): update internal/bench/ceiling.go", a.Value, a.Breakdown, b.Value, b.Breakdown)

@@ -29,24 +29,37 @@ import (
 //  0. client: the request, published async with Nats-Msg-Id (runs stream)
 //  1. look: thread record get ∥ the thread's oldest request (direct get)
 //  2. admit: the lease, a CAS create of the thread record (threads)
-//  3. start: run.queued async (events), then the run record created as
-//     running (runs); the run index put async (threads); run.started async
+//  3. start: the run record created as running (runs); run.started async
 //     (events)
-//     loop: 2 more events async (usage.model, message.completed) and 2
-//     live ones, core publishes outside the stream (thread.titled,
-//     message.delta)
+//     loop: 1 more event async (message.completed) and 2 live ones,
+//     core publishes outside the stream (thread.titled, message.delta)
 //  4. finalize: the last step's checkpoint delta (checkpoints)
 //  5. the terminal record (CAS update, runs) ∥ the lease's release (CAS
 //     update, threads)
 //  6. the events emitted so far are confirmed stored (usually answered
 //     already: no round trip of its own)
 //  7. run.finished, with its Nats-Msg-Id (events)
-//     then the request is acked (not waited for), and usage is written in
-//     the background: the run's totals ∥ the thread's (usage, 2 creates)
+//     then the request is acked (not waited for)
 //
-// 14 stored messages: 1 request, 5 events, 2 run records, 3 thread
-// writes, 1 checkpoint, 2 usage. When the protocol changes what a run
+// Protocol v2 folds, each removing writes from this list:
+//   - usage: the run's totals live in its terminal record, the thread's in
+//     the thread record's release (no usage bucket write: 2 fewer)
+//   - usage.model: its data rides in message.completed's meta.usage (1
+//     event fewer)
+//   - run.queued: a run a worker creates from a plain publish has none; its
+//     run.started (seq 1) carries the queued data (1 event fewer)
+//   - run index: the lease's write lists the run in the thread record's
+//     recent_runs; its index key is written only when it leaves that list
+//     (none for a thread's first 32 runs: 1 thread write fewer)
+//   - live events: thread.titled and message.delta are core publishes
+//     (2 events fewer)
+//
+// ceilingWrites stored messages: 1 request, 3 events, 2 run records, 2
+// thread writes, 1 checkpoint. When the protocol changes what a run
 // writes, this list changes with it.
+// ceilingWrites is how many messages the write set above stores a run.
+const ceilingWrites = 9
+
 type ceiling struct {
 	e     *env
 	names bus.Names
@@ -57,10 +70,9 @@ type ceiling struct {
 	onc   *nats.Conn // the observer
 	obs   *observer
 
-	runs                                  jetstream.Stream
-	cons                                  jetstream.Consumer
-	kvRuns, kvThreads, kvCheckpoints, kvU jetstream.KeyValue
-	threadsBucket                         string
+	runs                             jetstream.Stream
+	cons                             jetstream.Consumer
+	kvRuns, kvThreads, kvCheckpoints jetstream.KeyValue
 
 	wg       sync.WaitGroup
 	mu       sync.Mutex
@@ -71,10 +83,11 @@ type ceiling struct {
 // are close, not equal (natsagent's records carry more fields); at a few
 // hundred bytes a write's cost barely depends on its size.
 var (
-	ceilThread     = []byte(`{"thread_id":"%s","tenant":"default","status":"busy","epoch":1,"last_run_id":"%s","lease":{"run_id":"%s","worker":"ceiling","epoch":1,"msg_seq":1,"acquired_at":"2026-12-01T00:00:00Z","renewed_at":"2026-12-01T00:00:00Z"},"created_at":"2026-12-01T00:00:00Z"}`)
+	ceilThread     = []byte(`{"thread_id":"%s","tenant":"default","status":"busy","epoch":1,"last_run_id":"%s","lease":{"run_id":"%s","worker":"ceiling","epoch":1,"msg_seq":1,"acquired_at":"2026-12-01T00:00:00Z","renewed_at":"2026-12-01T00:00:00Z"},"created_at":"2026-12-01T00:00:00Z","recent_runs":["%s"]}`)
 	ceilRecord     = []byte(`{"run_id":"%s","thread_id":"%s","tenant":"default","agent":"chatbot","status":"%s","attempt":1,"worker":"ceiling","epoch":1,"seq":%d,"msg_seq":1,"multitask_strategy":"enqueue","created_at":"2026-12-01T00:00:00Z","started_at":"2026-12-01T00:00:00Z","output":{"role":"assistant","content":"ok"}}`)
 	ceilCheckpoint = []byte(`{"id":"1-1","parent":"","run_id":"%s","step":1,"time":"2026-12-01T00:00:00Z","update":{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"ok"}]}}`)
-	ceilUsage      = []byte(`{"run_id":"%s","thread_id":"%s","tenant":"default","total":{"input_tokens":10,"output_tokens":1,"total_tokens":11},"updated_at":"2026-12-01T00:00:00Z"}`)
+	// The thread's usage, which the release carries since protocol v2.
+	ceilThreadUsage = `,"usage":{"thread_id":"%s","tenant":"default","total":{"input_tokens":10,"output_tokens":1,"total_tokens":11,"calls":1,"main":{"input_tokens":10,"output_tokens":1,"total_tokens":11,"calls":1},"summary":{"input_tokens":0,"output_tokens":0,"total_tokens":0,"calls":0},"models":{"bench":{"main":{"input_tokens":10,"output_tokens":1,"total_tokens":11,"calls":1}}}},"runs":{"%s":{"usage":{"input_tokens":10,"output_tokens":1,"total_tokens":11,"calls":1,"main":{"input_tokens":10,"output_tokens":1,"total_tokens":11,"calls":1},"summary":{"input_tokens":0,"output_tokens":0,"total_tokens":0,"calls":0},"models":{"bench":{"main":{"input_tokens":10,"output_tokens":1,"total_tokens":11,"calls":1}}}},"seq":1}},"applied":1,"updated_at":"2026-12-01T00:00:00Z"}`
 )
 
 func (e *env) newCeiling(ctx context.Context, suffix string) (*ceiling, error) {
@@ -85,7 +98,7 @@ func (e *env) newCeiling(ctx context.Context, suffix string) (*ceiling, error) {
 	// Provisioned like a deployment, so each write costs the server what
 	// it costs natsagent (storage, duplicate window, direct gets, history).
 	settings := bus.Settings{Names: names}.WithDefaults()
-	c := &ceiling{e: e, names: names, threadsBucket: names.ThreadsBucket()}
+	c := &ceiling{e: e, names: names}
 	if err := bus.Provision(ctx, e.js, settings); err != nil {
 		c.close()
 		return nil, fmt.Errorf("provision the ceiling's assets: %w", err)
@@ -126,7 +139,7 @@ func (c *ceiling) open(ctx context.Context) error {
 	for _, kv := range []struct {
 		dst    *jetstream.KeyValue
 		bucket string
-	}{{&c.kvRuns, c.names.RunsBucket()}, {&c.kvThreads, c.names.ThreadsBucket()}, {&c.kvCheckpoints, c.names.CheckpointsBucket()}, {&c.kvU, c.names.UsageBucket()}} {
+	}{{&c.kvRuns, c.names.RunsBucket()}, {&c.kvThreads, c.names.ThreadsBucket()}, {&c.kvCheckpoints, c.names.CheckpointsBucket()}} {
 		if *kv.dst, err = c.wjs.KeyValue(ctx, kv.bucket); err != nil {
 			return err
 		}
@@ -183,7 +196,6 @@ func (c *ceiling) run(ctx context.Context, reqs []*nats.Msg, slots int) (outcome
 	done := c.obs.waitAll(ctx, tracks)
 	stop()
 	c.fail(<-pulled)
-	// The usage writes of the last runs land before the count.
 	c.wg.Wait()
 	c.mu.Lock()
 	err := c.firstErr
@@ -197,7 +209,7 @@ func (c *ceiling) run(ctx context.Context, reqs []*nats.Msg, slots int) (outcome
 // pull is the worker's pull loop: one fetch for every free slot, one
 // goroutine per request. It stops when ctx ends; the runs it started go
 // on under runCtx (the run.finished the observer saw may not be
-// acknowledged yet, and the usage writes follow it).
+// acknowledged yet).
 func (c *ceiling) pull(ctx, runCtx context.Context, slots int) error {
 	free := make(chan struct{}, slots)
 	for ctx.Err() == nil {
@@ -287,13 +299,12 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 	}
 
 	// 2. The lease.
-	thRev, err := c.kvThreads.Create(ctx, threadKey, fmt.Appendf(nil, string(ceilThread), thread, run, run))
+	thRev, err := c.kvThreads.Create(ctx, threadKey, fmt.Appendf(nil, string(ceilThread), thread, run, run, run))
 	if err != nil {
 		return fmt.Errorf("lease: %w", err)
 	}
 
-	// 3. run.queued, the record, the run index, run.started; the loop's
-	// events.
+	// 3. The record, run.started; the loop's events.
 	var futures []jetstream.PubAckFuture
 	emit := func(seq int, kind, typ, msgID string, extra string) error {
 		m := nats.NewMsg(c.names.EventSubject(tenant, thread, run, kind))
@@ -301,42 +312,28 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 		if msgID != "" {
 			m.Header.Set(nats.MsgIdHdr, msgID)
 		}
-		if typ == protocol.EventRunQueued {
-			m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
-		}
 		f, err := c.wjs.PublishMsgAsync(m)
 		futures = append(futures, f)
 		return err
 	}
-	if err := emit(1, protocol.KindLifecycle, protocol.EventRunQueued, run+".queued", ""); err != nil {
-		return err
-	}
-	recRev, err := c.kvRuns.Create(ctx, runKey, fmt.Appendf(nil, string(ceilRecord), run, thread, "running", 2))
+	recRev, err := c.kvRuns.Create(ctx, runKey, fmt.Appendf(nil, string(ceilRecord), run, thread, "running", 1))
 	if err != nil {
 		return fmt.Errorf("record: %w", err)
 	}
-	if _, err := c.wjs.PublishAsync("$KV."+c.threadsBucket+"."+threadKey+".run."+run, []byte(`{"created_at":"2026-12-01T00:00:00Z"}`)); err != nil {
-		return err
-	}
-	if err := emit(2, protocol.KindLifecycle, protocol.EventRunStarted, run+".started.1", ""); err != nil {
+	if err := emit(1, protocol.KindLifecycle, protocol.EventRunStarted, run+".started.1", `,"multitask_strategy":"enqueue","queued_at":"2026-12-01T00:00:00Z"`); err != nil {
 		return err
 	}
 	for i, ev := range []struct{ kind, typ string }{
 		{protocol.KindUpdates, "thread.titled"},
 		{protocol.KindMessages, protocol.EventMessageDelta},
 	} {
-		live := fmt.Appendf(nil, `{"v":2,"type":%q,"live":true,"after":2,"index":%d,"run_id":%q,"thread_id":%q,"tenant":%q,"time":"2026-12-01T00:00:00Z","data":{"delta":"ok"}}`, ev.typ, i+1, run, thread, tenant)
+		live := fmt.Appendf(nil, `{"v":2,"type":%q,"live":true,"after":1,"index":%d,"run_id":%q,"thread_id":%q,"tenant":%q,"time":"2026-12-01T00:00:00Z","data":{"delta":"ok"}}`, ev.typ, i+1, run, thread, tenant)
 		if err := c.wjs.Conn().Publish(c.names.LiveSubject(tenant, thread, run, ev.kind), live); err != nil {
 			return err
 		}
 	}
-	for i, ev := range []struct{ kind, typ string }{
-		{protocol.KindUsage, protocol.EventUsageModel},
-		{protocol.KindMessages, protocol.EventMessageCompleted},
-	} {
-		if err := emit(3+i, ev.kind, ev.typ, "", `,"delta":"ok"`); err != nil {
-			return err
-		}
+	if err := emit(2, protocol.KindMessages, protocol.EventMessageCompleted, "", `,"delta":"ok"`); err != nil {
+		return err
 	}
 
 	// 4. The last step's checkpoint.
@@ -349,9 +346,9 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_, relErr = c.kvThreads.Update(ctx, threadKey, []byte(`{"thread_id":"`+thread+`","tenant":"default","status":"idle","epoch":1,"head":"1-1","last_run_id":"`+run+`","created_at":"2026-12-01T00:00:00Z"}`), thRev)
+		_, relErr = c.kvThreads.Update(ctx, threadKey, []byte(`{"thread_id":"`+thread+`","tenant":"default","status":"idle","epoch":1,"head":"1-1","last_run_id":"`+run+`","created_at":"2026-12-01T00:00:00Z"`+fmt.Sprintf(ceilThreadUsage, thread, run)+`,"recent_runs":["`+run+`"]}`), thRev)
 	}()
-	_, recErr := c.kvRuns.Update(ctx, runKey, fmt.Appendf(nil, string(ceilRecord), run, thread, "success", 5), recRev)
+	_, recErr := c.kvRuns.Update(ctx, runKey, fmt.Appendf(nil, string(ceilRecord), run, thread, "success", 3), recRev)
 	wg.Wait()
 	if recErr != nil || relErr != nil {
 		return fmt.Errorf("end: %v, %v", recErr, relErr)
@@ -370,33 +367,17 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 
 	// 7. run.finished.
 	fin := nats.NewMsg(c.names.EventSubject(tenant, thread, run, protocol.KindLifecycle))
-	fin.Data = fmt.Appendf(nil, `{"type":%q,"seq":5,"run_id":%q,"thread_id":%q,"tenant":%q,"time":"2026-12-01T00:00:00Z","data":{"status":"success","output":{"role":"assistant","content":"ok"}}}`, protocol.EventRunFinished, run, thread, tenant)
+	fin.Data = fmt.Appendf(nil, `{"v":2,"type":%q,"seq":3,"run_id":%q,"thread_id":%q,"tenant":%q,"time":"2026-12-01T00:00:00Z","data":{"status":"success","output":{"role":"assistant","content":"ok"}}}`, protocol.EventRunFinished, run, thread, tenant)
 	fin.Header.Set(nats.MsgIdHdr, run+".finished")
 	if _, err := c.wjs.PublishMsg(ctx, fin); err != nil {
 		return fmt.Errorf("run.finished: %w", err)
 	}
 	_ = msg.Ack()
-
-	// Usage, in the background.
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		var uw sync.WaitGroup
-		uw.Add(1)
-		go func() {
-			defer uw.Done()
-			_, err := c.kvU.Create(context.WithoutCancel(ctx), tenant+".thread."+thread, fmt.Appendf(nil, string(ceilUsage), run, thread))
-			c.fail(err)
-		}()
-		_, err := c.kvU.Create(context.WithoutCancel(ctx), tenant+".run."+run, fmt.Appendf(nil, string(ceilUsage), run, thread))
-		c.fail(err)
-		uw.Wait()
-	}()
 	return nil
 }
 
 // ceilingStages is the stage list for the report.
 var ceilingStages = strings.Join([]string{
-	"request", "thread ∥ head reads", "lease create", "record create (+ run index, events async)",
-	"checkpoint", "terminal record ∥ release", "events confirmed", "run.finished", "(usage async)",
+	"request", "thread ∥ head reads", "lease create", "record create (+ events async)",
+	"checkpoint", "terminal record ∥ release (+ thread usage)", "events confirmed", "run.finished",
 }, " → ")

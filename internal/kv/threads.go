@@ -110,15 +110,42 @@ func (s *Threads) IndexRun(ctx context.Context, tenant, thread, run string, crea
 	return err
 }
 
-// RunIDs lists the run ids indexed under a thread.
+// RunIDs lists a thread's runs: those indexed under it and (protocol v2)
+// those its record keeps as recent, each once. A run may be listed whose
+// record is gone (expired, deleted): readers skip it.
 func (s *Threads) RunIDs(ctx context.Context, tenant, thread string) ([]string, error) {
+	var th *protocol.Thread
+	var thErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		th, _, thErr = s.Get(ctx, tenant, thread)
+	}()
 	lister, err := s.kv.ListKeysFiltered(ctx, bus.Key(tenant, thread, "run", "*"))
 	if err != nil {
+		<-done
 		return nil, err
 	}
 	var ids []string
+	seen := map[string]bool{}
 	for k := range lister.Keys() {
-		ids = append(ids, k[strings.LastIndexByte(k, '.')+1:])
+		id := k[strings.LastIndexByte(k, '.')+1:]
+		if !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	<-done
+	if thErr != nil && !errors.Is(thErr, ErrNotFound) {
+		return nil, thErr
+	}
+	if th != nil {
+		for _, id := range th.RecentRuns {
+			if !seen[id] {
+				seen[id] = true
+				ids = append(ids, id)
+			}
+		}
 	}
 	return ids, nil
 }

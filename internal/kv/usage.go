@@ -13,7 +13,13 @@ import (
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
-// Usage stores token usage aggregates in the usage bucket: a run's totals
+// Usage reads (and, for runs that ended before protocol v2, wrote) token
+// usage aggregates in the usage bucket. Since v2 a run's totals live in its
+// terminal record and a thread's in its thread record (RunOf, ThreadOf
+// read both); nothing writes the bucket in a run's path any more, and
+// what it holds stays readable until retention or its TTL removes it.
+//
+// Layout: a run's totals
 // under "<tenant>.run.<run>" and a thread's under
 // "<tenant>.thread.<thread>".
 //
@@ -241,4 +247,40 @@ func (s *Usage) forget(key string) {
 	defer s.mu.Unlock()
 	delete(s.cur, key)
 	delete(s.old, key)
+}
+
+// RunOf is a run's usage as readers see it (protocol v2): the figures its
+// terminal record holds; for a run that ended before v2 without them, its
+// usage bucket entry; else zero totals, final once the run ended.
+func (s *Usage) RunOf(ctx context.Context, rec *protocol.Run) (*protocol.RunUsage, error) {
+	if rec.Usage != nil {
+		return rec.Usage, nil
+	}
+	if rec.Status.Terminal() {
+		u, _, err := s.Run(ctx, rec.Tenant, rec.RunID)
+		if err == nil {
+			return u, nil
+		}
+		if !errors.Is(err, ErrNotFound) {
+			return nil, err
+		}
+	}
+	return &protocol.RunUsage{RunID: rec.RunID, ThreadID: rec.ThreadID, Tenant: rec.Tenant, Final: rec.Status.Terminal()}, nil
+}
+
+// ThreadOf is a thread's usage as readers see it (protocol v2): the
+// totals its record keeps, plus what the usage bucket holds for its runs
+// that ended before v2 (none for a thread created since).
+func (s *Usage) ThreadOf(ctx context.Context, th *protocol.Thread) (*protocol.ThreadUsage, error) {
+	legacy, _, err := s.Thread(ctx, th.Tenant, th.ThreadID)
+	if errors.Is(err, ErrNotFound) {
+		legacy, err = nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if u := legacy.Merge(th.Usage); u != nil {
+		return u, nil
+	}
+	return &protocol.ThreadUsage{ThreadID: th.ThreadID, Tenant: th.Tenant}, nil
 }

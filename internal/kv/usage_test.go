@@ -164,3 +164,47 @@ func TestUsage_TwoWorkersAlternate(t *testing.T) {
 		t.Fatalf("thread totals %+v over %d runs", th.Total.TokenCounts, len(th.Runs))
 	}
 }
+
+// Protocol v2 readers: a thread's usage is its record's totals plus the
+// usage bucket's from runs that ended before v2; a run's is its record's,
+// else its bucket entry, else zero.
+func TestUsage_ReadersMergeRecordAndLegacyBucket(t *testing.T) {
+	s := openStores(t)
+	ctx := context.Background()
+	// Before v2: r1 ended and wrote the bucket.
+	if err := s.Usage.Record(ctx, runUsage("r1", "h1", 100, 10)); err != nil {
+		t.Fatal(err)
+	}
+	// Since v2: r2's total is on the thread record, applied twice (a
+	// release written again) and counted once.
+	th := &protocol.Thread{ThreadID: "h1", Tenant: "default", Usage: &protocol.ThreadUsage{ThreadID: "h1", Tenant: "default"}}
+	th.Usage.Apply("r2", runUsage("r2", "h1", 200, 20).Total, protocol.ThreadRecordUsageRuns)
+	th.Usage.Apply("r2", runUsage("r2", "h1", 200, 20).Total, protocol.ThreadRecordUsageRuns)
+	got, err := s.Usage.ThreadOf(ctx, th)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Total.Input != 300 || got.Total.Output != 30 || got.Total.Calls != 2 || len(got.Runs) != 2 || got.Total.Models["gpt-4o"].Main.Input != 300 {
+		t.Fatalf("merged thread usage %+v runs %v", got.Total.TokenCounts, got.Runs)
+	}
+	// A v2 thread alone, and a thread with nothing yet.
+	if got, err := s.Usage.ThreadOf(ctx, &protocol.Thread{ThreadID: "h2", Tenant: "default", Usage: th.Usage}); err != nil || got.Total.Input != 200 {
+		t.Fatalf("v2 thread usage %+v, %v", got, err)
+	}
+	if got, err := s.Usage.ThreadOf(ctx, &protocol.Thread{ThreadID: "h3", Tenant: "default"}); err != nil || got.Total.Calls != 0 || got.ThreadID != "h3" {
+		t.Fatalf("empty thread usage %+v, %v", got, err)
+	}
+
+	// Runs: the record's figures win; the bucket for a pre-v2 record
+	// without them; zero for a running run.
+	onRecord := runUsage("r2", "h1", 7, 1)
+	if got, err := s.Usage.RunOf(ctx, &protocol.Run{RunID: "r2", ThreadID: "h1", Tenant: "default", Status: protocol.StatusSuccess, Usage: onRecord}); err != nil || got.Total.Input != 7 {
+		t.Fatalf("run usage from its record %+v, %v", got, err)
+	}
+	if got, err := s.Usage.RunOf(ctx, &protocol.Run{RunID: "r1", ThreadID: "h1", Tenant: "default", Status: protocol.StatusSuccess}); err != nil || got.Total.Input != 100 {
+		t.Fatalf("legacy run usage %+v, %v", got, err)
+	}
+	if got, err := s.Usage.RunOf(ctx, &protocol.Run{RunID: "r9", ThreadID: "h1", Tenant: "default", Status: protocol.StatusRunning}); err != nil || got.Final || got.Total.Calls != 0 {
+		t.Fatalf("running run usage %+v, %v", got, err)
+	}
+}

@@ -136,6 +136,32 @@ type Usage struct {
 	// Purpose is protocol.PurposeMain ("" reads as main) or
 	// protocol.PurposeSummary.
 	Purpose string `json:"purpose,omitempty"`
+	// Context is the size of the request the call sent, measured by the
+	// token_usage middleware (nil without it). It goes on the call's
+	// message.completed event (CompletedMessage), not into checkpoints.
+	Context *protocol.ContextSnapshot `json:"context,omitempty"`
+}
+
+// CompletedMessage is m as its message.completed event carries it
+// (protocol v2, which folded usage.model into it): a copy whose
+// meta.usage adds, to what the checkpointed message keeps, the call's
+// step and, when measured, the context it was sent. m is not changed.
+func CompletedMessage(m *model.Message, u Usage, step int) model.Message {
+	c := m.Clone()
+	raw, ok := c.Meta[MetaUsage].(map[string]any)
+	if !ok {
+		return c
+	}
+	usage := make(map[string]any, len(raw)+2)
+	for k, v := range raw {
+		usage[k] = v
+	}
+	usage["step"] = step
+	if u.Context != nil {
+		usage["context"] = u.Context
+	}
+	c.Meta[MetaUsage] = usage
+	return c
 }
 
 // SetUsage records a call's usage on its message.

@@ -10,7 +10,9 @@ package middleware
 // or estimates when it reported none or is listed in approximate_models),
 // returns that usage for the loop to record on the assistant message
 // (meta "usage": input, output, cached when reported, approximate, model,
-// purpose) and emits usage.model (kind usage). It writes no state of its
+// purpose) with the request's context snapshot, which the loop adds to the
+// call's message.completed event (protocol v2; v1 emitted it as
+// usage.model). It writes no state of its
 // own: a run's totals are derived from the usage on its messages
 // (RunTotals), so a redelivered or replayed step never counts twice.
 // Summary-model calls of context compression are recorded apart
@@ -259,19 +261,10 @@ func (t *TokenUsage) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelR
 	}
 	u.Purpose = protocol.PurposeMain
 
-	if rt.Emit != nil {
-		rt.Emit(protocol.EventUsageModel, protocol.UsageModelData{
-			MessageID:    MessageID(ctx),
-			Step:         rt.Step,
-			Purpose:      u.Purpose,
-			Model:        u.Model,
-			InputTokens:  u.Input,
-			OutputTokens: u.Output,
-			CachedTokens: u.Cached,
-			Approximate:  u.Approximate,
-			Context:      t.snapshot(sent, counter, count, output),
-		})
-	}
+	// The context snapshot goes out on the call's message.completed
+	// (meta.usage.context); protocol v1 published it as usage.model.
+	snap := t.snapshot(sent, counter, count, output)
+	u.Context = &snap
 	out := *resp
 	out.Usage = &u
 	return &out, nil

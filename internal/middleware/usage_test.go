@@ -59,19 +59,36 @@ func (h *eventHost) usageEvents(t *testing.T) []protocol.UsageModelData {
 	defer h.mu.Unlock()
 	var out []protocol.UsageModelData
 	for _, e := range h.events {
-		if e.typ != protocol.EventUsageModel {
+		if e.typ == protocol.EventUsageModel {
+			t.Fatalf("protocol v2 publishes no %s", e.typ)
+		}
+		if e.typ != protocol.EventMessageCompleted {
 			continue
 		}
-		if protocol.KindOf(e.typ) != protocol.KindUsage {
-			t.Fatalf("%s is not of kind usage", e.typ)
+		if d := completedUsage(t, e.data); d != nil {
+			out = append(out, *d)
 		}
-		var d protocol.UsageModelData
-		if err := json.Unmarshal(e.data, &d); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, d)
 	}
 	return out
+}
+
+// completedUsage decodes the call usage a message.completed carries in
+// meta.usage (protocol v2: what usage.model carried), or nil.
+func completedUsage(t *testing.T, data []byte) *protocol.UsageModelData {
+	t.Helper()
+	var m struct {
+		ID   string `json:"id"`
+		Meta struct {
+			Usage *protocol.UsageModelData `json:"usage"`
+		} `json:"meta"`
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	if m.Meta.Usage != nil {
+		m.Meta.Usage.MessageID = m.ID
+	}
+	return m.Meta.Usage
 }
 
 // stored is the thread's state as the checkpoints (and the run's pending
@@ -214,6 +231,15 @@ func TestTokenUsage_StreamedUsageWithCachedTokens(t *testing.T) {
 	}
 	if c.ToolCount != 2 || c.MessageCount != 1 {
 		t.Fatalf("snapshot saw %d tools and %d messages, want the sent 2 and 1", c.ToolCount, c.MessageCount)
+	}
+	// The step and the snapshot ride on the event only: the stored
+	// message keeps the v1 meta.usage.
+	stored := r.st.Messages[middleware.LastAssistant(r.st)].Meta[middleware.MetaUsage].(map[string]any)
+	if _, there := stored["context"]; there {
+		t.Fatalf("the checkpointed message keeps the context snapshot: %v", stored)
+	}
+	if _, there := stored["step"]; there {
+		t.Fatalf("the checkpointed message keeps the step: %v", stored)
 	}
 
 	totals := middleware.RunTotals(r.st, "r1")

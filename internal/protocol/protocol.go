@@ -254,6 +254,39 @@ type Thread struct {
 	// created unauthenticated, any user of the tenant may use it). Over
 	// HTTP, another user's thread is not found unless a role reads all.
 	Owner string `json:"owner,omitempty"`
+	// Usage sums the token usage of the thread's ended runs (protocol
+	// v2): each run's total is applied by the fenced write that releases
+	// the thread at its end, so it counts once. It keeps the last
+	// ThreadRecordUsageRuns runs' entries and folds the older ones into
+	// one sum. Threads whose runs ended before v2 also have totals in
+	// the usage bucket; readers add the two (kv.Usage.ThreadOf).
+	Usage *ThreadUsage `json:"usage,omitempty"`
+	// RecentRuns lists the runs that took the thread's lease most
+	// recently, oldest first, at most ThreadRecentRuns (protocol v2): the
+	// lease's write adds a run here instead of a run index key, and a run
+	// that leaves the list gets its index key then (AddRecentRun). A
+	// thread's runs are the index keys plus this list.
+	RecentRuns []string `json:"recent_runs,omitempty"`
+}
+
+// ThreadRecentRuns bounds Thread.RecentRuns.
+const ThreadRecentRuns = 32
+
+// AddRecentRun puts run at the end of t.RecentRuns unless it is there,
+// and returns the runs pushed out of the list (the oldest, beyond
+// ThreadRecentRuns), which the caller writes to the run index.
+func (t *Thread) AddRecentRun(run string) (evicted []string) {
+	for _, r := range t.RecentRuns {
+		if r == run {
+			return nil
+		}
+	}
+	runs := append(append(make([]string, 0, len(t.RecentRuns)+1), t.RecentRuns...), run)
+	if over := len(runs) - ThreadRecentRuns; over > 0 {
+		evicted, runs = runs[:over], runs[over:]
+	}
+	t.RecentRuns = runs
+	return evicted
 }
 
 // Lease names the run that currently owns a thread.
@@ -453,6 +486,11 @@ type StartedData struct {
 	Attempt int    `json:"attempt"`
 	Worker  string `json:"worker"`
 	Agent   string `json:"agent"`
+	// MultitaskStrategy and QueuedAt are set when run.started stands in
+	// for run.queued (protocol v2): the worker created the run from a
+	// request a plain publish sent, and the run has no run.queued.
+	MultitaskStrategy string     `json:"multitask_strategy,omitempty"`
+	QueuedAt          *time.Time `json:"queued_at,omitempty"`
 }
 
 // QueuedData is the data of run.queued.

@@ -202,7 +202,66 @@ func appendThread(b []byte, t *Thread) ([]byte, bool) {
 	}
 	b = appendOptString(b, `,"last_run_id":`, t.LastRunID)
 	b = appendOptString(b, `,"owner":`, t.Owner)
+	if t.Usage != nil {
+		b = append(b, `,"usage":`...)
+		if b, ok = appendThreadUsage(b, t.Usage); !ok {
+			return b, false
+		}
+	}
+	if len(t.RecentRuns) > 0 {
+		b = append(b, `,"recent_runs":`...)
+		b = appendStrings(b, t.RecentRuns)
+	}
 	return append(b, '}'), true
+}
+
+func appendThreadUsage(b []byte, u *ThreadUsage) ([]byte, bool) {
+	b = append(b, `{"thread_id":`...)
+	b = appendJSONString(b, u.ThreadID)
+	b = append(b, `,"tenant":`...)
+	b = appendJSONString(b, u.Tenant)
+	b = append(b, `,"total":`...)
+	b = appendUsageTotals(b, &u.Total)
+	if len(u.Runs) > 0 {
+		b = append(b, `,"runs":{`...)
+		var buf [8]string
+		for i, k := range sortedKeys(u.Runs, buf[:0]) {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSONString(b, k)
+			e := u.Runs[k]
+			b = append(b, `:{"usage":`...)
+			b = appendUsageTotals(b, &e.Usage)
+			b = append(b, `,"seq":`...)
+			b = strconv.AppendUint(b, e.Seq, 10)
+			b = append(b, '}')
+		}
+		b = append(b, '}')
+	}
+	if !usageTotalsZero(&u.Folded) {
+		b = append(b, `,"folded":`...)
+		b = appendUsageTotals(b, &u.Folded)
+	}
+	if u.FoldedRuns != 0 {
+		b = append(b, `,"folded_runs":`...)
+		b = strconv.AppendInt(b, int64(u.FoldedRuns), 10)
+	}
+	b = append(b, `,"applied":`...)
+	b = strconv.AppendUint(b, u.Applied, 10)
+	if !u.UpdatedAt.IsZero() {
+		var ok bool
+		b = append(b, `,"updated_at":`...)
+		if b, ok = appendTime(b, u.UpdatedAt); !ok {
+			return b, false
+		}
+	}
+	return append(b, '}'), true
+}
+
+// usageTotalsZero is what omitzero tests of a UsageTotals.
+func usageTotalsZero(u *UsageTotals) bool {
+	return tokenCountsZero(&u.TokenCounts) && tokenCountsZero(&u.Main) && tokenCountsZero(&u.Summary) && u.Models == nil
 }
 
 func appendMessage(b []byte, m *model.Message) ([]byte, bool) {

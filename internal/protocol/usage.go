@@ -219,6 +219,48 @@ func (t *ThreadUsage) Clone() *ThreadUsage {
 // before folding the oldest into Folded.
 const DefaultThreadUsageRuns = 256
 
+// ThreadRecordUsageRuns is how many run entries a thread record's usage
+// keeps (Thread.Usage). A run is applied again only when its end is
+// written again (its terminal record failed after the release), before
+// any later run of the thread ends, so a few entries are enough; more
+// would only make every write of the thread record bigger.
+const ThreadRecordUsageRuns = 4
+
+// Merge returns the sum of two thread usages of the same thread (the
+// legacy usage bucket's and the thread record's): folded sums add, run
+// entries are united (o's entry wins for a run in both), and Total is
+// recomputed. Either may be nil.
+func (t *ThreadUsage) Merge(o *ThreadUsage) *ThreadUsage {
+	switch {
+	case t == nil && o == nil:
+		return nil
+	case t == nil:
+		return o.Clone()
+	case o == nil:
+		return t.Clone()
+	}
+	m := t.Clone()
+	m.Folded.Add(o.Folded)
+	m.FoldedRuns += o.FoldedRuns
+	m.Applied += o.Applied
+	for id, e := range o.Runs {
+		if m.Runs == nil {
+			m.Runs = make(map[string]ThreadRunUsage)
+		}
+		e.Usage = e.Usage.Clone()
+		m.Runs[id] = e
+	}
+	if o.UpdatedAt.After(m.UpdatedAt) {
+		m.UpdatedAt = o.UpdatedAt
+	}
+	sum := m.Folded.Clone()
+	for _, e := range m.Runs {
+		sum.Add(e.Usage)
+	}
+	m.Total = sum
+	return m
+}
+
 // Apply sets a run's total in the thread's usage, replacing the entry the
 // run had, and recomputes Total. Beyond keep entries (<= 0:
 // DefaultThreadUsageRuns) the oldest applied are folded into Folded: a

@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 )
 
@@ -79,5 +80,23 @@ func TestThreadUsage_ApplyReplacesAndFolds(t *testing.T) {
 	th.Apply("r3", totals("m", 30, 3, nil), 2) // r2 is the oldest applied
 	if _, ok := th.Runs["r2"]; ok || th.FoldedRuns != 1 || th.Folded.Input != 20 || th.Total.Input != 65 || th.Total.Calls != 3 {
 		t.Fatalf("after folding: %+v", th)
+	}
+}
+
+// A thread's recent runs keep each run once, in the order they took the
+// lease, and push the oldest out beyond ThreadRecentRuns.
+func TestThreadAddRecentRun(t *testing.T) {
+	var th Thread
+	for i := range ThreadRecentRuns {
+		if ev := th.AddRecentRun(fmt.Sprintf("r%d", i)); ev != nil {
+			t.Fatalf("run %d evicted %v", i, ev)
+		}
+	}
+	if ev := th.AddRecentRun("r5"); ev != nil || len(th.RecentRuns) != ThreadRecentRuns {
+		t.Fatalf("a run taken over again: evicted %v, %d runs", ev, len(th.RecentRuns))
+	}
+	ev := th.AddRecentRun("new")
+	if len(ev) != 1 || ev[0] != "r0" || len(th.RecentRuns) != ThreadRecentRuns || th.RecentRuns[0] != "r1" || th.RecentRuns[ThreadRecentRuns-1] != "new" {
+		t.Fatalf("evicted %v, recent %v", ev, th.RecentRuns)
 	}
 }

@@ -231,13 +231,17 @@ func TestLeadCrashWithChildInFlight_DeerFlow4758(t *testing.T) {
 	if u.Total.Input != u.Own.Input+300 || u.Total.Output != u.Own.Output+30 {
 		t.Errorf("lead total %+v, own %+v", u.Total.TokenCounts, u.Own.TokenCounts)
 	}
-	testdeploy.WaitFor(t, 5*time.Second, "usage records", func() bool {
-		_, _, err1 := e.stores.Usage.Thread(context.Background(), protocol.DefaultTenant, "t1")
-		_, _, err2 := e.stores.Usage.Thread(context.Background(), protocol.DefaultTenant, childThread)
-		return err1 == nil && err2 == nil
+	// Each thread's totals are on its record (protocol v2).
+	var leadThread, childUsage *protocol.ThreadUsage
+	testdeploy.WaitFor(t, 5*time.Second, "usage on the thread records", func() bool {
+		lt, _, err1 := e.stores.Threads.Get(context.Background(), protocol.DefaultTenant, "t1")
+		ct, _, err2 := e.stores.Threads.Get(context.Background(), protocol.DefaultTenant, childThread)
+		if err1 != nil || err2 != nil || lt.Usage == nil || ct.Usage == nil {
+			return false
+		}
+		leadThread, childUsage = lt.Usage, ct.Usage
+		return true
 	})
-	leadThread, _, _ := e.stores.Usage.Thread(context.Background(), protocol.DefaultTenant, "t1")
-	childUsage, _, _ := e.stores.Usage.Thread(context.Background(), protocol.DefaultTenant, childThread)
 	if leadThread.Total.Input != u.Total.Input {
 		t.Errorf("lead thread usage %d input tokens, want the lead's total %d", leadThread.Total.Input, u.Total.Input)
 	}

@@ -177,13 +177,15 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 		return decision{verdict: verdictWait}, err
 	}
 	now := time.Now().UTC()
+	var evicted []string
 	next, nextRev, err := w.stores.Threads.MutateFrom(ctx, req.Tenant, req.ThreadID, th, rev, func(t *protocol.Thread) error {
+		evicted = nil
 		if t.Status == protocol.ThreadDeleting {
 			return errRetryAdmit // decided again: dropped
 		}
 		switch {
 		case t.Lease == nil:
-		case t.Lease.RunID == req.RunID && t.Lease.MsgSeq == j.seq && sameHolding(t.Lease, th.Lease):
+		case th != nil && t.Lease.RunID == req.RunID && t.Lease.MsgSeq == j.seq && sameHolding(t.Lease, th.Lease):
 			// Taken over as seen lapsed: renewed since, it is not.
 		case breakEpoch != 0 && t.Lease.Epoch == breakEpoch && t.Lease.RenewedAt.Equal(breakRenewed):
 		default:
@@ -201,6 +203,9 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 		t.Status = protocol.ThreadBusy
 		t.LastRunID = req.RunID
 		t.Preempt = withoutRun(t.Preempt, req.RunID)
+		// The run is listed with its thread by this write (protocol v2: no
+		// run index key of its own while it is recent).
+		evicted = t.AddRecentRun(req.RunID)
 		return nil
 	})
 	if errors.Is(err, errRetryAdmit) {
@@ -208,6 +213,10 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 	}
 	if err != nil {
 		return decision{}, err
+	}
+	for _, run := range evicted {
+		// Off the thread's recent list: listed by its index key from now.
+		_ = w.stores.Threads.IndexRun(ctx, req.Tenant, req.ThreadID, run, now)
 	}
 	return decision{verdict: verdictStart, thread: next, rev: nextRev}, nil
 }

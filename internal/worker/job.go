@@ -212,9 +212,6 @@ func (j *job) settled(ctx context.Context, rec *protocol.Run) bool {
 		if err := w.pub.EnsureFinished(ctx, rec); err != nil {
 			j.retryLater(err)
 		} else {
-			// The usage write may be what the crash cut short; it
-			// replaces, so writing it again counts nothing twice.
-			j.saveUsage(ctx, rec)
 			w.wakeThread(j.req.Tenant, j.req.ThreadID)
 			_ = j.msg.Ack()
 		}
@@ -446,7 +443,9 @@ var errAlreadyFinished = errors.New("run already finished")
 
 // start takes the run to running under the lease it holds, executes the
 // agent loop and finishes the run. A run seen for the first time gets its
-// record created directly as running, with run.queued and run.started.
+// record created directly as running, with run.started (seq 1, carrying
+// run.queued's data) or, for a submitter's request, run.queued and
+// run.started.
 func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *protocol.Run, rev uint64, th *protocol.Thread, thRev uint64) {
 	w := j.w
 	req := j.req
@@ -470,12 +469,23 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 
 	now := time.Now().UTC()
 	var stream *events.Stream
+	// queuedIn: run.started stands in for run.queued (protocol v2), for
+	// a run this worker creates from a request a plain publish sent. A
+	// submitter (the gateway, the submit service) publishes run.queued
+	// itself, possibly while this worker creates the record, so for its
+	// requests the worker publishes the same run.queued (stored once,
+	// by its message id) and numbers run.started after it, as in v1.
+	queuedIn := false
 	if rec == nil {
+		queuedIn = j.msg.Headers().Get(protocol.HeaderSubmitter) == ""
 		stream = w.pub.NewStream(req.Tenant, req.ThreadID, req.RunID, 1, 0)
-		stream.EmitQueued(req)
 		rec = kv.NewRun(req, j.seq, now)
 		rec.Status, rec.Attempt, rec.StartedAt = protocol.StatusRunning, 1, &now
-		rec.Worker, rec.Epoch, rec.BaseCheckpoint, rec.Seq = w.cfg.ID, th.Epoch, th.Head, 2
+		rec.Worker, rec.Epoch, rec.BaseCheckpoint, rec.Seq = w.cfg.ID, th.Epoch, th.Head, 1
+		if !queuedIn {
+			stream.EmitQueued(req)
+			rec.Seq = 2
+		}
 		err := j.roomFor(ctx, func() (err error) {
 			rev, err = w.stores.Runs.Create(ctx, rec)
 			return err
@@ -484,6 +494,10 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 			// Created meanwhile (by the gateway, or a cancel), or the run
 			// id is taken: continue from that record, unless it says this
 			// request must not run; run.queued is stored once either way.
+			// Its events come after what that record numbered.
+			if queuedIn {
+				queuedIn, stream = false, nil
+			}
 			rec, rev, err = w.stores.Runs.GetLatest(ctx, req.Tenant, req.RunID)
 			if err == nil && (rec.ThreadID != req.ThreadID || (rec.MsgSeq != 0 && rec.MsgSeq != j.seq) || rec.Status.Terminal() ||
 				(rec.Status == protocol.StatusPending && rec.CancelRequested)) {
@@ -491,8 +505,6 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 				j.settled(ctx, rec)
 				return
 			}
-		} else if err == nil {
-			_ = w.stores.Threads.IndexRun(ctx, req.Tenant, req.ThreadID, req.RunID, now)
 		}
 		if err != nil {
 			giveUp(rec, err)
@@ -575,7 +587,12 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 		j.handOff(ctx, stream)
 		return
 	}
-	stream.Emit(protocol.EventRunStarted, protocol.StartedData{Attempt: attempt, Worker: w.cfg.ID, Agent: req.Agent}, events.StartedID(req.RunID, attempt))
+	started := protocol.StartedData{Attempt: attempt, Worker: w.cfg.ID, Agent: req.Agent}
+	if queuedIn {
+		queuedAt := rec.CreatedAt
+		started.MultitaskStrategy, started.QueuedAt = req.MultitaskStrategy, &queuedAt
+	}
+	stream.Emit(protocol.EventRunStarted, started, events.StartedID(req.RunID, attempt))
 	j.hold.Unlock()
 	j.rec, j.recRev = rec, rev
 	j.log = j.log.With(zap.Int("attempt", attempt))
@@ -867,7 +884,7 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		})
 	}()
 	relErr := j.settleWrite(ctx, func() error {
-		return lease.release(ctx, &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: errors.Is(out.Stopped, ErrRolledBack) || errors.Is(out.Stopped, ErrCancelRollback), head: head, title: title})
+		return lease.release(ctx, &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: errors.Is(out.Stopped, ErrRolledBack) || errors.Is(out.Stopped, ErrCancelRollback), head: head, title: title, usage: usage})
 	})
 	j.releaseTenantSlot(ctx)
 	err := <-recErr
@@ -898,7 +915,6 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		j.retryLater(err)
 		return
 	}
-	j.saveUsage(ctx, rec)
 	j.hold.Lock()
 	j.lease = nil
 	j.hold.Unlock()

@@ -339,6 +339,10 @@ type releaseOpts struct {
 	// head and title, when set, move the head to the run's last delta in
 	// the same write.
 	head, title string
+	// usage, when set, is the run's usage, applied to the thread's
+	// totals in the same write (the thread's usage bucket entry before
+	// protocol v2).
+	usage *protocol.RunUsage
 }
 
 // release gives the thread back. A rollback also returns the thread's head
@@ -360,8 +364,26 @@ func (l *leaseHandle) release(ctx context.Context, o *releaseOpts) error {
 			t.Title = o.title
 		}
 		t.Preempt = withoutRun(t.Preempt, l.run)
+		if u := o.usage; u != nil {
+			applyThreadUsage(t, u)
+		}
 		return nil
 	})
+}
+
+// applyThreadUsage sets a run's total in the thread record's usage. The
+// release that carries it is fenced by the lease epoch, so a run counts
+// once; a run whose end is written again (its terminal record failed
+// after the release) replaces its entry instead of adding to it.
+func applyThreadUsage(t *protocol.Thread, u *protocol.RunUsage) {
+	if t.Usage == nil {
+		t.Usage = &protocol.ThreadUsage{ThreadID: t.ThreadID, Tenant: t.Tenant}
+	} else {
+		t.Usage = t.Usage.Clone()
+	}
+	if t.Usage.Apply(u.RunID, u.Total, protocol.ThreadRecordUsageRuns) {
+		t.Usage.UpdatedAt = time.Now().UTC()
+	}
 }
 
 // leaseTakenAt is when this worker wrote the lease of th (its own clock),

@@ -247,11 +247,13 @@ func (w *Worker) reapLease(ctx context.Context, th *protocol.Thread) (bool, erro
 		return false, err
 	}
 	if rec != nil && rec.Status.Terminal() {
-		// Finished, but its worker stopped before it gave the thread back.
+		// Finished, but its worker stopped before it gave the thread back:
+		// the release adds the run's usage to the thread's totals, as its
+		// own release would have.
 		if err := w.pub.EnsureFinished(ctx, rec); err != nil {
 			return false, err
 		}
-		if _, err := w.releaseStale(ctx, th.Tenant, th.ThreadID, lease); err != nil {
+		if _, err := w.releaseStale(ctx, th.Tenant, th.ThreadID, lease, rec.Usage); err != nil {
 			return false, err
 		}
 		return true, nil
@@ -289,7 +291,7 @@ func (w *Worker) reapLease(ctx context.Context, th *protocol.Thread) (bool, erro
 			return false, err
 		}
 	}
-	if _, err := w.releaseStale(ctx, th.Tenant, th.ThreadID, lease); err != nil {
+	if _, err := w.releaseStale(ctx, th.Tenant, th.ThreadID, lease, nil); err != nil {
 		return false, err
 	}
 	if st == requestExhausted {
@@ -309,7 +311,7 @@ func (w *Worker) reapLease(ctx context.Context, th *protocol.Thread) (bool, erro
 
 // releaseStale removes lease from its thread if the thread still holds it
 // (same run and epoch). It reports whether this call released it.
-func (w *Worker) releaseStale(ctx context.Context, tenant, thread string, lease protocol.Lease) (bool, error) {
+func (w *Worker) releaseStale(ctx context.Context, tenant, thread string, lease protocol.Lease, usage *protocol.RunUsage) (bool, error) {
 	_, _, err := w.stores.Threads.Mutate(ctx, tenant, thread, func(t *protocol.Thread) error {
 		if t.Lease == nil || t.Lease.RunID != lease.RunID || t.Lease.Epoch != lease.Epoch {
 			return errUnchanged
@@ -317,6 +319,9 @@ func (w *Worker) releaseStale(ctx context.Context, tenant, thread string, lease 
 		t.Lease = nil
 		t.Status = protocol.ThreadIdle
 		t.Preempt = withoutRun(t.Preempt, lease.RunID)
+		if usage != nil {
+			applyThreadUsage(t, usage)
+		}
 		return nil
 	})
 	switch {

@@ -257,10 +257,15 @@ func TestPlainNATSClient(t *testing.T) {
 					t.Fatalf("run ended %s", d.Status)
 				}
 				joined := strings.Join(types, " ")
-				for _, want := range []string{"run.queued", "run.started", "tool.started", "tool.finished", "message.completed"} {
+				for _, want := range []string{"run.started", "tool.started", "tool.finished", "message.completed"} {
 					if !strings.Contains(joined, want) {
 						t.Fatalf("no %s in %v", want, types)
 					}
+				}
+				// Protocol v2: a plain publish's run starts at seq 1 with
+				// run.started, which carries run.queued's data.
+				if types[0] != "run.started" || strings.Contains(joined, "run.queued") {
+					t.Fatalf("events %v", types)
 				}
 				m, err := live.NextMsg(10 * time.Second)
 				if err != nil {
@@ -382,5 +387,52 @@ func TestTenantAndThreadFromSubject(t *testing.T) {
 	}
 	if r := h.run("acme", "bare"); r.Tenant != "acme" || r.ThreadID != "demo" {
 		t.Fatalf("record %+v", r)
+	}
+}
+
+// A submitter's request (Natsagent-Submitter set) whose run.queued is
+// stored before the submitter created its record, while the worker
+// creates the record first: the worker publishes the same run.queued
+// (stored once) and numbers run.started after it, so seqs have no
+// repeat. Only a plain publish's run folds run.queued into run.started.
+func TestSubmitterRunKeepsRunQueued(t *testing.T) {
+	h := newHarness(t)
+	req := request("t1", "r1", "hi")
+	req.Normalize()
+	w := h.watch("default", "t1", "r1")
+	data, err := json.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(h.names.RunSubject(req.Tenant, req.ThreadID))
+	m.Data = data
+	m.Header.Set(nats.MsgIdHdr, protocol.RunMsgID(req.Tenant, req.RunID))
+	m.Header.Set(protocol.HeaderSubmitter, "test")
+	if _, err := h.js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := events.NewPublisher(context.Background(), h.js, h.names, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.PublishQueued(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	h.startWorker(textModel("x", 1, 0), nil)
+	if fin := w.finished(t, 10*time.Second); fin.Status != protocol.StatusSuccess {
+		t.Fatalf("run ended %s: %s", fin.Status, fin.Error)
+	}
+	types := w.types()
+	if len(types) < 3 || types[0] != protocol.EventRunQueued || types[1] != protocol.EventRunStarted {
+		t.Fatalf("events %v", types)
+	}
+	for i, ev := range w.all() {
+		if ev.Seq != uint64(i+1) {
+			t.Fatalf("event %d (%s) has seq %d: %v", i, ev.Type, ev.Seq, types)
+		}
+	}
+	var started protocol.StartedData
+	if err := json.Unmarshal(w.all()[1].Data, &started); err != nil || started.QueuedAt != nil {
+		t.Fatalf("run.started after run.queued carries queued data: %+v (%v)", started, err)
 	}
 }

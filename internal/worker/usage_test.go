@@ -3,28 +3,42 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
+	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
 )
 
-// usageOfEvents decodes the run's usage.model events.
+// usageOfEvents decodes the call usage the run's message.completed
+// events carry (meta.usage; protocol v1 published it as usage.model).
 func usageOfEvents(t *testing.T, w *watcher) []protocol.UsageModelData {
 	t.Helper()
 	var out []protocol.UsageModelData
 	for _, ev := range w.all() {
-		if ev.Type != protocol.EventUsageModel {
+		if ev.Type == protocol.EventUsageModel {
+			t.Fatalf("protocol v2 publishes no %s", ev.Type)
+		}
+		if ev.Type != protocol.EventMessageCompleted {
 			continue
 		}
-		var d protocol.UsageModelData
-		if err := json.Unmarshal(ev.Data, &d); err != nil {
+		var m struct {
+			ID   string `json:"id"`
+			Meta struct {
+				Usage *protocol.UsageModelData `json:"usage"`
+			} `json:"meta"`
+		}
+		if err := json.Unmarshal(ev.Data, &m); err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, d)
+		if m.Meta.Usage != nil {
+			m.Meta.Usage.MessageID = m.ID
+			out = append(out, *m.Meta.Usage)
+		}
 	}
 	return out
 }
@@ -34,7 +48,11 @@ func (h *harness) usageOfThread(t *testing.T, tenant, thread string) *protocol.T
 	var th *protocol.ThreadUsage
 	testdeploy.WaitFor(t, 10*time.Second, "thread usage", func() bool {
 		var err error
-		th, _, err = h.stores.Usage.Thread(context.Background(), tenant, thread)
+		rec, _, err := h.stores.Threads.Get(context.Background(), tenant, thread)
+		if err != nil || rec.Usage == nil {
+			return false
+		}
+		th, err = h.stores.Usage.ThreadOf(context.Background(), rec)
 		return err == nil
 	})
 	return th
@@ -42,8 +60,9 @@ func (h *harness) usageOfThread(t *testing.T, tenant, thread string) *protocol.T
 
 // A worker dies after a model call was checkpointed; the worker that
 // takes the run over continues from that checkpoint. The call made before
-// the crash counts once in the run's totals, on its record, in the usage
-// bucket and in the thread's totals; the call cut by the crash never
+// the crash counts once in the run's totals on its record and in the
+// thread's totals on the thread record (protocol v2: nothing goes to the
+// usage bucket); the call cut by the crash never
 // completed and counts nowhere.
 func TestUsage_RedeliveredRunCountsCheckpointedCallOnce(t *testing.T) {
 	h := newHarness(t)
@@ -90,13 +109,17 @@ func TestUsage_RedeliveredRunCountsCheckpointedCallOnce(t *testing.T) {
 	}
 	th := h.usageOfThread(t, "default", "t1")
 	check("thread", th.Total)
-	var ru *protocol.RunUsage
-	testdeploy.WaitFor(t, 10*time.Second, "run usage", func() bool {
-		var err error
-		ru, _, err = h.stores.Usage.Run(context.Background(), "default", "r1")
-		return err == nil
-	})
-	check("run in the usage bucket", ru.Total)
+	if _, _, err := h.stores.Usage.Run(context.Background(), "default", "r1"); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("the run's usage went to the usage bucket too: %v", err)
+	}
+	if _, _, err := h.stores.Usage.Thread(context.Background(), "default", "t1"); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("the thread's usage went to the usage bucket too: %v", err)
+	}
+	ru, err := h.stores.Usage.RunOf(context.Background(), rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("run as read", ru.Total)
 
 	// Each completed call published its usage event once, the one before
 	// the crash by the worker that made it.
@@ -160,25 +183,41 @@ func TestUsage_CancelledRunRecordsItsCalls(t *testing.T) {
 	}
 }
 
-// A worker that wrote a run's final record but died before the usage
-// write and the ack: the redelivered request finds the run finished and
-// writes the usage it missed, so the thread's totals include the run.
-func TestUsage_WrittenWhenRedeliveryFindsRunFinished(t *testing.T) {
+// A worker that wrote a run's final record but died before it released
+// the thread (the write that adds the run's usage to the thread's
+// totals): the thread's next run breaks the finished run's lease, and
+// that release adds the usage, once.
+func TestUsage_AddedWhenAFinishedRunsLeaseIsReaped(t *testing.T) {
 	h := newHarness(t)
-	h.startWorker(textModel("unused", 1, 0), nil)
+	h.startWorker(textModel("next", 1, 0), nil)
+	ctx := context.Background()
 	usage := &protocol.RunUsage{RunID: "r1", ThreadID: "t1", Tenant: "default", Final: true}
 	usage.Own.AddCall("scripted", protocol.PurposeMain, 120, 12, nil, false)
 	usage.Recompute()
 	now := time.Now().UTC()
 	rec := &protocol.Run{RunID: "r1", ThreadID: "t1", Tenant: "default", Agent: protocol.DefaultAgent,
-		Status: protocol.StatusSuccess, Attempt: 1, CreatedAt: now, StartedAt: &now, FinishedAt: &now, Usage: usage}
-	if _, err := h.stores.Runs.Create(context.Background(), rec); err != nil {
+		Status: protocol.StatusSuccess, Attempt: 1, CreatedAt: now, StartedAt: &now, FinishedAt: &now, Usage: usage, Epoch: 1, Seq: 2}
+	if _, err := h.stores.Runs.Create(ctx, rec); err != nil {
 		t.Fatal(err)
 	}
-	h.submit(request("t1", "r1", "already done"))
-	th := h.usageOfThread(t, "default", "t1")
-	if th.Total.Input != 120 || th.Total.Calls != 1 {
-		t.Fatalf("thread usage %+v", th.Total.TokenCounts)
+	th := &protocol.Thread{ThreadID: "t1", Tenant: "default", CreatedAt: now, UpdatedAt: now, Status: protocol.ThreadBusy, Epoch: 1,
+		Lease: &protocol.Lease{RunID: "r1", Worker: "gone", Epoch: 1, AcquiredAt: now, RenewedAt: now}}
+	if _, err := h.stores.Threads.Put(ctx, th, 0); err != nil {
+		t.Fatal(err)
+	}
+	w := h.watch("default", "t1", "r2")
+	h.submit(request("t1", "r2", "next"))
+	if fin := w.finished(t, 20*time.Second); fin.Status != protocol.StatusSuccess {
+		t.Fatalf("r2 ended %s: %s", fin.Status, fin.Error)
+	}
+	got := h.usageOfThread(t, "default", "t1")
+	r1, ok := got.Runs["r1"]
+	if !ok || r1.Usage.Input != 120 || r1.Usage.Calls != 1 {
+		t.Fatalf("thread usage runs %+v", got.Runs)
+	}
+	r2 := h.run("default", "r2")
+	if r2.Usage == nil || got.Total.Input != 120+r2.Usage.Total.Input || got.Total.Calls != 1+r2.Usage.Total.Calls {
+		t.Fatalf("thread usage %+v, r2 %+v", got.Total.TokenCounts, r2.Usage)
 	}
 	h.waitRunsStreamEmpty(t)
 }

@@ -34,10 +34,20 @@ func TestRunWithToolCall(t *testing.T) {
 			t.Fatalf("event %d (%s) has seq %d; seqs must count from 1 without gaps: %v", i, ev.Type, ev.Seq, w.types())
 		}
 	}
-	// Stored: thread.titled and the deltas go out live (events.Follow).
-	want := []string{"run.queued", "run.started", "usage.model", "message.completed", "tool.started", "tool.finished", "usage.model", "message.completed", "run.finished"}
+	// Protocol v2: a request a plain publish sent has no run.queued; its
+	// run.started (seq 1) carries the queued data. Stored: thread.titled
+	// and the deltas go out live (events.Follow); usage rides in
+	// message.completed.
+	want := []string{"run.started", "message.completed", "tool.started", "tool.finished", "message.completed", "run.finished"}
 	if got := strings.Join(w.types(), ","); got != strings.Join(want, ",") {
 		t.Fatalf("events\n got %s\nwant %s", got, strings.Join(want, ","))
+	}
+	var started protocol.StartedData
+	if err := json.Unmarshal(evs[0].Data, &started); err != nil {
+		t.Fatal(err)
+	}
+	if started.Attempt != 1 || started.Agent != protocol.DefaultAgent || started.MultitaskStrategy != protocol.StrategyEnqueue || started.QueuedAt == nil || started.QueuedAt.IsZero() {
+		t.Fatalf("run.started data %+v", started)
 	}
 	rec := h.run("default", "r1")
 	if rec.Status != protocol.StatusSuccess || rec.Attempt != 1 || rec.FinishedAt == nil || rec.StartedAt == nil {
@@ -345,4 +355,57 @@ func TestCancelPendingAndRunning(t *testing.T) {
 		t.Fatal(e)
 	}
 	w3.finished(t, 5*time.Second)
+}
+
+// Protocol v2: a run that takes its thread's lease is listed through the
+// thread record (recent_runs), with no run index key of its own; the run
+// pushed out of that list gets its key then, so the thread's listing
+// keeps every run.
+func TestRunsListedThroughTheThreadRecord(t *testing.T) {
+	h := newHarness(t)
+	h.startWorker(textModel("ok", 1, 0), nil)
+	ctx := context.Background()
+	indexed := func() map[string]bool {
+		t.Helper()
+		kv, err := h.js.KeyValue(ctx, h.names.ThreadsBucket())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]bool{}
+		lister, err := kv.ListKeysFiltered(ctx, "default.t1.run.*")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := range lister.Keys() {
+			got[strings.TrimPrefix(k, "default.t1.run.")] = true
+		}
+		return got
+	}
+	n := protocol.ThreadRecentRuns + 1
+	for i := range n {
+		run := fmt.Sprintf("r%d", i)
+		w := h.watch("default", "t1", run)
+		h.submit(request("t1", run, "hi"))
+		if fin := w.finished(t, 20*time.Second); fin.Status != protocol.StatusSuccess {
+			t.Fatalf("%s ended %s: %s", run, fin.Status, fin.Error)
+		}
+		if i == 0 {
+			if keys := indexed(); len(keys) != 0 {
+				t.Fatalf("the first run wrote index keys %v", keys)
+			}
+		}
+	}
+	// r0 left the recent list when r32 took the lease: its key is written
+	// without waiting, so look until it is there.
+	testdeploy.WaitFor(t, 10*time.Second, "r0's index key", func() bool { return indexed()["r0"] })
+	if keys := indexed(); len(keys) != 1 {
+		t.Fatalf("index keys %v, want r0's only", keys)
+	}
+	ids, err := h.stores.Threads.RunIDs(ctx, "default", "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != n {
+		t.Fatalf("listed %d runs, want %d: %v", len(ids), n, ids)
+	}
 }

@@ -237,6 +237,10 @@ export async function renderRun(main, { thread, run }, signal, go) {
         m.li.dataset.completed = 'true';
         showInput();
         if (d.content) m.text.textContent = d.content;
+        // Protocol v2: the call's usage and context ride on the message
+        // (meta.usage with step); v1 sent them apart as usage.model.
+        const u = d.meta && d.meta.usage;
+        if (u && u.step !== undefined) renderContext(u);
         if (d.tool_calls && d.tool_calls.length) {
           m.li.append(h('div', { class: 'calls' }, 'Asks to run ',
             d.tool_calls.map((c, i) => [i ? ', ' : '', h('code', {}, c.name)])));
@@ -268,7 +272,7 @@ export async function renderRun(main, { thread, run }, signal, go) {
       case 'thread.titled':
         titleEl.textContent = d.title ? `“${d.title}”` : '';
         break;
-      case 'usage.model':
+      case 'usage.model': // protocol v1 runs
         renderContext(d);
         break;
       case 'run.finished':
