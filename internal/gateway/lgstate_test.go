@@ -332,7 +332,8 @@ func TestLangGraphTimeTravelBusy(t *testing.T) {
 	// the machine's load; the test cancels it.
 	e := newEnv(t, model.NewScripted(func(_ int, req *model.Request) model.Reply {
 		if req.Messages[len(req.Messages)-1].Content == "second" {
-			return model.Reply{Text: "slow answer", Pieces: 1200, PieceDelay: 50 * time.Millisecond}
+			// One piece per word: 1,200 words make 1,200 deltas.
+			return model.Reply{Text: strings.Repeat("slow ", 1200), Pieces: 1200, PieceDelay: 50 * time.Millisecond}
 		}
 		return model.Reply{Text: "quick answer"}
 	}))

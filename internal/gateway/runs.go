@@ -159,6 +159,12 @@ func (s *Server) runOf(r *http.Request, tenant string) (*protocol.Run, error) {
 		return nil, err
 	}
 	rec, _, err := s.stores.Runs.Get(r.Context(), tenant, run)
+	if errors.Is(err, kv.ErrNotFound) {
+		// Any replica answers Get, and one may not have a record created
+		// a moment ago (a client reading the run it just submitted): the
+		// leader decides.
+		rec, _, err = s.stores.Runs.GetLatest(r.Context(), tenant, run)
+	}
 	if errors.Is(err, kv.ErrNotFound) || (err == nil && rec.ThreadID != thread) {
 		return nil, errNotFound(fmt.Sprintf("run %s not found on thread %s", run, thread))
 	}

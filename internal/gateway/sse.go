@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/events"
+	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -249,6 +250,11 @@ var errNoteUnchanged = errors.New("unchanged")
 func (s *Server) awaitFinished(ctx context.Context, f *events.Feed, tenant, run string) (*protocol.Run, error) {
 	for {
 		rec, _, err := s.stores.Runs.Get(ctx, tenant, run)
+		if errors.Is(err, kv.ErrNotFound) {
+			// The run was just submitted: a replica of a replicated bucket
+			// may not have its record yet. The leader has it.
+			rec, _, err = s.stores.Runs.GetLatest(ctx, tenant, run)
+		}
 		if err != nil {
 			return nil, err
 		}
