@@ -441,6 +441,11 @@ func (j *job) finishPending(ctx context.Context, status protocol.Status, stopRea
 
 var errAlreadyFinished = errors.New("run already finished")
 
+// errStateUnavailable stops a run whose thread state could not be read
+// for a reason that passes (a leader election, a node loss): it is handed
+// back, not failed.
+var errStateUnavailable = errors.New("thread state unavailable")
+
 // start takes the run to running under the lease it holds, executes the
 // agent loop and finishes the run. A run seen for the first time gets its
 // record created directly as running, with run.started (seq 1, carrying
@@ -647,6 +652,11 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 		if ctx.Err() != nil {
 			return agent.Outcome{Stopped: context.Cause(ctx)}
 		}
+		if bus.Transient(err) {
+			// A leader election or a node loss: the state is there, the
+			// next delivery reads it.
+			return agent.Outcome{Stopped: fmt.Errorf("%w: %w", errStateUnavailable, err)}
+		}
 		return agent.Outcome{Status: protocol.StatusError, Error: fmt.Sprintf("load thread state: %v", err)}
 	}
 	host.st = st
@@ -782,6 +792,10 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		// The store stayed full for the whole StoreFullWait: the run
 		// ends with what its last checkpoint saved.
 		status, stopReason, errText = protocol.StatusError, StopStoreFull, storeFullText(out.Stopped)
+	case errors.Is(out.Stopped, errStateUnavailable):
+		j.log.Warn("could not read the thread's state; handing the run back", zap.Error(out.Stopped))
+		j.handOffAfter(ctx, stream, time.Second)
+		return
 	case errors.Is(out.Stopped, agent.ErrCheckpointFailed):
 		// The next delivery takes the run over from its last saved
 		// checkpoint (the lease names this request); max_deliver bounds
