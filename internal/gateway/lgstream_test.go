@@ -1,12 +1,17 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/natsagent/natsagent/internal/files"
+	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/tools"
 )
 
 func eventNames(evs []sseEvent) []string {
@@ -149,8 +154,16 @@ func TestLangGraphStreamDefaultAndResume(t *testing.T) {
 	// Resumed after the first values event that has an id.
 	k := slices.IndexFunc(evs, func(ev sseEvent) bool { return ev.event == "values" && ev.id != "" })
 	rest := e.openLangGraphStream("GET", "/threads/t1/runs/r1/stream?stream_mode=values", nil, "Last-Event-ID", evs[k].id).rest(5 * time.Second)
-	if got, want := eventNames(rest), names[k+1:]; !slices.Equal(got, want) {
-		t.Fatalf("resumed %v, want %v", got, want)
+	// What follows the input's values: values with the answer (the last
+	// as before; a live title may add one), then the end.
+	got := eventNames(rest)
+	if len(got) < 2 || got[len(got)-1] != "end" || slices.Contains(got, "metadata") {
+		t.Fatalf("resumed %v, want values then end", got)
+	}
+	for _, ev := range only(rest, "values") {
+		if msgs := lgMessages(t, ev); len(msgs) != 2 {
+			t.Fatalf("resumed values %s, want the answer in it", ev.data)
+		}
 	}
 	if rest[len(rest)-2].data != values[len(values)-1].data {
 		t.Fatalf("resumed final values %s, want %s", rest[len(rest)-2].data, values[len(values)-1].data)
@@ -193,5 +206,71 @@ func TestLangGraphStreamInterrupt(t *testing.T) {
 	}
 	if ups := only(evs, "updates"); !strings.Contains(ups[len(ups)-1].data, "__interrupt__") {
 		t.Fatalf("updates %v", ups)
+	}
+}
+
+// spawnTool stands for the subagent tool: it names an existing run of
+// another thread as its child, as subagent.started does.
+type spawnTool struct{}
+
+func (spawnTool) Spec() model.ToolSpec {
+	return model.ToolSpec{Name: "spawn", Description: "test", Parameters: json.RawMessage(`{"type":"object"}`)}
+}
+
+func (spawnTool) Call(_ context.Context, c *tools.Call) (*tools.Result, error) {
+	c.Env.Emit("subagent.started", map[string]any{"run_id": "child1", "thread_id": "kid", "subagent": "researcher", "tool_call_id": c.ID, "status": "running"})
+	c.Env.Emit("subagent.finished", map[string]any{"run_id": "child1", "thread_id": "kid", "subagent": "researcher", "tool_call_id": c.ID, "status": "success"})
+	return tools.Text("child answer"), nil
+}
+
+// TestLangGraphStreamSubgraphs: with stream_subgraphs, a subagent run's
+// parts come namespaced "<mode>|tools:<tool_call_id>", as the SDK
+// splits them; without it, none.
+func TestLangGraphStreamSubgraphs(t *testing.T) {
+	m := model.NewScripted(func(_ int, req *model.Request) model.Reply {
+		last := req.Messages[len(req.Messages)-1]
+		switch {
+		case last.Role == model.RoleUser && last.Content == "lead":
+			return model.Reply{ToolCalls: []model.ToolCall{{ID: "call7", Name: "spawn", Arguments: `{}`}}}
+		case last.Role == model.RoleTool:
+			return model.Reply{Text: "lead done"}
+		}
+		return model.Reply{Text: "child says hi", Pieces: 3}
+	})
+	wd := &workdirs{m: map[string]*files.Memory{}}
+	e := newEnvWith(t, nil, func(s *Server) { s.cfg.Files = wd.open })
+	e.startFileWorker(m, wd, spawnTool{})
+	e.do("POST", "/threads/kid/runs/wait", with(input("child work"), "run_id", "child1")).expect(t, http.StatusOK)
+
+	evs := e.openLangGraphStream("POST", "/threads/t1/runs/stream", with(input("lead"), "run_id", "lead1",
+		"stream_mode", []string{"values", "messages-tuple"}, "stream_subgraphs", true)).rest(20 * time.Second)
+	names := eventNames(evs)
+	if names[len(names)-1] != "end" {
+		t.Fatalf("events %v, want end last", names)
+	}
+	child := only(evs, "values|tools:call7")
+	if len(child) == 0 || !slices.Contains(names, "messages|tools:call7") {
+		t.Fatalf("events %v, want the child's values and messages namespaced", names)
+	}
+	last := lgMessages(t, child[len(child)-1])
+	if got := last[len(last)-1]; got["content"] != "child says hi" || last[0]["content"] != "child work" {
+		t.Fatalf("child values %v", last)
+	}
+	for _, ev := range evs {
+		if strings.Contains(ev.event, "|") && ev.id != "" {
+			t.Fatalf("a child's part %s has the id %s", ev.event, ev.id)
+		}
+	}
+	lead := only(evs, "values")
+	if msgs := lgMessages(t, lead[len(lead)-1]); msgs[len(msgs)-1]["content"] != "lead done" {
+		t.Fatalf("lead values %v", msgs)
+	}
+
+	// Without stream_subgraphs: the lead's parts only.
+	evs = e.openLangGraphStream("GET", "/threads/t1/runs/lead1/stream?stream_mode=values", nil).rest(10 * time.Second)
+	for _, n := range eventNames(evs) {
+		if strings.Contains(n, "|") {
+			t.Fatalf("a child's part %s without stream_subgraphs", n)
+		}
 	}
 }

@@ -394,3 +394,39 @@ func TestStreamTasksCheckpointsDebug(t *testing.T) {
 		t.Fatalf("debug %v, want %v", kinds, want)
 	}
 }
+
+func TestStreamChildren(t *testing.T) {
+	e := &events{t: t}
+	e.add(protocol.EventRunStarted, false, 1, map[string]any{"attempt": 1})
+	child := map[string]any{"run_id": "k1", "thread_id": "kid", "tool_call_id": "c9", "subagent": "researcher"}
+	e.add("subagent.started", false, 1, child)
+	e.add("subagent.started", false, 1, child) // again (a takeover's): followed once
+	e.add(protocol.EventRunFinished, false, 1, protocol.FinishedData{Status: protocol.StatusSuccess})
+	src := &fixedSource{start: &state.State{}, final: &state.State{}}
+	for _, sub := range []bool{false, true} {
+		m, _ := ParseModes([]string{"values"}, sub)
+		s := NewStream(m, Run{RunID: "r1", ThreadID: "h1"}, src)
+		var kids []Child
+		for _, ev := range e.out {
+			if _, err := s.Next(context.Background(), ev); err != nil {
+				t.Fatal(err)
+			}
+			kids = append(kids, s.Children()...)
+		}
+		want := []Child(nil)
+		if sub {
+			want = []Child{{RunID: "k1", ThreadID: "kid", ToolCallID: "c9"}}
+		}
+		if !reflect.DeepEqual(kids, want) {
+			t.Fatalf("subgraphs %v: children %v, want %v", sub, kids, want)
+		}
+	}
+	parts := Subgraph([]Part{{Event: "metadata"}, {Event: "values", ID: "7"}, {Event: "messages"}, {Event: "error"}, {Event: "end"}}, "tools:c9|tools:c10")
+	var got []string
+	for _, p := range parts {
+		got = append(got, p.Event+"#"+p.ID)
+	}
+	if want := []string{"values|tools:c9|tools:c10#", "messages|tools:c9|tools:c10#"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("Subgraph %v, want %v", got, want)
+	}
+}
