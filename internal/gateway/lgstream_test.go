@@ -262,8 +262,15 @@ func TestLangGraphStreamSubgraphs(t *testing.T) {
 		}
 	}
 	lead := only(evs, "values")
-	if msgs := lgMessages(t, lead[len(lead)-1]); msgs[len(msgs)-1]["content"] != "lead done" {
-		t.Fatalf("lead values %v", msgs)
+	final := lgMessages(t, lead[len(lead)-1])
+	if final[len(final)-1]["content"] != "lead done" || final[2]["type"] != "tool" {
+		t.Fatalf("lead values %v", final)
+	}
+	// The tool message has its stored id from the step it came in.
+	for _, ev := range lead {
+		if msgs := lgMessages(t, ev); len(msgs) >= 3 && msgs[2]["id"] != final[2]["id"] {
+			t.Fatalf("tool message id %v mid-run, %v after", msgs[2]["id"], final[2]["id"])
+		}
 	}
 
 	// Without stream_subgraphs: the lead's parts only.

@@ -606,9 +606,13 @@ func (s *Stream) toolFinished(ctx context.Context, env *envelope) ([]Part, error
 		return nil, nil
 	}
 	st, err := s.state(ctx, max(env.Attempt, 1), env.Time)
-	// The stored tool message's id is not in the event: the values after
-	// the run carry it.
-	msg := model.Message{ID: "tool-" + d.ToolCallID, Role: model.RoleTool, ToolCallID: d.ToolCallID, Name: d.Name, Content: d.Result, Status: d.Status}
+	// An event of a worker before message_id existed has none: the
+	// values after the run carry the stored id.
+	id := d.MessageID
+	if id == "" {
+		id = "tool-" + d.ToolCallID
+	}
+	msg := model.Message{ID: id, Role: model.RoleTool, ToolCallID: d.ToolCallID, Name: d.Name, Content: d.Result, Status: d.Status}
 	lc := FromModel(msg)
 	step := s.step + 1
 	var out []Part
