@@ -58,7 +58,7 @@ func TestLangGraphSDKStream(t *testing.T) {
 	runSDKScript(t, "stream.mjs", 16, func(t *testing.T) *env {
 		wd := &workdirs{m: map[string]*files.Memory{}}
 		e := newEnvWith(t, nil, func(s *Server) { s.cfg.Files = wd.open })
-		e.startFileWorker(sdkModel(), wd, spawnTool{})
+		e.startFileWorker(sdkModel(), wd, spawnTool{runs: e.stores.Runs})
 		e.do("POST", "/threads/kid/runs/wait", with(input("child work"), "run_id", "child1")).expect(t, http.StatusOK)
 		return e
 	})

@@ -299,7 +299,7 @@ func (s *Server) streamTranslated(ctx context.Context, out *sse, f *events.Follo
 			}
 			for _, c := range tr.Children() {
 				wg.Add(1)
-				go s.followChild(ctx, rec.Tenant, c, c.Namespace(), tr.Modes(), kids, &wg)
+				go s.followChild(ctx, rec, c, c.Namespace(), tr.Modes(), kids, &wg)
 			}
 			if tr.Done() {
 				// The subagents' last parts go before the lead's end.
@@ -372,20 +372,23 @@ func (s *Server) drainChildren(ctx context.Context, wg *sync.WaitGroup, kids <-c
 	}
 }
 
-// followChild streams a subagent run of the lead's (named by its
+// followChild streams a subagent run of parent's (named by its
 // subagent.started) into kids, its parts namespaced ns, and its own
 // subagents' under ns too, until its run.finished or ctx ends. The child
-// is read in the lead's tenant only, and must be the run of the thread
-// the event names.
-func (s *Server) followChild(ctx context.Context, tenant string, c langgraph.Child, ns string, modes langgraph.Modes, kids chan<- []langgraph.Part, wg *sync.WaitGroup) {
+// is read in the parent's tenant only, and only when its record names
+// parent and the tool call as its parent: an event naming another run
+// reads nothing.
+func (s *Server) followChild(ctx context.Context, parent *protocol.Run, c langgraph.Child, ns string, modes langgraph.Modes, kids chan<- []langgraph.Part, wg *sync.WaitGroup) {
 	defer wg.Done()
+	tenant := parent.Tenant
 	log := s.log.With(zap.String("tenant", tenant), zap.String("thread_id", c.ThreadID), zap.String("run_id", c.RunID))
 	if !protocol.ValidToken(c.RunID) || !protocol.ValidToken(c.ThreadID) {
 		return
 	}
 	rec, _, err := s.stores.Runs.Get(ctx, tenant, c.RunID)
-	if err != nil || rec.ThreadID != c.ThreadID {
-		log.Debug("a subagent run named by subagent.started cannot be read", zap.Error(err))
+	if err != nil || rec.ThreadID != c.ThreadID || rec.Parent == nil ||
+		*rec.Parent != (protocol.Parent{RunID: parent.RunID, ThreadID: parent.ThreadID, ToolCallID: c.ToolCallID}) {
+		log.Debug("subagent.started names no child run of this one", zap.Error(err))
 		return
 	}
 	f, err := s.openFollow(ctx, s.names.RunEvents(tenant, c.ThreadID, c.RunID), 0)
@@ -403,7 +406,7 @@ func (s *Server) followChild(ctx context.Context, tenant string, c langgraph.Chi
 		parts, _ := tr.Next(ctx, langgraph.Native{Data: m.Data})
 		for _, gc := range tr.Children() {
 			wg.Add(1)
-			go s.followChild(ctx, tenant, gc, ns+"|"+gc.Namespace(), modes, kids, wg)
+			go s.followChild(ctx, rec, gc, ns+"|"+gc.Namespace(), modes, kids, wg)
 		}
 		if parts = langgraph.Subgraph(parts, ns); len(parts) > 0 {
 			select {

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/natsagent/natsagent/internal/files"
+	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/tools"
 )
 
@@ -209,15 +211,30 @@ func TestLangGraphStreamInterrupt(t *testing.T) {
 	}
 }
 
-// spawnTool stands for the subagent tool: it names an existing run of
-// another thread as its child, as subagent.started does.
-type spawnTool struct{}
+// spawnTool stands for the subagent tool: it makes an existing run of
+// another thread ("child1" on "kid") its child, as the subagent service
+// records one, and names it as subagent.started does. With stranger set,
+// it names "stranger" (no child of the run) first.
+type spawnTool struct {
+	runs     *kv.Runs
+	stranger bool
+}
 
 func (spawnTool) Spec() model.ToolSpec {
 	return model.ToolSpec{Name: "spawn", Description: "test", Parameters: json.RawMessage(`{"type":"object"}`)}
 }
 
-func (spawnTool) Call(_ context.Context, c *tools.Call) (*tools.Result, error) {
+func (st spawnTool) Call(ctx context.Context, c *tools.Call) (*tools.Result, error) {
+	_, _, err := st.runs.Mutate(ctx, c.Env.Tenant, "child1", func(r *protocol.Run) error {
+		r.Parent = &protocol.Parent{RunID: c.Env.Run, ThreadID: c.Env.Thread, ToolCallID: c.ID}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if st.stranger {
+		c.Env.Emit("subagent.started", map[string]any{"run_id": "stranger", "thread_id": "other", "subagent": "researcher", "tool_call_id": c.ID, "status": "running"})
+	}
 	c.Env.Emit("subagent.started", map[string]any{"run_id": "child1", "thread_id": "kid", "subagent": "researcher", "tool_call_id": c.ID, "status": "running"})
 	c.Env.Emit("subagent.finished", map[string]any{"run_id": "child1", "thread_id": "kid", "subagent": "researcher", "tool_call_id": c.ID, "status": "success"})
 	return tools.Text("child answer"), nil
@@ -239,8 +256,10 @@ func TestLangGraphStreamSubgraphs(t *testing.T) {
 	})
 	wd := &workdirs{m: map[string]*files.Memory{}}
 	e := newEnvWith(t, nil, func(s *Server) { s.cfg.Files = wd.open })
-	e.startFileWorker(m, wd, spawnTool{})
+	e.startFileWorker(m, wd, spawnTool{runs: e.stores.Runs, stranger: true})
 	e.do("POST", "/threads/kid/runs/wait", with(input("child work"), "run_id", "child1")).expect(t, http.StatusOK)
+	// "stranger" is a run of the tenant, but no child of the lead's.
+	e.do("POST", "/threads/other/runs/wait", with(input("secret"), "run_id", "stranger")).expect(t, http.StatusOK)
 
 	evs := e.openLangGraphStream("POST", "/threads/t1/runs/stream", with(input("lead"), "run_id", "lead1",
 		"stream_mode", []string{"values", "messages-tuple"}, "stream_subgraphs", true)).rest(20 * time.Second)
@@ -259,6 +278,9 @@ func TestLangGraphStreamSubgraphs(t *testing.T) {
 	for _, ev := range evs {
 		if strings.Contains(ev.event, "|") && ev.id != "" {
 			t.Fatalf("a child's part %s has the id %s", ev.event, ev.id)
+		}
+		if strings.Contains(ev.data, "secret") {
+			t.Fatalf("a run that is no child of the lead's was streamed: %s %s", ev.event, ev.data)
 		}
 	}
 	lead := only(evs, "values")
