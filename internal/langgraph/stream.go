@@ -399,8 +399,8 @@ func (s *Stream) delta(ctx context.Context, env *envelope) ([]Part, error) {
 	b.WriteString(d.Delta)
 	step := s.step + 1
 	var out []Part
+	c := chunk{Type: typeAIChunk, Content: d.Delta, ID: d.MessageID, ToolCalls: []ToolCall{}, ToolCallChunks: []toolCallChunk{}, InvalidToolCalls: []InvalidToolCall{}, ResponseMetadata: map[string]any{}, AdditionalKwargs: map[string]any{}}
 	if s.modes.Has(ModeMessagesTuple) {
-		c := chunk{Type: typeAIChunk, Content: d.Delta, ID: d.MessageID, ToolCalls: []ToolCall{}, ToolCallChunks: []toolCallChunk{}, InvalidToolCalls: []InvalidToolCall{}, ResponseMetadata: map[string]any{}, AdditionalKwargs: map[string]any{}}
 		out = append(out, part(ModeMessages, []any{c, s.tupleMeta(NodeModel, step)}))
 	}
 	if s.modes.Has(ModeMessages) {
@@ -414,7 +414,6 @@ func (s *Stream) delta(ctx context.Context, env *envelope) ([]Part, error) {
 		if first {
 			out = append(out, s.event("on_chat_model_start", s.modelLabel(), d.MessageID, NodeModel, step, map[string]any{"input": map[string]any{}}))
 		}
-		c := chunk{Type: typeAIChunk, Content: d.Delta, ID: d.MessageID, ToolCalls: []ToolCall{}, ToolCallChunks: []toolCallChunk{}, InvalidToolCalls: []InvalidToolCall{}, ResponseMetadata: map[string]any{}, AdditionalKwargs: map[string]any{}}
 		out = append(out, s.event("on_chat_model_stream", s.modelLabel(), d.MessageID, NodeModel, step, map[string]any{"chunk": c}))
 	}
 	return out, nil
