@@ -15,6 +15,8 @@ import (
 
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/langgraph"
+	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -50,6 +52,13 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		req, err := s.request(&body, tenant, thread)
 		if err != nil {
 			return err
+		}
+		var modes langgraph.Modes
+		if mode == modeStream {
+			if modes, err = body.modes(); err != nil {
+				return err
+			}
+			nameInput(req)
 		}
 		if err := s.authorize(r, tenant, req); err != nil {
 			return err
@@ -116,7 +125,12 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		w.Header().Set("Content-Location", runLocation(rec.ThreadID, rec.RunID))
 		switch mode {
 		case modeStream:
-			s.streamRun(w, r, fw, rec, 0)
+			w.Header().Set("Location", streamLocation(rec.ThreadID, rec.RunID, modes))
+			var input []model.Message
+			if req.Input != nil {
+				input = req.Input.Messages
+			}
+			s.streamRun(w, r, fw, rec, 0, s.translator(rec, modes, input))
 			s.cancelOnDisconnect(r, rec, body.OnDisconnect == onDisconnectCancel)
 		case modeWait:
 			err := s.writeFinal(w, r, f, rec)
@@ -213,19 +227,30 @@ func (s *Server) joinStream(w http.ResponseWriter, r *http.Request, tenant strin
 	if err != nil {
 		return err
 	}
-	f, err := s.openFollow(r.Context(), s.names.RunEvents(tenant, rec.ThreadID, rec.RunID), after)
+	modes, err := queryModes(r)
 	if err != nil {
-		return fmt.Errorf("read run events: %w", err)
+		return err
 	}
-	defer f.Close()
 	cancelOnLeave, err := boolQuery(r, "cancel_on_disconnect")
 	if err != nil {
 		return err
 	}
-	if after > 0 {
-		s.resumeAttempt(r.Context(), f, rec, after)
+	tr := s.translator(rec, modes, nil)
+	from := after
+	if tr != nil {
+		// A translation needs the run's events from the start (the values
+		// they build); streamRun sends what follows after.
+		from = 0
 	}
-	s.streamRun(w, r, f, rec, after)
+	f, err := s.openFollow(r.Context(), s.names.RunEvents(tenant, rec.ThreadID, rec.RunID), from)
+	if err != nil {
+		return fmt.Errorf("read run events: %w", err)
+	}
+	defer f.Close()
+	if from > 0 {
+		s.resumeAttempt(r.Context(), f, rec, from)
+	}
+	s.streamRun(w, r, f, rec, after, tr)
 	s.cancelOnDisconnect(r, rec, cancelOnLeave)
 	return nil
 }
@@ -263,7 +288,8 @@ func lastEventID(r *http.Request) (uint64, error) {
 	if v == "" {
 		v = r.URL.Query().Get("last_event_id")
 	}
-	if v == "" {
+	if v == "" || v == "-1" {
+		// -1 is LangGraph's "from the start" (useStream's joinStream).
 		return 0, nil
 	}
 	n, err := strconv.ParseUint(v, 10, 64)

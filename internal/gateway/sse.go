@@ -15,6 +15,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/langgraph"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -151,12 +152,14 @@ func oneLine(s string) string {
 
 // streamRun answers with the events of rec's run stored after stream
 // sequence after, then live ones, until run.finished. f must read the
-// run's events from after. A finished run whose events are no longer
-// retained gets one run.finished built from its record, unless the
-// client resumes after the stored run.finished (the record's
-// finished_event_id): then the stream is empty, as it was before the
-// events expired.
-func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Follow, rec *protocol.Run, after uint64) {
+// run's events from after (from the first one when tr is set). tr, when
+// set, translates them to LangGraph's stream modes; a resumed
+// translation reads the run's events from the start and sends what
+// follows after. A finished run whose events are no longer retained gets
+// one run.finished built from its record, unless the client resumes after
+// the stored run.finished (the record's finished_event_id): then the
+// stream is empty, as it was before the events expired.
+func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Follow, rec *protocol.Run, after uint64, tr *langgraph.Stream) {
 	log := s.log.With(zap.String("tenant", rec.Tenant), zap.String("thread_id", rec.ThreadID), zap.String("run_id", rec.RunID))
 	var synth []byte
 	if rec.Status.Terminal() {
@@ -181,6 +184,10 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Fol
 		}
 	}
 	out := startSSE(w)
+	if tr != nil {
+		s.streamTranslated(r.Context(), out, f, rec, after, tr, log, synth)
+		return
+	}
 	if synth != nil {
 		_ = out.event("", protocol.EventRunFinished, synth)
 		return
