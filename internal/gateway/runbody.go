@@ -50,10 +50,6 @@ type runBody struct {
 	InterruptAfter   json.RawMessage `json:"interrupt_after"`
 	FeedbackKeys     json.RawMessage `json:"feedback_keys"`
 	LangsmithTracer  json.RawMessage `json:"langsmith_tracer"`
-	// The stream options belong to the stream modes (sse.go); they are
-	// accepted here so the body check below knows them.
-	StreamMode      json.RawMessage `json:"stream_mode"`
-	StreamSubgraphs json.RawMessage `json:"stream_subgraphs"`
 	// Tenant is ignored: the tenant comes from authentication (3.1).
 	Tenant json.RawMessage `json:"tenant"`
 
