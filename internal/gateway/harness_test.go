@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -206,8 +207,29 @@ type stream struct {
 }
 
 // openStream sends a request answered with SSE and parses its frames in
-// the background.
+// the background. It asks for natsagent's own events, as a native client
+// does (stream_mode natsagent), unless the request names a stream mode:
+// openLangGraphStream reads the translated modes.
 func (e *env) openStream(method, path string, body any, headers ...string) *stream {
+	e.t.Helper()
+	if m, ok := body.(map[string]any); ok {
+		if _, set := m["stream_mode"]; !set {
+			body = with(m, "stream_mode", "natsagent")
+		}
+	}
+	if method == http.MethodGet && !strings.Contains(path, "stream_mode=") {
+		sep := "?"
+		if strings.Contains(path, "?") {
+			sep = "&"
+		}
+		path += sep + "stream_mode=natsagent"
+	}
+	return e.openLangGraphStream(method, path, body, headers...)
+}
+
+// openLangGraphStream is openStream with the request as given: without a
+// stream mode, the gateway streams LangGraph's values.
+func (e *env) openLangGraphStream(method, path string, body any, headers ...string) *stream {
 	e.t.Helper()
 	var rd io.Reader
 	if body != nil {
@@ -258,10 +280,12 @@ func (s *stream) read() {
 				continue
 			}
 			cur.data = strings.Join(data, "\n")
-			if err := json.Unmarshal([]byte(cur.data), &cur.env); err != nil {
-				s.fail(err)
+			if !json.Valid([]byte(cur.data)) {
+				s.fail(fmt.Errorf("data of %q is not JSON: %s", cur.event, cur.data))
 				return
 			}
+			// A LangGraph part (a messages tuple is a list) is no envelope.
+			_ = json.Unmarshal([]byte(cur.data), &cur.env)
 			s.events <- cur
 			cur, data = sseEvent{}, nil
 		case strings.HasPrefix(line, ":"):

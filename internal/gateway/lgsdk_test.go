@@ -43,6 +43,18 @@ func sdkModel() *model.Scripted {
 // installed SDK it skips, unless NATSAGENT_LANGGRAPH_TESTS=1 (CI), where it
 // fails.
 func TestLangGraphSDK(t *testing.T) {
+	runSDKScript(t, "state.mjs", 12)
+}
+
+// TestLangGraphSDKStream runs testdata/langgraph-sdk/stream.mjs: one check
+// per stream mode, with runs.stream and runs.joinStream.
+func TestLangGraphSDKStream(t *testing.T) {
+	runSDKScript(t, "stream.mjs", 10)
+}
+
+// runSDKScript runs a script of the SDK project against a gateway and a
+// worker with sdkModel, and wants checks checks passed.
+func runSDKScript(t *testing.T, script string, checks int) {
 	node, err := exec.LookPath("node")
 	missing := ""
 	switch {
@@ -62,7 +74,7 @@ func TestLangGraphSDK(t *testing.T) {
 	e := newEnv(t, sdkModel())
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "state.mjs")
+	cmd := exec.CommandContext(ctx, node, script)
 	cmd.Dir = sdkDir
 	cmd.Env = append(os.Environ(), "LANGGRAPH_URL="+e.http.URL)
 	out, err := cmd.CombinedOutput()
@@ -75,7 +87,7 @@ func TestLangGraphSDK(t *testing.T) {
 	if m == nil {
 		t.Fatal("the script did not report its checks")
 	}
-	if n, _ := strconv.Atoi(string(m[1])); n != 12 {
-		t.Fatalf("%d checks passed, want 12", n)
+	if n, _ := strconv.Atoi(string(m[1])); n != checks {
+		t.Fatalf("%d checks passed, want %d", n, checks)
 	}
 }

@@ -591,16 +591,7 @@ func (s *Server) runResult(ctx context.Context, r *http.Request, rec *protocol.R
 	if err != nil {
 		return nil, err
 	}
-	// The run's last checkpoint: runs queued after it may have moved the
-	// head on since.
-	at := th.Head
-	for _, d := range g.order {
-		if d.RunID == rec.RunID {
-			at = d.ID
-			break
-		}
-	}
-	values := langgraph.Values(g.stateAt(at), middleware.InterruptValue)
+	values := langgraph.Values(g.stateAfter(rec.RunID), middleware.InterruptValue)
 	if rec.Status == protocol.StatusInterrupted {
 		values = langgraph.WithInterrupt(values, rec.Interrupt)
 	}
@@ -610,13 +601,7 @@ func (s *Server) runResult(ctx context.Context, r *http.Request, rec *protocol.R
 // runErrorName is the "error" of a failed run's __error__: its stop
 // reason, or its status.
 func runErrorName(rec *protocol.Run) string {
-	if rec.StopReason != "" {
-		return rec.StopReason
-	}
-	if rec.Status == protocol.StatusTimeout {
-		return "TimeoutError"
-	}
-	return "RunError"
+	return langgraph.ErrorName(rec.Status, rec.StopReason)
 }
 
 // writeRunResult answers a finished run for runs.wait and runs.join.

@@ -28,6 +28,8 @@ type runBody struct {
 	IfNotExists string `json:"if_not_exists"`
 	// forkFields start the run from an earlier checkpoint (lgstate.go).
 	forkFields
+	// streamFields are stream_mode and stream_subgraphs (lgstream.go).
+	streamFields
 	// StreamResumable is LangGraph's: store every event (token deltas
 	// too) so a stream resumed with Last-Event-ID misses none
 	// (protocol.RunRequest.StreamResumable). A JSON boolean.

@@ -15,6 +15,8 @@ import (
 
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/langgraph"
+	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -50,6 +52,13 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		req, err := s.request(&body, tenant, thread)
 		if err != nil {
 			return err
+		}
+		var modes langgraph.Modes
+		if mode == modeStream {
+			if modes, err = body.modes(); err != nil {
+				return err
+			}
+			nameInput(req)
 		}
 		if err := s.authorize(r, tenant, req); err != nil {
 			return err
@@ -104,7 +113,12 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		w.Header().Set("Content-Location", runLocation(rec.ThreadID, rec.RunID))
 		switch mode {
 		case modeStream:
-			s.streamRun(w, r, fw, rec, 0)
+			w.Header().Set("Location", streamLocation(rec.ThreadID, rec.RunID, modes))
+			var input []model.Message
+			if req.Input != nil {
+				input = req.Input.Messages
+			}
+			s.streamRun(w, r, fw, rec, 0, s.translator(rec, modes, input))
 		case modeWait:
 			return s.writeFinal(w, r, f, rec)
 		default:
@@ -192,15 +206,26 @@ func (s *Server) joinStream(w http.ResponseWriter, r *http.Request, tenant strin
 	if err != nil {
 		return err
 	}
-	f, err := s.openFollow(r.Context(), s.names.RunEvents(tenant, rec.ThreadID, rec.RunID), after)
+	modes, err := queryModes(r)
+	if err != nil {
+		return err
+	}
+	tr := s.translator(rec, modes, nil)
+	from := after
+	if tr != nil {
+		// A translation needs the run's events from the start (the values
+		// they build); streamRun sends what follows after.
+		from = 0
+	}
+	f, err := s.openFollow(r.Context(), s.names.RunEvents(tenant, rec.ThreadID, rec.RunID), from)
 	if err != nil {
 		return fmt.Errorf("read run events: %w", err)
 	}
 	defer f.Close()
-	if after > 0 {
-		s.resumeAttempt(r.Context(), f, rec, after)
+	if from > 0 {
+		s.resumeAttempt(r.Context(), f, rec, from)
 	}
-	s.streamRun(w, r, f, rec, after)
+	s.streamRun(w, r, f, rec, after, tr)
 	return nil
 }
 
@@ -211,7 +236,8 @@ func lastEventID(r *http.Request) (uint64, error) {
 	if v == "" {
 		v = r.URL.Query().Get("last_event_id")
 	}
-	if v == "" {
+	if v == "" || v == "-1" {
+		// -1 is LangGraph's "from the start" (useStream's joinStream).
 		return 0, nil
 	}
 	n, err := strconv.ParseUint(v, 10, 64)

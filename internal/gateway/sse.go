@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/events"
+	"github.com/natsagent/natsagent/internal/langgraph"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -150,12 +151,14 @@ func oneLine(s string) string {
 
 // streamRun answers with the events of rec's run stored after stream
 // sequence after, then live ones, until run.finished. f must read the
-// run's events from after. A finished run whose events are no longer
-// retained gets one run.finished built from its record, unless the
-// client resumes after the stored run.finished (the record's
-// finished_event_id): then the stream is empty, as it was before the
-// events expired.
-func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Follow, rec *protocol.Run, after uint64) {
+// run's events from after (from the first one when tr is set). tr, when
+// set, translates them to LangGraph's stream modes; a resumed
+// translation reads the run's events from the start and sends what
+// follows after. A finished run whose events are no longer retained gets
+// one run.finished built from its record, unless the client resumes after
+// the stored run.finished (the record's finished_event_id): then the
+// stream is empty, as it was before the events expired.
+func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Follow, rec *protocol.Run, after uint64, tr *langgraph.Stream) {
 	log := s.log.With(zap.String("tenant", rec.Tenant), zap.String("thread_id", rec.ThreadID), zap.String("run_id", rec.RunID))
 	var synth []byte
 	if rec.Status.Terminal() {
@@ -180,8 +183,29 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Fol
 		}
 	}
 	out := startSSE(w)
+	// caughtUp: the client has what came before; a translation resumed
+	// after an event replays the events up to it without sending them.
+	caughtUp := tr == nil || after == 0
+	send := func(parts []langgraph.Part, err error) error {
+		if err != nil {
+			log.Warn("read the thread's state for the stream; its values may lack what the events do not say", zap.Error(err))
+		}
+		for _, p := range parts {
+			if err := out.event(p.ID, p.Event, p.Data); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if tr != nil && after == 0 {
+		_ = send(tr.Open(), nil)
+	}
 	if synth != nil {
-		_ = out.event("", protocol.EventRunFinished, synth)
+		if tr == nil {
+			_ = out.event("", protocol.EventRunFinished, synth)
+			return
+		}
+		_ = send(tr.Next(r.Context(), langgraph.Native{Data: synth}))
 		return
 	}
 	for {
@@ -205,12 +229,35 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Fol
 		if !m.Live {
 			id = strconv.FormatUint(m.StreamSeq, 10)
 		}
-		if err := out.event(id, m.Type, m.Data); err != nil {
+		if tr == nil {
+			if err := out.event(id, m.Type, m.Data); err != nil {
+				log.Debug("event stream write failed", zap.Error(err))
+				return
+			}
+			if m.Type == protocol.EventRunFinished && !m.Live {
+				s.noteFinishedEventID(rec, m.StreamSeq)
+				return
+			}
+			continue
+		}
+		parts, terr := tr.Next(r.Context(), langgraph.Native{Data: m.Data, ID: id})
+		if !caughtUp && !m.Live && m.StreamSeq >= after {
+			caughtUp = true
+			if m.StreamSeq == after {
+				parts = nil // the client had it
+			}
+		}
+		if !caughtUp {
+			parts = nil
+		}
+		if err := send(parts, terr); err != nil {
 			log.Debug("event stream write failed", zap.Error(err))
 			return
 		}
-		if m.Type == protocol.EventRunFinished && !m.Live {
-			s.noteFinishedEventID(rec, m.StreamSeq)
+		if tr.Done() {
+			if !m.Live && m.Type == protocol.EventRunFinished {
+				s.noteFinishedEventID(rec, m.StreamSeq)
+			}
 			return
 		}
 	}

@@ -91,7 +91,9 @@ export const paths = {
   latestRun: (t) => `/threads/${seg(t)}/runs?limit=1`,
   createRun: (t) => (t ? `/threads/${seg(t)}/runs` : '/runs'),
   run: (t, r) => `/threads/${seg(t)}/runs/${seg(r)}`,
-  stream: (t, r) => `/threads/${seg(t)}/runs/${seg(r)}/stream`,
+  // natsagent's own events: without stream_mode the gateway sends
+  // LangGraph's values.
+  stream: (t, r) => `/threads/${seg(t)}/runs/${seg(r)}/stream?stream_mode=natsagent`,
   cancel: (t, r) => `/threads/${seg(t)}/runs/${seg(r)}/cancel`,
   threadUsage: (t) => `/threads/${seg(t)}/usage`,
   files: (t) => `/threads/${seg(t)}/files`,

@@ -1,0 +1,162 @@
+// Drives natsagent's gateway's stream modes with the official LangGraph JS
+// SDK (runs.stream, runs.joinStream) and asserts LangGraph's semantics per
+// mode: event names, payload shapes, values holding the final AI message,
+// message chunks concatenating to it, interrupts, errors. Run by
+// TestLangGraphSDKStream (internal/gateway) against a worker whose model
+// echoes the last message, asks "Which city?" for a message containing
+// "ask me", and fails on one containing "break". Prints one line per check
+// and "checks passed: N".
+import assert from "node:assert/strict";
+import { Client } from "@langchain/langgraph-sdk";
+
+const apiUrl = process.env.LANGGRAPH_URL;
+if (!apiUrl) {
+  console.error("LANGGRAPH_URL is not set");
+  process.exit(2);
+}
+const client = new Client({ apiUrl, callerOptions: { maxRetries: 0 } });
+const agent = "chatbot";
+
+let passed = 0;
+let failed = 0;
+async function check(name, fn) {
+  try {
+    await fn();
+    passed++;
+    console.log(`ok   ${name}`);
+  } catch (err) {
+    failed++;
+    console.log(`FAIL ${name}: ${err && err.stack ? err.stack : err}`);
+  }
+}
+
+const human = (content) => ({ type: "human", content });
+
+// stream runs a new run on a new thread and collects its parts.
+async function stream(text, payload = {}) {
+  const thread = await client.threads.create();
+  const parts = [];
+  for await (const part of client.runs.stream(thread.thread_id, agent, { input: { messages: [human(text)] }, ...payload })) {
+    parts.push(part);
+  }
+  return { threadId: thread.thread_id, parts };
+}
+
+const named = (parts, event) => parts.filter((p) => p.event === event);
+const lastAI = (values) => values.messages.filter((m) => m.type === "ai").at(-1);
+
+await check("no streamMode: metadata, then values (LangGraph's default), then end", async () => {
+  const { threadId, parts } = await stream("plain");
+  assert.equal(parts[0].event, "metadata");
+  assert.equal(parts[0].data.thread_id, threadId);
+  assert.equal(typeof parts[0].data.run_id, "string");
+  assert.equal(parts[0].data.attempt, 1);
+  assert.equal(parts.at(-1).event, "end");
+  for (const p of parts.slice(1, -1)) assert.equal(p.event, "values");
+});
+
+await check("values: the input first, the final AI message last, as the thread's state", async () => {
+  const { threadId, parts } = await stream("values please", { streamMode: "values" });
+  const values = named(parts, "values").map((p) => p.data);
+  assert.ok(values.length >= 2);
+  assert.deepEqual(values[0].messages.map((m) => [m.type, m.content]), [["human", "values please"]]);
+  const state = await client.threads.getState(threadId);
+  assert.deepEqual(values.at(-1).messages, state.values.messages);
+  assert.equal(lastAI(values.at(-1)).content, "echo: values please");
+});
+
+await check("messages-tuple: [AIMessageChunk, metadata] chunks concatenate to the completed message, under its id", async () => {
+  const { threadId, parts } = await stream("tuple me", { streamMode: "messages-tuple" });
+  const tuples = named(parts, "messages");
+  assert.ok(tuples.length >= 1);
+  const state = await client.threads.getState(threadId);
+  const ai = lastAI(state.values);
+  let text = "";
+  for (const { data } of tuples) {
+    assert.ok(Array.isArray(data) && data.length === 2);
+    const [chunk, meta] = data;
+    assert.equal(chunk.type, "AIMessageChunk");
+    assert.equal(chunk.id, ai.id);
+    assert.equal(meta.langgraph_node, "model");
+    assert.equal(meta.thread_id, threadId);
+    assert.ok(Array.isArray(meta.tags));
+    text += chunk.content;
+  }
+  assert.equal(text, ai.content);
+  assert.equal(named(parts, "values").length, 0);
+});
+
+await check("updates: {model: {messages: [the AI message]}} per step", async () => {
+  const { threadId, parts } = await stream("update me", { streamMode: "updates" });
+  const updates = named(parts, "updates").map((p) => p.data);
+  const model = updates.filter((u) => "model" in u);
+  assert.equal(model.length, 1);
+  const state = await client.threads.getState(threadId);
+  const msg = model[0].model.messages[0];
+  assert.equal(msg.type, "ai");
+  assert.equal(msg.id, lastAI(state.values).id);
+  assert.equal(msg.content, "echo: update me");
+});
+
+await check("custom: only custom parts (none for a plain run) between metadata and end", async () => {
+  const { parts } = await stream("custom", { streamMode: "custom" });
+  assert.deepEqual(parts.map((p) => p.event).filter((e) => e !== "custom"), ["metadata", "end"]);
+});
+
+await check("a list of modes streams each mode's parts", async () => {
+  const { parts } = await stream("all of them", { streamMode: ["values", "messages-tuple", "updates"] });
+  const events = new Set(parts.map((p) => p.event));
+  for (const e of ["metadata", "values", "messages", "updates", "end"]) assert.ok(events.has(e), `no ${e} in ${[...events]}`);
+  assert.equal(events.size, 5);
+});
+
+await check("error: a failed run ends with error {error, message}", async () => {
+  const { parts } = await stream("break please", { streamMode: ["values"] });
+  const err = named(parts, "error");
+  assert.equal(err.length, 1);
+  assert.equal(err[0].data.error, "RunError");
+  assert.match(err[0].data.message, /broken/);
+});
+
+await check("an interrupt shows __interrupt__ in values and updates", async () => {
+  const { parts } = await stream("ask me something", { streamMode: ["values", "updates"] });
+  const last = named(parts, "values").at(-1).data;
+  assert.deepEqual(Object.keys(last), ["__interrupt__"]);
+  assert.equal(last.__interrupt__[0].value.question, "Which city?");
+  assert.equal(typeof last.__interrupt__[0].id, "string");
+  assert.ok("__interrupt__" in named(parts, "updates").at(-1).data);
+});
+
+await check("joinStream with lastEventId resumes after that event in the mode asked", async () => {
+  let runId;
+  const thread = await client.threads.create();
+  const first = [];
+  for await (const part of client.runs.stream(thread.thread_id, agent, {
+    input: { messages: [human("join me")] },
+    streamMode: "values",
+    onRunCreated: (meta) => { runId = meta.run_id; },
+  })) {
+    first.push(part);
+  }
+  const k = first.findIndex((p) => p.event === "values" && p.id);
+  assert.ok(k > 0);
+  const rest = [];
+  for await (const part of client.runs.joinStream(thread.thread_id, runId, { lastEventId: first[k].id, streamMode: "values" })) {
+    rest.push(part);
+  }
+  assert.deepEqual(rest.map((p) => p.event), first.slice(k + 1).map((p) => p.event));
+  assert.deepEqual(named(rest, "values").at(-1).data, named(first, "values").at(-1).data);
+});
+
+await check("natsagent mode streams natsagent's own events", async () => {
+  const { parts } = await stream("native", { streamMode: "natsagent" });
+  assert.equal(parts[0].event, "run.queued");
+  assert.equal(parts.at(-1).event, "run.finished");
+  assert.equal(parts.at(-1).data.data.status, "success");
+});
+
+console.log(`checks passed: ${passed}`);
+if (failed > 0) {
+  console.log(`checks failed: ${failed}`);
+  process.exit(1);
+}
