@@ -61,10 +61,13 @@ func buildUseStreamPage(t *testing.T) string {
 	return out
 }
 
-// useStreamStory and useStreamPoem are the model's answers.
+// useStreamStory is the answer the page must show stream word by word:
+// the model holds it after useStreamHold deltas until the test has seen
+// part of it on screen.
 const (
 	useStreamStory = "Once upon a time a queue kept every message safe, and the agents that read it lived happily ever after."
 	useStreamPoem  = "Roses are red, subjects are dotted, no message is lost."
+	useStreamHold  = 4
 )
 
 // lgMessage is a message of LangGraph values as the test reads them.
@@ -118,10 +121,15 @@ func (s lgSnapshot) texts() []string {
 // TestUseStreamInBrowser runs a React page built on useStream from the
 // official LangGraph SDK (testdata/usestream, built with vite) in headless
 // Chromium against the gateway, a worker and a model behind the
-// OpenAI-compatible test server: an answer appears on the page and in the
-// thread's state; a run stopped for approval shows the interrupt, the page resumes
-// it and the run finishes; editing an earlier message forks the thread,
-// the page shows the new branch and can switch back to the old one.
+// OpenAI-compatible test server, and checks what the page renders against
+// what the gateway stored: an answer streams onto the page token by token
+// (the model holds it half way until the page shows the part sent); a run
+// stopped for approval shows the interrupt, the page resumes it with
+// LangChain's decisions and the run finishes; editing an earlier message
+// forks the thread at its parent checkpoint, editing the first one forks
+// it at the input checkpoint, and the page switches between the branches.
+// Skips without Chromium or the page's packages unless
+// NATSAGENT_BROWSER_TESTS=1 or NATSAGENT_LANGGRAPH_TESTS=1 make it fail.
 func TestUseStreamInBrowser(t *testing.T) {
 	dist := buildUseStreamPage(t)
 	p := openBrowserFor(t, 3*time.Minute)
@@ -145,7 +153,25 @@ func TestUseStreamInBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := oa
+	// The story's deltas stop after useStreamHold words until the test
+	// opens the gate: the page must show the partial answer meanwhile.
+	hold := newGate(t)
+	m := model.Func(func(ctx context.Context, req *model.Request, onDelta func(model.Delta)) (*model.Response, error) {
+		last := req.Messages[len(req.Messages)-1]
+		if last.Role == model.RoleUser && strings.Contains(last.Content, "story") && onDelta != nil {
+			inner, n := onDelta, 0
+			onDelta = func(d model.Delta) {
+				inner(d)
+				if n++; n == useStreamHold {
+					select {
+					case <-hold.ch:
+					case <-ctx.Done():
+					}
+				}
+			}
+		}
+		return oa.Generate(ctx, req, onDelta)
+	})
 	wd := &workdirs{m: map[string]*files.Memory{}}
 	e := newEnvWith(t, nil, func(s *Server) { s.cfg.Files = wd.open })
 	e.startFileWorker(m, wd)
@@ -157,6 +183,7 @@ func TestUseStreamInBrowser(t *testing.T) {
 	mux.Handle("/", e.gw.Handler())
 	site := httptest.NewServer(mux)
 	t.Cleanup(func() {
+		hold.open() // a failed test must not leave the run waiting
 		site.CloseClientConnections()
 		site.Close()
 	})
@@ -200,8 +227,45 @@ func TestUseStreamInBrowser(t *testing.T) {
 
 	// 1. The answer streams onto the page token by token.
 	send("message", "send", "tell me a story")
+	partial := p.waitText(t, "#messages .msg.ai .text", func(s string) bool { return s != "" })
+	if !strings.HasPrefix(useStreamStory, partial) || partial == useStreamStory {
+		t.Fatalf("the page shows %q while the answer streams: not a part of it", partial)
+	}
+	if got := p.eval(t, `document.querySelector("#status").textContent`); got != "loading" {
+		t.Fatalf("the page is %q while the model still holds the answer", got)
+	}
+	hold.open()
 	p.waitText(t, "#status", equals("idle"))
 	waitShown("after the story", []string{"human:tell me a story", "ai:" + useStreamStory})
+	// The screen showed the answer grow: several partial texts, each a
+	// prefix of the next, while the run was loading.
+	var renders []struct {
+		Loading bool `json:"loading"`
+		Texts   []struct {
+			Text string `json:"text"`
+		} `json:"texts"`
+	}
+	if err := json.Unmarshal([]byte(p.eval(t, `JSON.stringify(window.__renders)`)), &renders); err != nil {
+		t.Fatal(err)
+	}
+	var grew []string
+	for _, r := range renders {
+		if !r.Loading || len(r.Texts) != 1 {
+			continue
+		}
+		if s := r.Texts[0].Text; s != "" && s != useStreamStory && (len(grew) == 0 || s != grew[len(grew)-1]) {
+			grew = append(grew, s)
+		}
+	}
+	if len(grew) < 2 {
+		t.Fatalf("the answer appeared in %d partial texts while streaming (%q): it was not streamed token by token", len(grew), grew)
+	}
+	for i, s := range grew {
+		if !strings.HasPrefix(useStreamStory, s) || (i > 0 && !strings.HasPrefix(s, grew[i-1])) {
+			t.Fatalf("partial texts %q do not grow into the answer", grew)
+		}
+	}
+	t.Logf("the answer grew on screen through %q", grew)
 	thread := p.eval(t, `document.querySelector("#thread").textContent`)
 	afterStory := state(thread)
 	if got, want := afterStory.texts(), []string{"human:tell me a story", "ai:" + useStreamStory}; fmt.Sprint(got) != fmt.Sprint(want) {
@@ -283,6 +347,32 @@ func TestUseStreamInBrowser(t *testing.T) {
 	waitShown("the old branch", done.texts())
 	p.do(t, "next branch", chromedp.Click(`#messages .msg.human[data-index="2"] .branch-next`))
 	waitShown("back on the new branch", head.texts())
+
+	// Edit the first question: the page forks from the thread's input
+	// checkpoint, and the thread starts over on a third branch.
+	p.do(t, "edit the first", chromedp.Click(`#messages .msg.human[data-index="0"] .edit`))
+	send("edit-text", "edit-send", "tell me a poem")
+	p.waitText(t, "#status", equals("idle"))
+	waitShown("after editing the first message", []string{"human:tell me a poem", "ai:" + useStreamPoem})
+	if got := p.eval(t, `window.__forkedFrom ? window.__forkedFrom.checkpoint_id : ""`); got != inputCheckpoint {
+		t.Fatalf("the page forked from %q, want the input checkpoint", got)
+	}
+	if got, want := state(thread).texts(), shown(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("the gateway's head is %q, the page shows %q", got, want)
+	}
+	e.do("POST", "/threads/"+thread+"/history", map[string]any{"limit": 100}).expect(t, http.StatusOK).decode(t, &history)
+	roots := 0
+	for _, s := range history {
+		if s.ParentCheckpoint != nil && s.ParentCheckpoint.CheckpointID == inputCheckpoint {
+			roots++
+		}
+	}
+	if roots != 2 {
+		t.Fatalf("the input checkpoint has %d children, want 2", roots)
+	}
+	p.waitText(t, `#messages .msg.human[data-index="0"] .branch-at`, equals("2/2"))
+	p.do(t, "previous first branch", chromedp.Click(`#messages .msg.human[data-index="0"] .branch-prev`))
+	waitShown("the branch before the restart", head.texts())
 
 	if got := p.eval(t, `(document.querySelector("#error") || {}).textContent || ""`); got != "" {
 		t.Fatalf("the page reported an error: %s", got)
