@@ -49,7 +49,7 @@ func TestLangGraphSDK(t *testing.T) {
 // TestLangGraphSDKStream runs testdata/langgraph-sdk/stream.mjs: one check
 // per stream mode, with runs.stream and runs.joinStream.
 func TestLangGraphSDKStream(t *testing.T) {
-	runSDKScript(t, "stream.mjs", 10)
+	runSDKScript(t, "stream.mjs", 15)
 }
 
 // runSDKScript runs a script of the SDK project against a gateway and a

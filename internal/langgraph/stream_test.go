@@ -304,3 +304,93 @@ func TestParseModes(t *testing.T) {
 		}
 	}
 }
+
+func TestStreamMessagesDeprecated(t *testing.T) {
+	e, src := toolRun(t)
+	parts := translate(t, []string{"messages"}, src, e.out)
+	var seq []string
+	for _, p := range parts {
+		switch p.Event {
+		case "messages/metadata":
+			for id := range decode(t, p.Data).(map[string]any) {
+				seq = append(seq, "metadata:"+id)
+			}
+		case "messages/partial", "messages/complete":
+			m := decode(t, p.Data).([]any)[0].(map[string]any)
+			seq = append(seq, strings.TrimPrefix(p.Event, "messages/")+":"+m["id"].(string)+":"+m["content"].(string))
+		}
+	}
+	want := []string{
+		"metadata:a1", "complete:a1:", // no delta: metadata, then the whole message
+		"complete:tool-c1:noon",
+		"metadata:a2", "partial:a2:It is ", "partial:a2:It is no", "complete:a2:It is noon.",
+	}
+	if !reflect.DeepEqual(seq, want) {
+		t.Fatalf("messages parts\n%v\nwant\n%v", seq, want)
+	}
+}
+
+func TestStreamEvents(t *testing.T) {
+	e, src := toolRun(t)
+	parts := translate(t, []string{"events"}, src, e.out)
+	var seq []string
+	for _, p := range byEvent(parts, "events") {
+		ev := decode(t, p.Data).(map[string]any)
+		seq = append(seq, ev["event"].(string)+":"+ev["name"].(string))
+		if ev["tags"] == nil || ev["metadata"] == nil || ev["parent_ids"] == nil || ev["run_id"] == "" {
+			t.Fatalf("event %v lacks a field", ev)
+		}
+	}
+	want := []string{"on_chat_model_start:gpt-x", "on_chat_model_end:gpt-x", "on_tool_start:clock", "on_tool_end:clock",
+		"on_chat_model_start:gpt-x", "on_chat_model_stream:gpt-x", "on_chat_model_stream:gpt-x", "on_chat_model_end:gpt-x", "on_chain_end:LangGraph"}
+	if !reflect.DeepEqual(seq, want) {
+		t.Fatalf("events\n%v\nwant\n%v", seq, want)
+	}
+	end := decode(t, byEvent(parts, "events")[8].Data).(map[string]any)["data"].(map[string]any)["output"]
+	if ids := messageIDs(t, end); len(ids) != 4 || ids[2] != "tool:t1" {
+		t.Fatalf("on_chain_end output %v, want the final values", ids)
+	}
+}
+
+func TestStreamTasksCheckpointsDebug(t *testing.T) {
+	e, src := toolRun(t)
+	parts := translate(t, []string{"tasks", "checkpoints", "debug"}, src, e.out)
+	var tasks []string
+	for _, p := range byEvent(parts, "tasks") {
+		task := decode(t, p.Data).(map[string]any)
+		kind := "start"
+		if _, ok := task["result"]; ok {
+			kind = "result"
+		}
+		tasks = append(tasks, task["name"].(string)+":"+kind)
+		if task["id"] == "" || task["interrupts"] == nil {
+			t.Fatalf("task %v", task)
+		}
+	}
+	if want := []string{"model:result", "tools:start", "tools:result", "model:result"}; !reflect.DeepEqual(tasks, want) {
+		t.Fatalf("tasks %v, want %v", tasks, want)
+	}
+	var next [][]any
+	for _, p := range byEvent(parts, "checkpoints") {
+		cp := decode(t, p.Data).(map[string]any)
+		next = append(next, cp["next"].([]any))
+		cfg := cp["config"].(map[string]any)["configurable"].(map[string]any)
+		if cfg["thread_id"] != "h1" || cp["checkpoint"].(map[string]any)["checkpoint_id"] != cfg["checkpoint_id"] || cp["values"] == nil {
+			t.Fatalf("checkpoint %v", cp)
+		}
+	}
+	if want := [][]any{{"tools"}, {"model"}, {}}; !reflect.DeepEqual(next, want) {
+		t.Fatalf("checkpoints' next %v, want %v", next, want)
+	}
+	var kinds []string
+	for _, p := range byEvent(parts, "debug") {
+		d := decode(t, p.Data).(map[string]any)
+		kinds = append(kinds, d["type"].(string))
+		if d["payload"] == nil || d["timestamp"] == nil {
+			t.Fatalf("debug %v", d)
+		}
+	}
+	if want := []string{"task_result", "checkpoint", "task", "task_result", "checkpoint", "task_result", "checkpoint"}; !reflect.DeepEqual(kinds, want) {
+		t.Fatalf("debug %v, want %v", kinds, want)
+	}
+}

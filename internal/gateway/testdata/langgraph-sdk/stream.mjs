@@ -155,6 +155,65 @@ await check("natsagent mode streams natsagent's own events", async () => {
   assert.equal(parts.at(-1).data.data.status, "success");
 });
 
+await check("messages (deprecated): messages/metadata, messages/partial growing, messages/complete", async () => {
+  const { threadId, parts } = await stream("old style", { streamMode: "messages" });
+  const ai = lastAI((await client.threads.getState(threadId)).values);
+  const mine = parts.filter((p) => p.event.startsWith("messages/"));
+  assert.equal(mine[0].event, "messages/metadata");
+  assert.equal(typeof mine[0].data[ai.id].metadata, "object");
+  const partial = named(parts, "messages/partial").map((p) => p.data[0].content);
+  for (let i = 1; i < partial.length; i++) assert.ok(partial[i].startsWith(partial[i - 1]));
+  const complete = named(parts, "messages/complete").at(-1).data[0];
+  assert.equal(complete.id, ai.id);
+  assert.equal(complete.content, ai.content);
+});
+
+await check("events: on_chat_model_stream chunks make the answer; on_chain_end has the final values", async () => {
+  const { threadId, parts } = await stream("eventful", { streamMode: "events" });
+  const state = await client.threads.getState(threadId);
+  const evs = named(parts, "events").map((p) => p.data);
+  assert.equal(evs[0].event, "on_chat_model_start");
+  const text = evs.filter((e) => e.event === "on_chat_model_stream").map((e) => e.data.chunk.content).join("");
+  assert.equal(text, lastAI(state.values).content);
+  assert.equal(evs.filter((e) => e.event === "on_chat_model_end")[0].data.output.content, lastAI(state.values).content);
+  const end = evs.at(-1);
+  assert.equal(end.event, "on_chain_end");
+  assert.deepEqual(end.data.output.messages, state.values.messages);
+});
+
+await check("tasks: a tool call's task starts and the model's task has its result", async () => {
+  const { parts } = await stream("ask me a task", { streamMode: "tasks" });
+  const tasks = named(parts, "tasks").map((p) => p.data);
+  const model = tasks.find((t) => t.name === "model" && "result" in t);
+  assert.equal(model.result[0][0], "messages");
+  assert.equal(model.result[0][1][0].tool_calls[0].name, "ask_clarification");
+  const tool = tasks.find((t) => t.name === "tools" && "input" in t);
+  assert.equal(tool.input.tool_call.name, "ask_clarification");
+  assert.deepEqual(tool.interrupts, []);
+});
+
+await check("checkpoints: after each step, with values, next and a checkpoint", async () => {
+  const { threadId, parts } = await stream("checkpoint me", { streamMode: "checkpoints" });
+  const cps = named(parts, "checkpoints").map((p) => p.data);
+  assert.ok(cps.length >= 1);
+  const last = cps.at(-1);
+  assert.equal(last.config.configurable.thread_id, threadId);
+  assert.equal(typeof last.checkpoint.checkpoint_id, "string");
+  assert.deepEqual(last.next, []);
+  assert.equal(lastAI(last.values).content, "echo: checkpoint me");
+});
+
+await check("debug: task_result and checkpoint entries with step and payload", async () => {
+  const { parts } = await stream("debug me", { streamMode: "debug" });
+  const types = named(parts, "debug").map((p) => p.data.type);
+  assert.deepEqual(types, ["task_result", "checkpoint"]);
+  for (const p of named(parts, "debug")) {
+    assert.equal(typeof p.data.step, "number");
+    assert.equal(typeof p.data.timestamp, "string");
+    assert.equal(typeof p.data.payload, "object");
+  }
+});
+
 console.log(`checks passed: ${passed}`);
 if (failed > 0) {
   console.log(`checks failed: ${failed}`);
