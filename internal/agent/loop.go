@@ -535,7 +535,7 @@ func (l *loop) runTools(ctx context.Context, handler middleware.ToolHandler, cal
 			msg.Status = model.ToolStatusSuccess
 		}
 		msgs = append(msgs, l.mark(msg))
-		l.Host.Emit(protocol.EventToolFinished, protocol.ToolEventData{ToolCallID: c.ID, Name: c.Name, Status: msg.Status, Result: clip(msg.Content, 2000)})
+		l.Host.Emit(protocol.EventToolFinished, protocol.ToolEventData{ToolCallID: c.ID, Name: c.Name, Status: msg.Status, Result: clip(msg.Content, 2000), MessageID: msg.ID})
 	}
 	if firstErr != nil && cause == nil {
 		return l.failed(ctx, firstErr), true

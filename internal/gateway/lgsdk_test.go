@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/model"
 )
 
@@ -25,6 +27,8 @@ func sdkModel() *model.Scripted {
 	return model.NewScripted(func(_ int, req *model.Request) model.Reply {
 		last := req.Messages[len(req.Messages)-1]
 		switch {
+		case last.Role == model.RoleUser && strings.Contains(last.Content, "spawn a child"):
+			return model.Reply{ToolCalls: []model.ToolCall{{ID: "call_spawn", Name: "spawn", Arguments: `{}`}}}
 		case last.Role == model.RoleUser && strings.Contains(last.Content, "ask me"):
 			return model.Reply{ToolCalls: []model.ToolCall{{ID: "q1", Name: "ask_clarification",
 				Arguments: `{"question":"Which city?","type":"missing_info"}`}}}
@@ -43,18 +47,27 @@ func sdkModel() *model.Scripted {
 // installed SDK it skips, unless NATSAGENT_LANGGRAPH_TESTS=1 (CI), where it
 // fails.
 func TestLangGraphSDK(t *testing.T) {
-	runSDKScript(t, "state.mjs", 12)
+	runSDKScript(t, "state.mjs", 12, nil)
 }
 
 // TestLangGraphSDKStream runs testdata/langgraph-sdk/stream.mjs: one check
 // per stream mode, with runs.stream and runs.joinStream.
+// The worker has the spawn tool, and a finished run "child1" on thread
+// "kid" for it to name as its subagent.
 func TestLangGraphSDKStream(t *testing.T) {
-	runSDKScript(t, "stream.mjs", 15)
+	runSDKScript(t, "stream.mjs", 16, func(t *testing.T) *env {
+		wd := &workdirs{m: map[string]*files.Memory{}}
+		e := newEnvWith(t, nil, func(s *Server) { s.cfg.Files = wd.open })
+		e.startFileWorker(sdkModel(), wd, spawnTool{runs: e.stores.Runs})
+		e.do("POST", "/threads/kid/runs/wait", with(input("child work"), "run_id", "child1")).expect(t, http.StatusOK)
+		return e
+	})
 }
 
 // runSDKScript runs a script of the SDK project against a gateway and a
-// worker with sdkModel, and wants checks checks passed.
-func runSDKScript(t *testing.T, script string, checks int) {
+// worker with sdkModel (or the env start makes), and wants checks checks
+// passed.
+func runSDKScript(t *testing.T, script string, checks int, start func(*testing.T) *env) {
 	node, err := exec.LookPath("node")
 	missing := ""
 	switch {
@@ -71,7 +84,12 @@ func runSDKScript(t *testing.T, script string, checks int) {
 		}
 		t.Skip(missing + "; set NATSAGENT_LANGGRAPH_TESTS=1 to make this a failure")
 	}
-	e := newEnv(t, sdkModel())
+	var e *env
+	if start != nil {
+		e = start(t)
+	} else {
+		e = newEnv(t, sdkModel())
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, script)

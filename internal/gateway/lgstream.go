@@ -9,8 +9,12 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"sync"
 	"time"
 
+	"go.uber.org/zap"
+
+	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/langgraph"
 	"github.com/natsagent/natsagent/internal/middleware"
@@ -201,4 +205,215 @@ func (g *threadGraph) stateAfter(run string) *state.State {
 		return &state.State{}
 	}
 	return g.stateAt(at)
+}
+
+// childWait bounds how long a finished lead run's stream waits for the
+// last parts of its subagents' streams.
+const childWait = 10 * time.Second
+
+// streamTranslated is streamRun in LangGraph's stream modes: tr
+// translates the events f reads from the run's first one; what comes
+// before after (the client's Last-Event-ID) is replayed without being
+// sent. With stream_subgraphs, the subagent runs the events name are
+// followed too, their parts namespaced.
+func (s *Server) streamTranslated(ctx context.Context, out *sse, f *events.Follow, rec *protocol.Run, after uint64, tr *langgraph.Stream, log *zap.Logger, synth []byte) {
+	send := func(parts []langgraph.Part) error {
+		for _, p := range parts {
+			if err := out.event(p.ID, p.Event, p.Data); err != nil {
+				log.Debug("event stream write failed", zap.Error(err))
+				return err
+			}
+		}
+		return nil
+	}
+	warn := func(err error) {
+		if err != nil {
+			log.Warn("read the thread's state for the stream; its values lack what the events do not say", zap.Error(err))
+		}
+	}
+	if after == 0 && send(tr.Open()) != nil {
+		return
+	}
+	if synth != nil {
+		parts, err := tr.Next(ctx, langgraph.Native{Data: synth})
+		warn(err)
+		_ = send(parts)
+		return
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	lead := make(chan followed)
+	pumped := make(chan struct{})
+	go func() {
+		defer close(pumped)
+		pumpFollow(ctx, f, lead)
+	}()
+	kids := make(chan []langgraph.Part, 64)
+	var wg sync.WaitGroup
+	// Nothing reads f or a child's follow once this returns: the caller
+	// closes f.
+	defer func() {
+		cancel()
+		<-pumped
+		wg.Wait()
+	}()
+	keepAlive := time.NewTimer(s.keepAlive)
+	defer keepAlive.Stop()
+	// caughtUp: the client has what came before.
+	caughtUp := after == 0
+	for {
+		select {
+		case <-ctx.Done():
+			log.Debug("event stream client left")
+			return
+		case <-keepAlive.C:
+			if out.comment("keep-alive") != nil {
+				return
+			}
+			keepAlive.Reset(s.keepAlive)
+		case parts := <-kids:
+			if send(parts) != nil {
+				return
+			}
+		case it := <-lead:
+			if it.err != nil {
+				if ctx.Err() == nil {
+					log.Warn("event stream ended early; the client resumes with Last-Event-ID", zap.Error(it.err))
+				}
+				return
+			}
+			m := it.m
+			id := ""
+			if !m.Live {
+				id = strconv.FormatUint(m.StreamSeq, 10)
+			}
+			parts, err := tr.Next(ctx, langgraph.Native{Data: m.Data, ID: id})
+			warn(err)
+			if !caughtUp && !m.Live && m.StreamSeq >= after {
+				caughtUp = true
+				if m.StreamSeq == after {
+					parts = nil // the client had it
+				}
+			}
+			if !caughtUp {
+				parts = nil
+			}
+			for _, c := range tr.Children() {
+				wg.Add(1)
+				go s.followChild(ctx, rec, c, c.Namespace(), tr.Modes(), kids, &wg)
+			}
+			if tr.Done() {
+				// The subagents' last parts go before the lead's end.
+				s.drainChildren(ctx, &wg, kids, send)
+				if send(parts) == nil && !m.Live && m.Type == protocol.EventRunFinished {
+					s.noteFinishedEventID(rec, m.StreamSeq)
+				}
+				return
+			}
+			if send(parts) != nil {
+				return
+			}
+			keepAlive.Reset(s.keepAlive)
+		}
+	}
+}
+
+type followed struct {
+	m   events.Item
+	err error
+}
+
+// pumpFollow hands f's events to ch until ctx ends or f fails.
+func pumpFollow(ctx context.Context, f *events.Follow, ch chan<- followed) {
+	for {
+		m, err := f.Next(ctx)
+		select {
+		case ch <- followed{m, err}:
+		case <-ctx.Done():
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// drainChildren sends the subagent streams' parts until they all ended,
+// for childWait at most.
+func (s *Server) drainChildren(ctx context.Context, wg *sync.WaitGroup, kids <-chan []langgraph.Part, send func([]langgraph.Part) error) {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	limit := time.NewTimer(childWait)
+	defer limit.Stop()
+	for {
+		select {
+		case parts := <-kids:
+			if send(parts) != nil {
+				return
+			}
+		case <-done:
+			for {
+				select {
+				case parts := <-kids:
+					if send(parts) != nil {
+						return
+					}
+				default:
+					return
+				}
+			}
+		case <-limit.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// followChild streams a subagent run of parent's (named by its
+// subagent.started) into kids, its parts namespaced ns, and its own
+// subagents' under ns too, until its run.finished or ctx ends. The child
+// is read in the parent's tenant only, and only when its record names
+// parent and the tool call as its parent: an event naming another run
+// reads nothing.
+func (s *Server) followChild(ctx context.Context, parent *protocol.Run, c langgraph.Child, ns string, modes langgraph.Modes, kids chan<- []langgraph.Part, wg *sync.WaitGroup) {
+	defer wg.Done()
+	tenant := parent.Tenant
+	log := s.log.With(zap.String("tenant", tenant), zap.String("thread_id", c.ThreadID), zap.String("run_id", c.RunID))
+	if !protocol.ValidToken(c.RunID) || !protocol.ValidToken(c.ThreadID) {
+		return
+	}
+	rec, _, err := s.stores.Runs.Get(ctx, tenant, c.RunID)
+	if err != nil || rec.ThreadID != c.ThreadID || rec.Parent == nil ||
+		*rec.Parent != (protocol.Parent{RunID: parent.RunID, ThreadID: parent.ThreadID, ToolCallID: c.ToolCallID}) {
+		log.Debug("subagent.started names no child run of this one", zap.Error(err))
+		return
+	}
+	f, err := s.openFollow(ctx, s.names.RunEvents(tenant, c.ThreadID, c.RunID), 0)
+	if err != nil {
+		log.Debug("follow a subagent run", zap.Error(err))
+		return
+	}
+	defer f.Close()
+	tr := s.translator(rec, modes, nil)
+	for !tr.Done() {
+		m, err := f.Next(ctx)
+		if err != nil {
+			return
+		}
+		parts, _ := tr.Next(ctx, langgraph.Native{Data: m.Data})
+		for _, gc := range tr.Children() {
+			wg.Add(1)
+			go s.followChild(ctx, rec, gc, ns+"|"+gc.Namespace(), modes, kids, wg)
+		}
+		if parts = langgraph.Subgraph(parts, ns); len(parts) > 0 {
+			select {
+			case kids <- parts:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
 }

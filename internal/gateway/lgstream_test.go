@@ -1,12 +1,19 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/natsagent/natsagent/internal/files"
+	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/tools"
 )
 
 func eventNames(evs []sseEvent) []string {
@@ -149,8 +156,16 @@ func TestLangGraphStreamDefaultAndResume(t *testing.T) {
 	// Resumed after the first values event that has an id.
 	k := slices.IndexFunc(evs, func(ev sseEvent) bool { return ev.event == "values" && ev.id != "" })
 	rest := e.openLangGraphStream("GET", "/threads/t1/runs/r1/stream?stream_mode=values", nil, "Last-Event-ID", evs[k].id).rest(5 * time.Second)
-	if got, want := eventNames(rest), names[k+1:]; !slices.Equal(got, want) {
-		t.Fatalf("resumed %v, want %v", got, want)
+	// What follows the input's values: values with the answer (the last
+	// as before; a live title may add one), then the end.
+	got := eventNames(rest)
+	if len(got) < 2 || got[len(got)-1] != "end" || slices.Contains(got, "metadata") {
+		t.Fatalf("resumed %v, want values then end", got)
+	}
+	for _, ev := range only(rest, "values") {
+		if msgs := lgMessages(t, ev); len(msgs) != 2 {
+			t.Fatalf("resumed values %s, want the answer in it", ev.data)
+		}
 	}
 	if rest[len(rest)-2].data != values[len(values)-1].data {
 		t.Fatalf("resumed final values %s, want %s", rest[len(rest)-2].data, values[len(values)-1].data)
@@ -193,5 +208,98 @@ func TestLangGraphStreamInterrupt(t *testing.T) {
 	}
 	if ups := only(evs, "updates"); !strings.Contains(ups[len(ups)-1].data, "__interrupt__") {
 		t.Fatalf("updates %v", ups)
+	}
+}
+
+// spawnTool stands for the subagent tool: it makes an existing run of
+// another thread ("child1" on "kid") its child, as the subagent service
+// records one, and names it as subagent.started does. With stranger set,
+// it names "stranger" (no child of the run) first.
+type spawnTool struct {
+	runs     *kv.Runs
+	stranger bool
+}
+
+func (spawnTool) Spec() model.ToolSpec {
+	return model.ToolSpec{Name: "spawn", Description: "test", Parameters: json.RawMessage(`{"type":"object"}`)}
+}
+
+func (st spawnTool) Call(ctx context.Context, c *tools.Call) (*tools.Result, error) {
+	_, _, err := st.runs.Mutate(ctx, c.Env.Tenant, "child1", func(r *protocol.Run) error {
+		r.Parent = &protocol.Parent{RunID: c.Env.Run, ThreadID: c.Env.Thread, ToolCallID: c.ID}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if st.stranger {
+		c.Env.Emit("subagent.started", map[string]any{"run_id": "stranger", "thread_id": "other", "subagent": "researcher", "tool_call_id": c.ID, "status": "running"})
+	}
+	c.Env.Emit("subagent.started", map[string]any{"run_id": "child1", "thread_id": "kid", "subagent": "researcher", "tool_call_id": c.ID, "status": "running"})
+	c.Env.Emit("subagent.finished", map[string]any{"run_id": "child1", "thread_id": "kid", "subagent": "researcher", "tool_call_id": c.ID, "status": "success"})
+	return tools.Text("child answer"), nil
+}
+
+// TestLangGraphStreamSubgraphs: with stream_subgraphs, a subagent run's
+// parts come namespaced "<mode>|tools:<tool_call_id>", as the SDK
+// splits them; without it, none.
+func TestLangGraphStreamSubgraphs(t *testing.T) {
+	m := model.NewScripted(func(_ int, req *model.Request) model.Reply {
+		last := req.Messages[len(req.Messages)-1]
+		switch {
+		case last.Role == model.RoleUser && last.Content == "lead":
+			return model.Reply{ToolCalls: []model.ToolCall{{ID: "call7", Name: "spawn", Arguments: `{}`}}}
+		case last.Role == model.RoleTool:
+			return model.Reply{Text: "lead done"}
+		}
+		return model.Reply{Text: "child says hi", Pieces: 3}
+	})
+	wd := &workdirs{m: map[string]*files.Memory{}}
+	e := newEnvWith(t, nil, func(s *Server) { s.cfg.Files = wd.open })
+	e.startFileWorker(m, wd, spawnTool{runs: e.stores.Runs, stranger: true})
+	e.do("POST", "/threads/kid/runs/wait", with(input("child work"), "run_id", "child1")).expect(t, http.StatusOK)
+	// "stranger" is a run of the tenant, but no child of the lead's.
+	e.do("POST", "/threads/other/runs/wait", with(input("secret"), "run_id", "stranger")).expect(t, http.StatusOK)
+
+	evs := e.openLangGraphStream("POST", "/threads/t1/runs/stream", with(input("lead"), "run_id", "lead1",
+		"stream_mode", []string{"values", "messages-tuple"}, "stream_subgraphs", true)).rest(20 * time.Second)
+	names := eventNames(evs)
+	if names[len(names)-1] != "end" {
+		t.Fatalf("events %v, want end last", names)
+	}
+	child := only(evs, "values|tools:call7")
+	if len(child) == 0 || !slices.Contains(names, "messages|tools:call7") {
+		t.Fatalf("events %v, want the child's values and messages namespaced", names)
+	}
+	last := lgMessages(t, child[len(child)-1])
+	if got := last[len(last)-1]; got["content"] != "child says hi" || last[0]["content"] != "child work" {
+		t.Fatalf("child values %v", last)
+	}
+	for _, ev := range evs {
+		if strings.Contains(ev.event, "|") && ev.id != "" {
+			t.Fatalf("a child's part %s has the id %s", ev.event, ev.id)
+		}
+		if strings.Contains(ev.data, "secret") {
+			t.Fatalf("a run that is no child of the lead's was streamed: %s %s", ev.event, ev.data)
+		}
+	}
+	lead := only(evs, "values")
+	final := lgMessages(t, lead[len(lead)-1])
+	if final[len(final)-1]["content"] != "lead done" || final[2]["type"] != "tool" {
+		t.Fatalf("lead values %v", final)
+	}
+	// The tool message has its stored id from the step it came in.
+	for _, ev := range lead {
+		if msgs := lgMessages(t, ev); len(msgs) >= 3 && msgs[2]["id"] != final[2]["id"] {
+			t.Fatalf("tool message id %v mid-run, %v after", msgs[2]["id"], final[2]["id"])
+		}
+	}
+
+	// Without stream_subgraphs: the lead's parts only.
+	evs = e.openLangGraphStream("GET", "/threads/t1/runs/lead1/stream?stream_mode=values", nil).rest(10 * time.Second)
+	for _, n := range eventNames(evs) {
+		if strings.Contains(n, "|") {
+			t.Fatalf("a child's part %s without stream_subgraphs", n)
+		}
 	}
 }

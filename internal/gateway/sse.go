@@ -183,29 +183,12 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Fol
 		}
 	}
 	out := startSSE(w)
-	// caughtUp: the client has what came before; a translation resumed
-	// after an event replays the events up to it without sending them.
-	caughtUp := tr == nil || after == 0
-	send := func(parts []langgraph.Part, err error) error {
-		if err != nil {
-			log.Warn("read the thread's state for the stream; its values may lack what the events do not say", zap.Error(err))
-		}
-		for _, p := range parts {
-			if err := out.event(p.ID, p.Event, p.Data); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	if tr != nil && after == 0 {
-		_ = send(tr.Open(), nil)
+	if tr != nil {
+		s.streamTranslated(r.Context(), out, f, rec, after, tr, log, synth)
+		return
 	}
 	if synth != nil {
-		if tr == nil {
-			_ = out.event("", protocol.EventRunFinished, synth)
-			return
-		}
-		_ = send(tr.Next(r.Context(), langgraph.Native{Data: synth}))
+		_ = out.event("", protocol.EventRunFinished, synth)
 		return
 	}
 	for {
@@ -229,35 +212,12 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Fol
 		if !m.Live {
 			id = strconv.FormatUint(m.StreamSeq, 10)
 		}
-		if tr == nil {
-			if err := out.event(id, m.Type, m.Data); err != nil {
-				log.Debug("event stream write failed", zap.Error(err))
-				return
-			}
-			if m.Type == protocol.EventRunFinished && !m.Live {
-				s.noteFinishedEventID(rec, m.StreamSeq)
-				return
-			}
-			continue
-		}
-		parts, terr := tr.Next(r.Context(), langgraph.Native{Data: m.Data, ID: id})
-		if !caughtUp && !m.Live && m.StreamSeq >= after {
-			caughtUp = true
-			if m.StreamSeq == after {
-				parts = nil // the client had it
-			}
-		}
-		if !caughtUp {
-			parts = nil
-		}
-		if err := send(parts, terr); err != nil {
+		if err := out.event(id, m.Type, m.Data); err != nil {
 			log.Debug("event stream write failed", zap.Error(err))
 			return
 		}
-		if tr.Done() {
-			if !m.Live && m.Type == protocol.EventRunFinished {
-				s.noteFinishedEventID(rec, m.StreamSeq)
-			}
+		if m.Type == protocol.EventRunFinished && !m.Live {
+			s.noteFinishedEventID(rec, m.StreamSeq)
 			return
 		}
 	}

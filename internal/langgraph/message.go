@@ -3,8 +3,9 @@
 // and checkpoint objects and LangGraph's interrupts. It converts
 // natsagent's own records (model.Message, state.State, protocol.Interrupt)
 // to those shapes and LangChain messages back. It does no I/O and knows
-// nothing of NATS or HTTP: the gateway serves what it builds, and a stream
-// translator (values, messages, updates) uses the same functions.
+// nothing of NATS or HTTP: the gateway serves what it builds, and Stream
+// (stream.go) translates a run's events to LangGraph's stream modes with
+// the same functions.
 package langgraph
 
 import (

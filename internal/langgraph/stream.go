@@ -129,6 +129,9 @@ type Stream struct {
 	// lastValues is the last values part sent.
 	lastValues []byte
 	done       bool
+	// children are the subagent runs seen; newChildren those not yet
+	// taken by Children.
+	children, newChildren []Child
 }
 
 // NewStream starts translating a run's events. hidden names the state
@@ -141,6 +144,9 @@ func NewStream(modes Modes, run Run, src Source, hidden ...string) *Stream {
 func (s *Stream) Open() []Part {
 	return []Part{s.metadata(max(s.run.Attempt, 1))}
 }
+
+// Modes returns the modes the stream sends.
+func (s *Stream) Modes() Modes { return s.modes }
 
 // Done reports whether the run's end was translated.
 func (s *Stream) Done() bool { return s.done }
@@ -205,6 +211,13 @@ func (s *Stream) Next(ctx context.Context, ev Native) ([]Part, error) {
 	case eventTodos, eventSkills, protocol.EventThreadTitled:
 		out, err = s.stateEvent(ctx, &env)
 	}
+	if s.modes.Subgraphs && env.Type == eventSubagentStarted {
+		var c Child
+		if json.Unmarshal(env.Data, &c) == nil && c.RunID != "" && c.ThreadID != "" && c.ToolCallID != "" && !slices.Contains(s.children, c) {
+			s.children = append(s.children, c)
+			s.newChildren = append(s.newChildren, c)
+		}
+	}
 	if s.modes.Has(ModeCustom) && protocol.KindOf(env.Type) == protocol.KindCustom {
 		out = append(out, part(ModeCustom, map[string]any{"type": env.Type, "data": rawOrEmpty(env.Data)}))
 	}
@@ -221,7 +234,48 @@ const (
 	eventUsageModel = "usage.model"
 	eventTodos      = "state.todos"
 	eventSkills     = "state.skills"
+	// eventSubagentStarted names a child run (docs/protocol.md 2.17).
+	eventSubagentStarted = "subagent.started"
 )
+
+// Child is a subagent run a lead run started, as subagent.started names
+// it: with stream_subgraphs, its events are streamed too, namespaced
+// "<event>|tools:<tool_call_id>".
+type Child struct {
+	RunID      string `json:"run_id"`
+	ThreadID   string `json:"thread_id"`
+	ToolCallID string `json:"tool_call_id"`
+}
+
+// Namespace is the child's namespace in a subgraphs stream.
+func (c Child) Namespace() string { return "tools:" + c.ToolCallID }
+
+// Children returns the subagent runs the events named since the last
+// call (with stream_subgraphs): the reader follows their events with
+// streams of their own and sends their parts renamed (Subgraph).
+func (s *Stream) Children() []Child {
+	out := s.newChildren
+	s.newChildren = nil
+	return out
+}
+
+// Subgraph renames a child stream's parts into the namespace ns
+// ("tools:<tool_call_id>", nested ones joined by "|") and drops what
+// belongs to the lead's stream alone: metadata, error and end, and ids
+// (a child's events are not the lead's to resume).
+func Subgraph(parts []Part, ns string) []Part {
+	out := parts[:0]
+	for _, p := range parts {
+		switch p.Event {
+		case "metadata", "error", "end":
+			continue
+		}
+		p.Event += "|" + ns
+		p.ID = ""
+		out = append(out, p)
+	}
+	return out
+}
 
 // Node names of LangChain's create_agent (and its middleware) that
 // natsagent's steps stand for.
@@ -345,8 +399,8 @@ func (s *Stream) delta(ctx context.Context, env *envelope) ([]Part, error) {
 	b.WriteString(d.Delta)
 	step := s.step + 1
 	var out []Part
+	c := chunk{Type: typeAIChunk, Content: d.Delta, ID: d.MessageID, ToolCalls: []ToolCall{}, ToolCallChunks: []toolCallChunk{}, InvalidToolCalls: []InvalidToolCall{}, ResponseMetadata: map[string]any{}, AdditionalKwargs: map[string]any{}}
 	if s.modes.Has(ModeMessagesTuple) {
-		c := chunk{Type: typeAIChunk, Content: d.Delta, ID: d.MessageID, ToolCalls: []ToolCall{}, ToolCallChunks: []toolCallChunk{}, InvalidToolCalls: []InvalidToolCall{}, ResponseMetadata: map[string]any{}, AdditionalKwargs: map[string]any{}}
 		out = append(out, part(ModeMessages, []any{c, s.tupleMeta(NodeModel, step)}))
 	}
 	if s.modes.Has(ModeMessages) {
@@ -360,7 +414,6 @@ func (s *Stream) delta(ctx context.Context, env *envelope) ([]Part, error) {
 		if first {
 			out = append(out, s.event("on_chat_model_start", s.modelLabel(), d.MessageID, NodeModel, step, map[string]any{"input": map[string]any{}}))
 		}
-		c := chunk{Type: typeAIChunk, Content: d.Delta, ID: d.MessageID, ToolCalls: []ToolCall{}, ToolCallChunks: []toolCallChunk{}, InvalidToolCalls: []InvalidToolCall{}, ResponseMetadata: map[string]any{}, AdditionalKwargs: map[string]any{}}
 		out = append(out, s.event("on_chat_model_stream", s.modelLabel(), d.MessageID, NodeModel, step, map[string]any{"chunk": c}))
 	}
 	return out, nil
@@ -552,9 +605,13 @@ func (s *Stream) toolFinished(ctx context.Context, env *envelope) ([]Part, error
 		return nil, nil
 	}
 	st, err := s.state(ctx, max(env.Attempt, 1), env.Time)
-	// The stored tool message's id is not in the event: the values after
-	// the run carry it.
-	msg := model.Message{ID: "tool-" + d.ToolCallID, Role: model.RoleTool, ToolCallID: d.ToolCallID, Name: d.Name, Content: d.Result, Status: d.Status}
+	// An event of a worker before message_id existed has none: the
+	// values after the run carry the stored id.
+	id := d.MessageID
+	if id == "" {
+		id = "tool-" + d.ToolCallID
+	}
+	msg := model.Message{ID: id, Role: model.RoleTool, ToolCallID: d.ToolCallID, Name: d.Name, Content: d.Result, Status: d.Status}
 	lc := FromModel(msg)
 	step := s.step + 1
 	var out []Part

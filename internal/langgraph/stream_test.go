@@ -113,7 +113,7 @@ func toolRun(t *testing.T) (*events, *fixedSource) {
 	e.add("usage.model", false, 1, map[string]any{"message_id": "a1", "model": "gpt-x"})
 	e.add(protocol.EventMessageCompleted, false, 1, model.Message{ID: "a1", Role: model.RoleAssistant, ToolCalls: []model.ToolCall{{ID: "c1", Name: "clock", Arguments: `{"tz":"UTC"}`}}})
 	e.add(protocol.EventToolStarted, false, 1, protocol.ToolEventData{ToolCallID: "c1", Name: "clock", Arguments: `{"tz":"UTC"}`})
-	e.add(protocol.EventToolFinished, false, 1, protocol.ToolEventData{ToolCallID: "c1", Name: "clock", Status: "success", Result: "noon"})
+	e.add(protocol.EventToolFinished, false, 1, protocol.ToolEventData{ToolCallID: "c1", Name: "clock", Status: "success", Result: "noon", MessageID: "t1"})
 	e.add(protocol.EventMessageDelta, true, 1, protocol.DeltaData{MessageID: "a2", Delta: "It is "})
 	e.add(protocol.EventMessageDelta, true, 1, protocol.DeltaData{MessageID: "a2", Delta: "no"})
 	e.add("loop.detected", false, 1, map[string]any{"action": "warn", "warnings": []string{"again"}})
@@ -141,17 +141,18 @@ func TestStreamValues(t *testing.T) {
 	for _, p := range byEvent(parts, "values") {
 		got = append(got, messageIDs(t, decode(t, p.Data)))
 	}
+	// The values read after the run are those the events built (the
+	// title came live): not sent twice.
 	want := [][]string{
-		{"human:u1"},                                   // the input
-		{"human:u1", "ai:a1"},                          // after the model
-		{"human:u1", "ai:a1", "tool:tool-c1"},          // after the tools
-		{"human:u1", "ai:a1", "tool:tool-c1", "ai:a2"}, // after the model
-		{"human:u1", "ai:a1", "tool:t1", "ai:a2"},      // read after the run: exact
+		{"human:u1"},
+		{"human:u1", "ai:a1"},
+		{"human:u1", "ai:a1", "tool:t1"},
+		{"human:u1", "ai:a1", "tool:t1", "ai:a2"},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("values messages\n%v\nwant\n%v", got, want)
 	}
-	last := decode(t, byEvent(parts, "values")[4].Data).(map[string]any)
+	last := decode(t, byEvent(parts, "values")[3].Data).(map[string]any)
 	if last["title"] != "Time" {
 		t.Fatalf("final values %v, want the title", last)
 	}
@@ -322,7 +323,7 @@ func TestStreamMessagesDeprecated(t *testing.T) {
 	}
 	want := []string{
 		"metadata:a1", "complete:a1:", // no delta: metadata, then the whole message
-		"complete:tool-c1:noon",
+		"complete:t1:noon",
 		"metadata:a2", "partial:a2:It is ", "partial:a2:It is no", "complete:a2:It is noon.",
 	}
 	if !reflect.DeepEqual(seq, want) {
@@ -392,5 +393,57 @@ func TestStreamTasksCheckpointsDebug(t *testing.T) {
 	}
 	if want := []string{"task_result", "checkpoint", "task", "task_result", "checkpoint", "task_result", "checkpoint"}; !reflect.DeepEqual(kinds, want) {
 		t.Fatalf("debug %v, want %v", kinds, want)
+	}
+}
+
+func TestStreamChildren(t *testing.T) {
+	e := &events{t: t}
+	e.add(protocol.EventRunStarted, false, 1, map[string]any{"attempt": 1})
+	child := map[string]any{"run_id": "k1", "thread_id": "kid", "tool_call_id": "c9", "subagent": "researcher"}
+	e.add("subagent.started", false, 1, child)
+	e.add("subagent.started", false, 1, child) // again (a takeover's): followed once
+	e.add(protocol.EventRunFinished, false, 1, protocol.FinishedData{Status: protocol.StatusSuccess})
+	src := &fixedSource{start: &state.State{}, final: &state.State{}}
+	for _, sub := range []bool{false, true} {
+		m, _ := ParseModes([]string{"values"}, sub)
+		s := NewStream(m, Run{RunID: "r1", ThreadID: "h1"}, src)
+		var kids []Child
+		for _, ev := range e.out {
+			if _, err := s.Next(context.Background(), ev); err != nil {
+				t.Fatal(err)
+			}
+			kids = append(kids, s.Children()...)
+		}
+		want := []Child(nil)
+		if sub {
+			want = []Child{{RunID: "k1", ThreadID: "kid", ToolCallID: "c9"}}
+		}
+		if !reflect.DeepEqual(kids, want) {
+			t.Fatalf("subgraphs %v: children %v, want %v", sub, kids, want)
+		}
+	}
+	parts := Subgraph([]Part{{Event: "metadata"}, {Event: "values", ID: "7"}, {Event: "messages"}, {Event: "error"}, {Event: "end"}}, "tools:c9|tools:c10")
+	var got []string
+	for _, p := range parts {
+		got = append(got, p.Event+"#"+p.ID)
+	}
+	if want := []string{"values|tools:c9|tools:c10#", "messages|tools:c9|tools:c10#"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("Subgraph %v, want %v", got, want)
+	}
+}
+
+// The values after the run are read from its last checkpoint: a tool
+// result the event clipped shows there whole.
+func TestStreamFinalValuesExact(t *testing.T) {
+	e, src := toolRun(t)
+	whole := strings.Repeat("n", 3000)
+	src.final.Apply(state.Update{Messages: []model.Message{{ID: "t1", Role: model.RoleTool, ToolCallID: "c1", Name: "clock", Content: whole, Status: "success"}}})
+	values := byEvent(translate(t, []string{"values"}, src, e.out), "values")
+	if len(values) != 5 {
+		t.Fatalf("%d values, want the exact final one too", len(values))
+	}
+	msgs := decode(t, values[4].Data).(map[string]any)["messages"].([]any)
+	if got := msgs[2].(map[string]any)["content"]; got != whole {
+		t.Fatalf("final tool message %.40q, want the whole result", got)
 	}
 }

@@ -436,6 +436,9 @@ type ToolEventData struct {
 	Arguments  string `json:"arguments,omitempty"`
 	Status     string `json:"status,omitempty"`
 	Result     string `json:"result,omitempty"`
+	// MessageID is the id of the tool message tool.finished stored in
+	// the thread.
+	MessageID string `json:"message_id,omitempty"`
 }
 
 // CancelReply answers a cancel request.

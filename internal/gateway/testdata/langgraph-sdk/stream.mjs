@@ -144,7 +144,10 @@ await check("joinStream with lastEventId resumes after that event in the mode as
   for await (const part of client.runs.joinStream(thread.thread_id, runId, { lastEventId: first[k].id, streamMode: "values" })) {
     rest.push(part);
   }
-  assert.deepEqual(rest.map((p) => p.event), first.slice(k + 1).map((p) => p.event));
+  // What followed the input's values: values with the answer (a live
+  // title may add one to a replay), and the end; no metadata again.
+  assert.equal(rest.at(-1).event, "end");
+  assert.ok(rest.slice(0, -1).every((p) => p.event === "values" && p.data.messages.length === 2), rest.map((p) => p.event));
   assert.deepEqual(named(rest, "values").at(-1).data, named(first, "values").at(-1).data);
 });
 
@@ -212,6 +215,22 @@ await check("debug: task_result and checkpoint entries with step and payload", a
     assert.equal(typeof p.data.timestamp, "string");
     assert.equal(typeof p.data.payload, "object");
   }
+});
+
+await check("streamSubgraphs: a subagent run's parts come as <mode>|tools:<tool_call_id>", async () => {
+  const { parts } = await stream("spawn a child", { streamMode: ["values", "messages-tuple"], streamSubgraphs: true });
+  const child = parts.filter((p) => p.event.includes("|"));
+  assert.ok(child.length > 0, `no namespaced parts in ${parts.map((p) => p.event)}`);
+  for (const p of child) {
+    const [mode, ...ns] = p.event.split("|");
+    assert.ok(mode === "values" || mode === "messages", p.event);
+    assert.deepEqual(ns, ["tools:call_spawn"]);
+  }
+  const values = child.filter((p) => p.event.startsWith("values|")).at(-1).data;
+  assert.deepEqual(values.messages.map((m) => [m.type, m.content]), [["human", "child work"], ["ai", "echo: child work"]]);
+  const lead = named(parts, "values").at(-1).data;
+  assert.equal(lead.messages.at(-1).content, "got: child answer");
+  assert.equal(parts.at(-1).event, "end");
 });
 
 console.log(`checks passed: ${passed}`);
