@@ -55,7 +55,7 @@ func TestLangGraphSDK(t *testing.T) {
 // The worker has the spawn tool, and a finished run "child1" on thread
 // "kid" for it to name as its subagent.
 func TestLangGraphSDKStream(t *testing.T) {
-	runSDKScript(t, "stream.mjs", 16, func(t *testing.T) *env {
+	runSDKScript(t, "stream.mjs", 17, func(t *testing.T) *env {
 		wd := &workdirs{m: map[string]*files.Memory{}}
 		e := newEnvWith(t, nil, func(s *Server) { s.cfg.Files = wd.open })
 		e.startFileWorker(sdkModel(), wd, spawnTool{runs: e.stores.Runs})

@@ -31,12 +31,18 @@ const (
 	ModeDebug         = "debug"
 	ModeTasks         = "tasks"
 	ModeCheckpoints   = "checkpoints"
+	// ModeTools is the SDK's tool progress: on_tool_start, on_tool_end,
+	// on_tool_error.
+	ModeTools = "tools"
+	// ModeLifecycle sends "lifecycle|tools:<tool_call_id>" when a
+	// subagent starts and ends.
+	ModeLifecycle = "lifecycle"
 	// ModeNative streams natsagent's own events (the envelope as data),
 	// untranslated. It cannot be combined with another mode.
 	ModeNative = "natsagent"
 )
 
-var knownModes = []string{ModeValues, ModeUpdates, ModeMessagesTuple, ModeMessages, ModeCustom, ModeEvents, ModeDebug, ModeTasks, ModeCheckpoints, ModeNative}
+var knownModes = []string{ModeValues, ModeUpdates, ModeMessagesTuple, ModeMessages, ModeCustom, ModeEvents, ModeDebug, ModeTasks, ModeCheckpoints, ModeTools, ModeLifecycle, ModeNative}
 
 // Modes is what a stream sends.
 type Modes struct {
@@ -211,6 +217,9 @@ func (s *Stream) Next(ctx context.Context, ev Native) ([]Part, error) {
 	case eventTodos, eventSkills, protocol.EventThreadTitled:
 		out, err = s.stateEvent(ctx, &env)
 	}
+	if s.modes.Has(ModeLifecycle) && (env.Type == eventSubagentStarted || env.Type == eventSubagentFinished) {
+		out = append(out, lifecycle(&env)...)
+	}
 	if s.modes.Subgraphs && env.Type == eventSubagentStarted {
 		var c Child
 		if json.Unmarshal(env.Data, &c) == nil && c.RunID != "" && c.ThreadID != "" && c.ToolCallID != "" && !slices.Contains(s.children, c) {
@@ -235,8 +244,41 @@ const (
 	eventTodos      = "state.todos"
 	eventSkills     = "state.skills"
 	// eventSubagentStarted names a child run (docs/protocol.md 2.17).
-	eventSubagentStarted = "subagent.started"
+	eventSubagentStarted  = "subagent.started"
+	eventSubagentFinished = "subagent.finished"
 )
+
+// lifecycle is the lifecycle part of a subagent.started or
+// subagent.finished.
+func lifecycle(env *envelope) []Part {
+	var d struct {
+		ToolCallID string          `json:"tool_call_id"`
+		Status     protocol.Status `json:"status"`
+		StopReason string          `json:"stop_reason"`
+		Error      string          `json:"error"`
+	}
+	if json.Unmarshal(env.Data, &d) != nil || d.ToolCallID == "" {
+		return nil
+	}
+	ns := Child{ToolCallID: d.ToolCallID}.Namespace()
+	data := map[string]any{"event": "started", "namespace": []string{ns}, "tool_call_id": d.ToolCallID}
+	if env.Type == eventSubagentFinished {
+		switch d.Status {
+		case protocol.StatusSuccess:
+			data["event"] = "completed"
+		case protocol.StatusInterrupted:
+			data["event"] = "interrupted"
+		default:
+			data["event"] = "failed"
+			msg := d.Error
+			if msg == "" {
+				msg = "the subagent run ended " + string(d.Status)
+			}
+			data["error"] = map[string]any{"error": ErrorName(d.Status, d.StopReason), "message": msg}
+		}
+	}
+	return []Part{part(ModeLifecycle+"|"+ns, data)}
+}
 
 // Child is a subagent run a lead run started, as subagent.started names
 // it: with stream_subgraphs, its events are streamed too, namespaced
@@ -270,7 +312,13 @@ func Subgraph(parts []Part, ns string) []Part {
 		case "metadata", "error", "end":
 			continue
 		}
-		p.Event += "|" + ns
+		// The namespace goes after the mode, before a namespace the
+		// part has already (a lifecycle part's).
+		mode, rest, nested := strings.Cut(p.Event, "|")
+		p.Event = mode + "|" + ns
+		if nested {
+			p.Event += "|" + rest
+		}
 		p.ID = ""
 		out = append(out, p)
 	}
@@ -589,6 +637,9 @@ func (s *Stream) toolStarted(env *envelope) []Part {
 	if s.modes.Has(ModeEvents) {
 		out = append(out, s.event("on_tool_start", d.Name, d.ToolCallID, NodeTools, s.step+1, map[string]any{"input": args}))
 	}
+	if s.modes.Has(ModeTools) {
+		out = append(out, part(ModeTools, map[string]any{"event": "on_tool_start", "toolCallId": d.ToolCallID, "name": d.Name, "input": args}))
+	}
 	return out
 }
 
@@ -623,6 +674,13 @@ func (s *Stream) toolFinished(ctx context.Context, env *envelope) ([]Part, error
 	}
 	if s.modes.Has(ModeEvents) {
 		out = append(out, s.event("on_tool_end", d.Name, d.ToolCallID, NodeTools, step, map[string]any{"output": lc}))
+	}
+	if s.modes.Has(ModeTools) {
+		if d.Status == model.ToolStatusError {
+			out = append(out, part(ModeTools, map[string]any{"event": "on_tool_error", "toolCallId": d.ToolCallID, "name": d.Name, "error": d.Result}))
+		} else {
+			out = append(out, part(ModeTools, map[string]any{"event": "on_tool_end", "toolCallId": d.ToolCallID, "name": d.Name, "output": d.Result}))
+		}
 	}
 	if s.modes.Has(ModeUpdates) {
 		out = append(out, part(ModeUpdates, map[string]any{NodeTools: map[string]any{"messages": []Message{lc}}}))

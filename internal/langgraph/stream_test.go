@@ -422,12 +422,12 @@ func TestStreamChildren(t *testing.T) {
 			t.Fatalf("subgraphs %v: children %v, want %v", sub, kids, want)
 		}
 	}
-	parts := Subgraph([]Part{{Event: "metadata"}, {Event: "values", ID: "7"}, {Event: "messages"}, {Event: "error"}, {Event: "end"}}, "tools:c9|tools:c10")
+	parts := Subgraph([]Part{{Event: "metadata"}, {Event: "values", ID: "7"}, {Event: "messages"}, {Event: "error"}, {Event: "end"}, {Event: "lifecycle|tools:c11"}}, "tools:c9|tools:c10")
 	var got []string
 	for _, p := range parts {
 		got = append(got, p.Event+"#"+p.ID)
 	}
-	if want := []string{"values|tools:c9|tools:c10#", "messages|tools:c9|tools:c10#"}; !reflect.DeepEqual(got, want) {
+	if want := []string{"values|tools:c9|tools:c10#", "messages|tools:c9|tools:c10#", "lifecycle|tools:c9|tools:c10|tools:c11#"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("Subgraph %v, want %v", got, want)
 	}
 }
@@ -445,5 +445,33 @@ func TestStreamFinalValuesExact(t *testing.T) {
 	msgs := decode(t, values[4].Data).(map[string]any)["messages"].([]any)
 	if got := msgs[2].(map[string]any)["content"]; got != whole {
 		t.Fatalf("final tool message %.40q, want the whole result", got)
+	}
+}
+
+func TestStreamToolsAndLifecycle(t *testing.T) {
+	e := &events{t: t}
+	e.add(protocol.EventRunStarted, false, 1, map[string]any{"attempt": 1})
+	e.add(protocol.EventToolStarted, false, 1, protocol.ToolEventData{ToolCallID: "c1", Name: "task", Arguments: `{"goal":"dig"}`})
+	e.add("subagent.started", false, 1, map[string]any{"run_id": "k1", "thread_id": "kid", "tool_call_id": "c1", "status": "pending"})
+	e.add("subagent.finished", false, 1, map[string]any{"run_id": "k1", "thread_id": "kid", "tool_call_id": "c1", "status": "timeout"})
+	e.add(protocol.EventToolFinished, false, 1, protocol.ToolEventData{ToolCallID: "c1", Name: "task", Status: "error", Result: "it timed out"})
+	e.add(protocol.EventRunFinished, false, 1, protocol.FinishedData{Status: protocol.StatusSuccess})
+	src := &fixedSource{start: &state.State{}, final: &state.State{}}
+	parts := translate(t, []string{"tools", "lifecycle"}, src, e.out)
+	var got []any
+	for _, p := range parts {
+		if p.Event != "metadata" && p.Event != "end" {
+			got = append(got, map[string]any{p.Event: decode(t, p.Data)})
+		}
+	}
+	want := []any{
+		map[string]any{"tools": map[string]any{"event": "on_tool_start", "toolCallId": "c1", "name": "task", "input": map[string]any{"goal": "dig"}}},
+		map[string]any{"lifecycle|tools:c1": map[string]any{"event": "started", "namespace": []any{"tools:c1"}, "tool_call_id": "c1"}},
+		map[string]any{"lifecycle|tools:c1": map[string]any{"event": "failed", "namespace": []any{"tools:c1"}, "tool_call_id": "c1",
+			"error": map[string]any{"error": "TimeoutError", "message": "the subagent run ended timeout"}}},
+		map[string]any{"tools": map[string]any{"event": "on_tool_error", "toolCallId": "c1", "name": "task", "error": "it timed out"}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("parts\n%v\nwant\n%v", got, want)
 	}
 }

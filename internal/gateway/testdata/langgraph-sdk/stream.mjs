@@ -233,6 +233,17 @@ await check("streamSubgraphs: a subagent run's parts come as <mode>|tools:<tool_
   assert.equal(parts.at(-1).event, "end");
 });
 
+await check("tools and lifecycle: on_tool_start/on_tool_end, and lifecycle|tools:<id> started and completed", async () => {
+  const { parts } = await stream("spawn a child", { streamMode: ["tools", "lifecycle"] });
+  const tools = named(parts, "tools").map((p) => p.data);
+  assert.deepEqual(tools.map((t) => [t.event, t.name, t.toolCallId]), [["on_tool_start", "spawn", "call_spawn"], ["on_tool_end", "spawn", "call_spawn"]]);
+  assert.equal(tools[1].output, "child answer");
+  const life = named(parts, "lifecycle|tools:call_spawn").map((p) => p.data);
+  assert.deepEqual(life.map((l) => l.event), ["started", "completed"]);
+  assert.deepEqual(life[0].namespace, ["tools:call_spawn"]);
+  assert.equal(life[0].tool_call_id, "call_spawn");
+});
+
 console.log(`checks passed: ${passed}`);
 if (failed > 0) {
   console.log(`checks failed: ${failed}`);
