@@ -302,6 +302,12 @@ type tab struct {
 
 func openBrowser(t *testing.T) *tab {
 	t.Helper()
+	return openBrowserFor(t, 45*time.Second)
+}
+
+// openBrowserFor is openBrowser with the time the whole tab may take.
+func openBrowserFor(t *testing.T, limit time.Duration) *tab {
+	t.Helper()
 	bin := chromium()
 	if bin == "" {
 		msg := "headless Chromium not found (Debian: apt-get install chromium; or set NATSAGENT_CHROMIUM)"
@@ -321,7 +327,7 @@ func openBrowser(t *testing.T) *tab {
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	p := &tab{}
 	ctx, cancelTab := chromedp.NewContext(actx, chromedp.WithListener(p.listen))
-	ctx, cancelTimeout := context.WithTimeout(ctx, 45*time.Second)
+	ctx, cancelTimeout := context.WithTimeout(ctx, limit)
 	t.Cleanup(func() {
 		cancelTimeout()
 		cancelTab()

@@ -22,11 +22,24 @@ import (
 type threadGraph struct {
 	th    *protocol.Thread
 	byID  map[string]*kv.Delta
-	order []*kv.Delta // newest first
+	order []*kv.Delta // newest first, stored checkpoints only
 	depth map[string]int
+	// input is the thread's input checkpoint (nil without checkpoints).
+	input *kv.Delta
 	// enc encodes the messages of the states one response shows.
 	enc langgraph.Encoder
 }
+
+// inputCheckpoint is the id of a thread's first state, before any input:
+// LangGraph's "input" checkpoint (step -1, empty values). It is not
+// stored: history shows it as the parent of every checkpoint without one,
+// so a run or state update from it starts the thread over on a new branch,
+// as editing a thread's first message in a LangGraph UI does (useStream
+// forks from the parent of the checkpoint that first shows a message).
+const inputCheckpoint = "input"
+
+// sourceInput is the metadata source of the input checkpoint.
+const sourceInput = "input"
 
 // loadGraph reads a thread's checkpoints.
 func (s *Server) loadGraph(ctx context.Context, th *protocol.Thread) (*threadGraph, error) {
@@ -98,7 +111,29 @@ func (s *Server) loadGraph(ctx context.Context, th *protocol.Thread) (*threadGra
 		}
 		return cmp.Compare(b.ID, a.ID)
 	})
+	if n := len(g.order); n > 0 {
+		g.input = &kv.Delta{ID: inputCheckpoint, Source: sourceInput, Time: g.order[n-1].Time}
+		g.depth[inputCheckpoint] = -1
+	}
 	return g, nil
+}
+
+// history is what a thread's history lists, newest first: the stored
+// checkpoints, then the input checkpoint.
+func (g *threadGraph) history() []*kv.Delta {
+	if g.input == nil {
+		return nil
+	}
+	return append(slices.Clip(g.order), g.input)
+}
+
+// parentOf is the parent a checkpoint is shown with: the input checkpoint
+// for a stored one without a parent.
+func (g *threadGraph) parentOf(d *kv.Delta) string {
+	if d.Parent == "" && d != g.input {
+		return inputCheckpoint
+	}
+	return d.Parent
 }
 
 // later returns the later of t and one nanosecond after u.
@@ -122,7 +157,7 @@ func (g *threadGraph) has(id string) bool {
 // in the square of the thread's length for a long page.
 func (g *threadGraph) stateAt(id string) *state.State {
 	var path []*kv.Delta
-	for cur := id; cur != ""; cur = g.byID[cur].Parent {
+	for cur := id; cur != "" && cur != inputCheckpoint; cur = g.byID[cur].Parent {
 		path = append(path, g.byID[cur])
 	}
 	st := &state.State{}
@@ -137,8 +172,12 @@ func (g *threadGraph) stateAt(id string) *state.State {
 func (g *threadGraph) snapshot(id string) langgraph.ThreadState {
 	th := g.th
 	snap := langgraph.Snapshot{ThreadID: th.ThreadID, CheckpointID: id, State: g.stateAt(id), Hidden: []string{middleware.InterruptValue}, Encoder: &g.enc}
-	if d, ok := g.byID[id]; ok && id != "" {
-		snap.Parent, snap.CreatedAt, snap.Metadata = d.Parent, d.Time, g.metadata(d)
+	d, ok := g.byID[id]
+	if id == inputCheckpoint && g.input != nil {
+		d, ok = g.input, true
+	}
+	if ok && id != "" {
+		snap.Parent, snap.CreatedAt, snap.Metadata = g.parentOf(d), d.Time, g.metadata(d)
 	}
 	snap.Settled = id == th.Head && th.Lease == nil
 	var open protocol.Interrupt

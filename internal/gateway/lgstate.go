@@ -210,7 +210,7 @@ func (s *Server) threadHistory(w http.ResponseWriter, r *http.Request, tenant st
 	if err != nil {
 		return err
 	}
-	entries := g.order
+	entries := g.history()
 	if body.Before != nil && (body.Before.id != "" || body.Before.ns != "") {
 		id, err := g.resolve("before", *body.Before)
 		if err != nil {
@@ -467,6 +467,9 @@ func (s *Server) timeTravel(ctx context.Context, th *protocol.Thread, ref checkp
 			}
 		}
 		d.Parent, d.Time, d.Replaced = base, time.Now().UTC(), ""
+		if base == inputCheckpoint {
+			d.Parent = "" // the thread starts over: a new root
+		}
 		if base != th.Head {
 			d.Replaced = th.Head
 		}

@@ -138,8 +138,17 @@ func TestLangGraphValuesStateHistory(t *testing.T) {
 			t.Fatalf("an older state has more messages: %v", historyIDs(all))
 		}
 	}
-	if last := all[len(all)-1]; last.ParentCheckpoint != nil || last.Metadata["step"] != 0.0 {
+	// The oldest entry is LangGraph's input checkpoint: empty, before
+	// the first run; the first stored one is its child.
+	if last := all[len(all)-1]; last.id() != inputCheckpoint || last.ParentCheckpoint != nil || last.Metadata["step"] != -1.0 ||
+		last.Metadata["source"] != "input" || len(last.Values.Messages) != 0 || len(last.Next) != 0 {
 		t.Fatalf("oldest entry %+v", last)
+	}
+	if first := all[len(all)-2]; first.ParentCheckpoint == nil || first.ParentCheckpoint.CheckpointID != inputCheckpoint || first.Metadata["step"] != 0.0 {
+		t.Fatalf("first stored entry %+v", first)
+	}
+	if at := e.state("/threads/t1/state/" + inputCheckpoint); at.id() != inputCheckpoint || len(at.Values.Messages) != 0 {
+		t.Fatalf("state at the input checkpoint %+v", at)
 	}
 	// GET takes the query; the default limit is LangGraph's 10.
 	var viaGet []lgState
@@ -167,7 +176,7 @@ func TestLangGraphValuesStateHistory(t *testing.T) {
 	e.do("POST", "/threads/t1/history", map[string]any{"before": "a.b"}).expect(t, http.StatusBadRequest)
 
 	// A state at a checkpoint, by path and by body.
-	old := all[len(all)-1]
+	old := all[len(all)-2]
 	at := e.state("/threads/t1/state/" + old.id())
 	if at.id() != old.id() || at.transcript() != old.transcript() || len(at.Values.Messages) >= len(head.Values.Messages) {
 		t.Fatalf("state at %s: %s (history says %s)", old.id(), at.transcript(), old.transcript())
@@ -323,6 +332,65 @@ func TestLangGraphTimeTravel(t *testing.T) {
 		t.Fatalf("a retried run changed the history: %d entries, want %d", n, len(hist))
 	}
 	e.do("POST", "/threads/t1/runs", with(input("x"), "checkpoint_id", "e999-1")).expect(t, http.StatusNotFound)
+}
+
+// A run from the input checkpoint starts the thread over on a new branch
+// (what useStream does when a person edits the thread's first message);
+// the old branch stays in the history and readable; the worker runs the
+// new branch without the old messages.
+func TestLangGraphForkFromInput(t *testing.T) {
+	e := newEnv(t, echoModel())
+	e.do("POST", "/threads/t1/runs/wait", with(input("first"), "run_id", "r1")).expect(t, http.StatusOK)
+	e.do("POST", "/threads/t1/runs/wait", with(input("second"), "run_id", "r2")).expect(t, http.StatusOK)
+	old := e.state("/threads/t1/state")
+	first := e.history("t1", map[string]any{"limit": 100})
+	if n := len(first); n < 3 || first[n-1].id() != inputCheckpoint || first[n-2].ParentCheckpoint.CheckpointID != inputCheckpoint {
+		t.Fatalf("history %v does not start at the input checkpoint", historyIDs(first))
+	}
+
+	r := e.do("POST", "/threads/t1/runs/wait", with(input("edited first"), "run_id", "r3",
+		"checkpoint", map[string]any{"checkpoint_id": inputCheckpoint, "checkpoint_ns": ""})).expect(t, http.StatusOK)
+	var values struct {
+		Messages []langgraph.Input `json:"messages"`
+	}
+	r.decode(t, &values)
+	head := e.state("/threads/t1/state")
+	if got := head.transcript(); got != "human:edited first,ai:echo: edited first" || len(values.Messages) != 2 {
+		t.Fatalf("the run from the input checkpoint left %s (values %s)", got, r.body)
+	}
+	hist := e.history("t1", map[string]any{"limit": 100})
+	ids := historyIDs(hist)
+	if !slices.Contains(ids, old.id()) || hist[len(hist)-1].id() != inputCheckpoint {
+		t.Fatalf("history after starting over %v: the old branch (%s) and the input checkpoint kept", ids, old.id())
+	}
+	children := 0
+	for _, h := range hist {
+		if h.ParentCheckpoint != nil && h.ParentCheckpoint.CheckpointID == inputCheckpoint {
+			children++
+		}
+	}
+	if children != 2 {
+		t.Fatalf("the input checkpoint has %d children, want 2 branches: %v", children, ids)
+	}
+	if got := e.state("/threads/t1/state/" + old.id()).transcript(); got != old.transcript() {
+		t.Fatalf("the old branch reads %s, want %s", got, old.transcript())
+	}
+	// A state update there starts over too; the input checkpoint itself
+	// is never written.
+	e.do("POST", "/threads/t1/state", map[string]any{"values": map[string]any{"messages": []any{map[string]any{"type": "human", "content": "blank slate"}}},
+		"checkpoint_id": inputCheckpoint}).expect(t, http.StatusOK)
+	if got := e.state("/threads/t1/state").transcript(); got != "human:blank slate" {
+		t.Fatalf("an update on the input checkpoint left %s", got)
+	}
+	if got := e.state("/threads/t1/state/" + inputCheckpoint); len(got.Values.Messages) != 0 || got.ParentCheckpoint != nil {
+		t.Fatalf("the input checkpoint changed: %+v", got)
+	}
+	// A thread without checkpoints has no input checkpoint.
+	e.do("POST", "/threads", map[string]any{"thread_id": "empty"}).expect(t, http.StatusOK)
+	e.do("GET", "/threads/empty/state/"+inputCheckpoint, nil).expect(t, http.StatusNotFound)
+	if h := e.history("empty", map[string]any{"limit": 10}); len(h) != 0 {
+		t.Fatalf("an empty thread's history %v", historyIDs(h))
+	}
 }
 
 // While a run holds the thread, updateState and a fork are 409 and
