@@ -421,7 +421,12 @@ func (e *Eraser) cancel(ctx context.Context, tenant, thread, run string) error {
 	if err != nil {
 		return err
 	}
-	if code := m.Header.Get("Nats-Service-Error-Code"); code != "" {
+	switch code := m.Header.Get("Nats-Service-Error-Code"); code {
+	case "":
+	case "409":
+		// The run finished (or changed) while the cancel was on its way:
+		// what counts is that it stops, which the caller waits for.
+	default:
 		return fmt.Errorf("cancel refused: %s", m.Header.Get("Nats-Service-Error"))
 	}
 	return nil

@@ -477,8 +477,6 @@ func TestResumeMidMessageGetsTheWholeMessage(t *testing.T) {
 	}
 	text := strings.Join(words, " ")
 	e := newEnv(t, textModel(text, 40, 25*time.Millisecond))
-	e.do("POST", "/threads/t1/runs", with(input("hi"), "run_id", "r1")).expect(t, http.StatusOK)
-
 	deltas := func(evs []sseEvent) string {
 		var b strings.Builder
 		for _, ev := range evs {
@@ -490,7 +488,9 @@ func TestResumeMidMessageGetsTheWholeMessage(t *testing.T) {
 		}
 		return b.String()
 	}
-	s := e.openStream("GET", "/threads/t1/runs/r1/stream", nil)
+	// Created and followed in one request: the stream follows the run
+	// before it is published, so it has every delta from the first.
+	s := e.openStream("POST", "/threads/t1/runs/stream", with(input("hi"), "run_id", "r1"))
 	var head []sseEvent
 	for n := 0; n < 3; {
 		ev, ok := s.next(15 * time.Second)
