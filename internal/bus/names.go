@@ -55,6 +55,10 @@ func (n Names) FilesBucket() string       { return n.bucket("files") }
 func (n Names) MemoryBucket() string      { return n.bucket("memory") }
 func (n Names) LimitsBucket() string      { return n.bucket("limits") }
 
+// AssistantsBucket holds the assistants users create on the graphs
+// (LangGraph assistants), under "<tenant>.<assistant>".
+func (n Names) AssistantsBucket() string { return n.bucket("assistants") }
+
 // RunSubject is where a run request for a thread is published.
 func (n Names) RunSubject(tenant, thread string) string {
 	return n.Prefix + ".runs." + tenant + "." + thread

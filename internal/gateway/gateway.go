@@ -84,6 +84,10 @@ type Config struct {
 	// WebhookAllowPrivate lets a run's webhook name a loopback or private
 	// address (config webhooks.allow_private); refused by default.
 	WebhookAllowPrivate bool
+	// Graphs are the deployment's lead agent profiles, served as
+	// LangGraph graphs and system assistants (assistants.go); none means
+	// the default agent alone.
+	Graphs []Graph
 }
 
 // Server serves the HTTP API. It keeps no state of its own: any number of
@@ -94,6 +98,10 @@ type Server struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	stores *kv.Stores
+	// assistants is nil on a deployment provisioned before it had the
+	// bucket: the assistants routes answer 503, system assistants still
+	// serve.
+	assistants *kv.Assistants
 	pub    *events.Publisher
 	queue  *submit.Queue
 	runs   jetstream.Stream
@@ -173,6 +181,10 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Server, error) {
 		submitTimeout: 15 * time.Second,
 		cancelTimeout: 30 * time.Second,
 	}
+	if s.assistants, err = kv.OpenAssistants(ctx, js, names); err != nil {
+		cfg.Logger.Warn("assistants are unavailable", zap.Error(err))
+		s.assistants = nil
+	}
 	s.eraser, err = erase.New(ctx, erase.Config{NC: nc, JS: js, Names: names, Stores: stores, Files: cfg.Files, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
@@ -223,6 +235,19 @@ func (s *Server) routes() {
 	m.HandleFunc(routeGetFile, s.tenanted(s.getFile))
 	m.HandleFunc(routePutFile, s.tenanted(s.putFile))
 	m.HandleFunc(routeUpload, s.tenanted(s.upload))
+
+	m.HandleFunc("POST /assistants", s.tenanted(s.createAssistant))
+	m.HandleFunc("POST /assistants/search", s.tenanted(s.searchAssistants))
+	m.HandleFunc("POST /assistants/count", s.tenanted(s.countAssistants))
+	m.HandleFunc("GET /assistants/{assistant_id}", s.tenanted(s.getAssistant))
+	m.HandleFunc("PATCH /assistants/{assistant_id}", s.tenanted(s.patchAssistant))
+	m.HandleFunc("DELETE /assistants/{assistant_id}", s.tenanted(s.deleteAssistant))
+	m.HandleFunc("POST /assistants/{assistant_id}/versions", s.tenanted(s.assistantVersions))
+	m.HandleFunc("POST /assistants/{assistant_id}/latest", s.tenanted(s.setLatestAssistant))
+	m.HandleFunc("GET /assistants/{assistant_id}/schemas", s.tenanted(s.assistantSchemas))
+	m.HandleFunc("GET /assistants/{assistant_id}/graph", s.tenanted(s.assistantGraph))
+	m.HandleFunc("GET /assistants/{assistant_id}/subgraphs", s.tenanted(s.assistantSubgraphs))
+	m.HandleFunc("GET /assistants/{assistant_id}/subgraphs/{namespace}", s.tenanted(s.assistantSubgraphs))
 
 	m.HandleFunc("POST /runs", s.tenanted(s.createRun(modeBackground, true)))
 	m.HandleFunc("POST /runs/stream", s.tenanted(s.createRun(modeStream, true)))
