@@ -102,15 +102,15 @@ type Server struct {
 	// bucket: the assistants routes answer 503, system assistants still
 	// serve.
 	assistants *kv.Assistants
-	pub    *events.Publisher
-	queue  *submit.Queue
-	runs   jetstream.Stream
-	events jetstream.Stream
-	log    *zap.Logger
-	mux    *http.ServeMux
-	eraser *erase.Eraser
-	auth   *authenticator // nil: no API keys, the API is open
-	tracer trace.Tracer   // nil: the gateway does not trace
+	pub        *events.Publisher
+	queue      *submit.Queue
+	runs       jetstream.Stream
+	events     jetstream.Stream
+	log        *zap.Logger
+	mux        *http.ServeMux
+	eraser     *erase.Eraser
+	auth       *authenticator // nil: no API keys, the API is open
+	tracer     trace.Tracer   // nil: the gateway does not trace
 
 	// keepAlive is how long an SSE stream may stay silent before a
 	// comment is sent, so proxies do not close it.
