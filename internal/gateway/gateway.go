@@ -102,15 +102,17 @@ type Server struct {
 	// bucket: the assistants routes answer 503, system assistants still
 	// serve.
 	assistants *kv.Assistants
-	pub        *events.Publisher
-	queue      *submit.Queue
-	runs       jetstream.Stream
-	events     jetstream.Stream
-	log        *zap.Logger
-	mux        *http.ServeMux
-	eraser     *erase.Eraser
-	auth       *authenticator // nil: no API keys, the API is open
-	tracer     trace.Tracer   // nil: the gateway does not trace
+	// threadIndex serves thread search and count (threadindex.go).
+	threadIndex *threadIndex
+	pub         *events.Publisher
+	queue       *submit.Queue
+	runs        jetstream.Stream
+	events      jetstream.Stream
+	log         *zap.Logger
+	mux         *http.ServeMux
+	eraser      *erase.Eraser
+	auth        *authenticator // nil: no API keys, the API is open
+	tracer      trace.Tracer   // nil: the gateway does not trace
 
 	// keepAlive is how long an SSE stream may stay silent before a
 	// comment is sent, so proxies do not close it.
@@ -185,6 +187,13 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Server, error) {
 		cfg.Logger.Warn("assistants are unavailable", zap.Error(err))
 		s.assistants = nil
 	}
+	threadsKV, err := js.KeyValue(ctx, names.ThreadsBucket())
+	if err != nil {
+		return nil, err
+	}
+	if s.threadIndex, err = newThreadIndex(ctx, nc, js, threadsKV, names, cfg.Logger); err != nil {
+		return nil, fmt.Errorf("index threads: %w", err)
+	}
 	s.eraser, err = erase.New(ctx, erase.Config{NC: nc, JS: js, Names: names, Stores: stores, Files: cfg.Files, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
@@ -207,6 +216,8 @@ func (s *Server) routes() {
 
 	m.HandleFunc("POST /threads", s.tenanted(s.createThread))
 	m.HandleFunc("GET /threads", s.tenanted(s.listThreads))
+	m.HandleFunc("POST /threads/search", s.tenanted(s.searchThreads))
+	m.HandleFunc("POST /threads/count", s.tenanted(s.countThreads))
 	m.HandleFunc("GET /threads/{thread_id}", s.tenanted(s.getThread))
 	m.HandleFunc("DELETE /threads/{thread_id}", s.tenanted(s.deleteThread))
 	m.HandleFunc("PATCH /threads/{thread_id}", s.tenanted(s.patchThread))
