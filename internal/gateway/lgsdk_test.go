@@ -43,6 +43,26 @@ func sdkModel() *model.Scripted {
 // installed SDK it skips, unless NATSAGENT_LANGGRAPH_TESTS=1 (CI), where it
 // fails.
 func TestLangGraphSDK(t *testing.T) {
+	e := newEnv(t, sdkModel())
+	runSDKScript(t, e, "state.mjs", 12)
+}
+
+// TestLangGraphSDKAssistants runs testdata/langgraph-sdk/assistants.mjs:
+// the assistants client and threads.search/count. Its model answers with
+// the model name a run asked for, so the script sees an assistant's
+// config reach the run.
+func TestLangGraphSDKAssistants(t *testing.T) {
+	e := newEnvWith(t, nil, func(s *Server) { s.cfg.Graphs = []Graph{{Name: "chatbot"}, {Name: "coder"}} })
+	e.startWorker(model.NewScripted(func(_ int, req *model.Request) model.Reply {
+		return model.Reply{Text: "model: " + req.Model}
+	}))
+	runSDKScript(t, e, "assistants.mjs", 8)
+}
+
+// runSDKScript runs an SDK script against e's gateway and requires want
+// checks passed.
+func runSDKScript(t *testing.T, e *env, script string, want int) {
+	t.Helper()
 	node, err := exec.LookPath("node")
 	missing := ""
 	switch {
@@ -59,10 +79,9 @@ func TestLangGraphSDK(t *testing.T) {
 		}
 		t.Skip(missing + "; set NATSAGENT_LANGGRAPH_TESTS=1 to make this a failure")
 	}
-	e := newEnv(t, sdkModel())
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "state.mjs")
+	cmd := exec.CommandContext(ctx, node, script)
 	cmd.Dir = sdkDir
 	cmd.Env = append(os.Environ(), "LANGGRAPH_URL="+e.http.URL)
 	out, err := cmd.CombinedOutput()
@@ -75,7 +94,7 @@ func TestLangGraphSDK(t *testing.T) {
 	if m == nil {
 		t.Fatal("the script did not report its checks")
 	}
-	if n, _ := strconv.Atoi(string(m[1])); n != 12 {
-		t.Fatalf("%d checks passed, want 12", n)
+	if n, _ := strconv.Atoi(string(m[1])); n != want {
+		t.Fatalf("%d checks passed, want %d", n, want)
 	}
 }

@@ -36,7 +36,7 @@ type threadIndex struct {
 	// last revision at the notice: a put of the thread at or below it,
 	// still on its way through the watch, is stale.
 	erased map[string]uint64
-	err      error  // the watch failed: searches answer 503
+	err    error // the watch failed: searches answer 503
 }
 
 func newThreadIndex(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, kv jetstream.KeyValue, names bus.Names, log *zap.Logger) (*threadIndex, error) {
