@@ -94,13 +94,6 @@ func (s *Server) eraseUser(w http.ResponseWriter, r *http.Request, tenant string
 	if err != nil {
 		return deleteError(err)
 	}
-	// The assistants the user created go too: their names, settings and
-	// metadata are the user's.
-	if s.assistants != nil {
-		if err := s.assistants.DeleteOwned(ctx, tenant, user); err != nil {
-			return fmt.Errorf("erase the assistants of user %s: %w", user, err)
-		}
-	}
 	s.log.Info("user erased", zap.String("tenant", tenant), zap.String("erased_user", user), zap.String("user", ownerOf(r)),
 		zap.Int("threads", len(out.Threads)))
 	writeJSON(w, http.StatusOK, map[string]any{"user_id": user, "threads": out.Threads})

@@ -165,20 +165,3 @@ func (s *Assistants) Delete(ctx context.Context, tenant, id string) error {
 	}
 	return nil
 }
-
-// DeleteOwned removes the assistants a user of a tenant created
-// (erasure of the user).
-func (s *Assistants) DeleteOwned(ctx context.Context, tenant, owner string) error {
-	all, err := s.List(ctx, tenant)
-	if err != nil {
-		return err
-	}
-	for _, a := range all {
-		if a.Owner == owner {
-			if err := s.Delete(ctx, tenant, a.AssistantID); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
