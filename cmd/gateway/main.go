@@ -26,6 +26,7 @@ import (
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/config"
 	"github.com/natsagent/natsagent/internal/gateway"
+	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/policy"
 	"github.com/natsagent/natsagent/internal/worker"
 )
@@ -178,7 +179,11 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	gw, err := gateway.New(ctx, nc, gateway.Config{Settings: settings, MaxBodyBytes: cfg.Gateway.MaxBodyBytes, Logger: log, Limits: lim,
+	graphs, err := gatewayGraphs(cfg)
+	if err != nil {
+		return err
+	}
+	gw, err := gateway.New(ctx, nc, gateway.Config{Settings: settings, Graphs: graphs, MaxBodyBytes: cfg.Gateway.MaxBodyBytes, Logger: log, Limits: lim,
 		Files: app.QuotaFiles(workdirs, lim), MaxFileBytes: cfg.Files.MaxFileBytes, APIKeys: keys, JWT: bearer, Policy: pol,
 		Metrics: tel.Metrics, MetricsHandler: tel.InlineMetrics(), Traces: tel.TracerProvider, WebhookAllowPrivate: cfg.Webhooks.AllowPrivate})
 	if err != nil {
@@ -317,3 +322,20 @@ func isSet(fs *flag.FlagSet, name string) bool {
 
 // drainTimeout bounds the drain of a NATS connection at exit.
 const drainTimeout = 10 * time.Second
+
+// gatewayGraphs lists the lead agent profiles the gateway serves as
+// LangGraph graphs (a subagent is started by a lead, not by a client).
+func gatewayGraphs(cfg config.Config) ([]gateway.Graph, error) {
+	profiles, err := app.Profiles(cfg)
+	if err != nil {
+		return nil, err
+	}
+	var out []gateway.Graph
+	for _, p := range profiles {
+		if p.Kind == middleware.KindSubagent {
+			continue
+		}
+		out = append(out, gateway.Graph{Name: p.Name, Description: p.Description})
+	}
+	return out, nil
+}

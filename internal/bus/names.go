@@ -55,6 +55,10 @@ func (n Names) FilesBucket() string       { return n.bucket("files") }
 func (n Names) MemoryBucket() string      { return n.bucket("memory") }
 func (n Names) LimitsBucket() string      { return n.bucket("limits") }
 
+// AssistantsBucket holds the assistants users create on the graphs
+// (LangGraph assistants), under "<tenant>.<assistant>".
+func (n Names) AssistantsBucket() string { return n.bucket("assistants") }
+
 // RunSubject is where a run request for a thread is published.
 func (n Names) RunSubject(tenant, thread string) string {
 	return n.Prefix + ".runs." + tenant + "." + thread
@@ -132,6 +136,16 @@ func (n Names) ThreadDeleteSubject(tenant, thread string) string {
 func (n Names) RunDeleteSubject(tenant, thread, run string) string {
 	return n.Prefix + ".ctl." + tenant + "." + thread + "." + run + ".delete"
 }
+
+// ThreadErasedSubject is the core NATS notice (stored by no stream) that
+// a thread's record was removed with a stream purge, which KV watchers do
+// not see (the gateway's thread index listens).
+func (n Names) ThreadErasedSubject(tenant, thread string) string {
+	return n.Prefix + ".ctl." + tenant + "." + thread + ".erased"
+}
+
+// ThreadErasedSubjects matches every erasure notice.
+func (n Names) ThreadErasedSubjects() string { return n.Prefix + ".ctl.*.*.erased" }
 
 // ThreadDeleteSubjects matches every thread delete request.
 func (n Names) ThreadDeleteSubjects() string { return n.Prefix + ".ctl.*.*.delete" }

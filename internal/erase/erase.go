@@ -130,6 +130,8 @@ type Eraser struct {
 	log     *zap.Logger
 	streams map[string]jetstream.Stream
 	objects jetstream.ObjectStore // nil: the deployment has no object store
+	// assistants is nil on a deployment without the assistants bucket.
+	assistants *kv.Assistants
 }
 
 // New binds an Eraser to the deployment's streams and buckets, which must
@@ -177,6 +179,16 @@ func New(ctx context.Context, cfg Config) (*Eraser, error) {
 		e.streams[st.CachedInfo().Config.Name] = st
 	} else if !errors.Is(err, jetstream.ErrBucketNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, fmt.Errorf("erase: open object store %s: %w", n.FilesBucket(), err)
+	}
+	// The assistants bucket is absent on a deployment provisioned before
+	// it: there is nothing of a user's to erase there.
+	if st, err := cfg.JS.Stream(ctx, kvStream(n.AssistantsBucket())); err == nil {
+		e.streams[kvStream(n.AssistantsBucket())] = st
+		if e.assistants, err = kv.OpenAssistants(ctx, cfg.JS, n); err != nil {
+			return nil, err
+		}
+	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("erase: open stream %s: %w", kvStream(n.AssistantsBucket()), err)
 	}
 	return e, nil
 }
@@ -519,7 +531,15 @@ func (e *Eraser) removeThread(ctx context.Context, tenant, thread string, recs [
 	if err := e.purgeKV(ctx, n.ThreadsBucket(), bus.Key(tenant, thread, ">")); err != nil {
 		return err
 	}
-	return e.purgeKV(ctx, n.ThreadsBucket(), bus.Key(tenant, thread))
+	if err := e.purgeKV(ctx, n.ThreadsBucket(), bus.Key(tenant, thread)); err != nil {
+		return err
+	}
+	// A stream purge is invisible to KV watchers: tell the gateways'
+	// thread indexes on core NATS, which stores nothing.
+	if e.nc != nil {
+		_ = e.nc.Publish(n.ThreadErasedSubject(tenant, thread), nil)
+	}
+	return nil
 }
 
 // Job kinds whose jobs name a thread (compact.JobKind, memory.JobKind).
@@ -785,8 +805,35 @@ func (e *Eraser) EraseUser(ctx context.Context, tenant, user string, opts Thread
 	}); err != nil {
 		return out, err
 	}
+	if err := e.eraseAssistants(ctx, tenant, user); err != nil {
+		return out, err
+	}
 	e.log.Info("user erased", zap.String("tenant", tenant), zap.String("user", user), zap.Int("threads", len(out.Threads)))
 	return out, nil
+}
+
+// eraseAssistants removes the LangGraph assistants user created, every
+// version, with subject purges (no marker is left).
+func (e *Eraser) eraseAssistants(ctx context.Context, tenant, user string) error {
+	if e.assistants == nil {
+		return nil
+	}
+	owned, err := e.assistants.List(ctx, tenant)
+	if err != nil {
+		return err
+	}
+	b := e.names.AssistantsBucket()
+	for _, a := range owned {
+		if a.Owner != user {
+			continue
+		}
+		for _, key := range []string{bus.Key(tenant, a.AssistantID, ">"), bus.Key(tenant, a.AssistantID)} {
+			if err := e.purge(ctx, kvStream(b), kvSubject(b, key)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // checkIDs validates ids that become subject tokens: anything else (".",

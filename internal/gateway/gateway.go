@@ -84,6 +84,10 @@ type Config struct {
 	// WebhookAllowPrivate lets a run's webhook name a loopback or private
 	// address (config webhooks.allow_private); refused by default.
 	WebhookAllowPrivate bool
+	// Graphs are the deployment's lead agent profiles, served as
+	// LangGraph graphs and system assistants (assistants.go); none means
+	// the default agent alone.
+	Graphs []Graph
 }
 
 // Server serves the HTTP API. It keeps no state of its own: any number of
@@ -94,15 +98,21 @@ type Server struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	stores *kv.Stores
-	pub    *events.Publisher
-	queue  *submit.Queue
-	runs   jetstream.Stream
-	events jetstream.Stream
-	log    *zap.Logger
-	mux    *http.ServeMux
-	eraser *erase.Eraser
-	auth   *authenticator // nil: no API keys, the API is open
-	tracer trace.Tracer   // nil: the gateway does not trace
+	// assistants is nil on a deployment provisioned before it had the
+	// bucket: the assistants routes answer 503, system assistants still
+	// serve.
+	assistants *kv.Assistants
+	// threadIndex serves thread search and count (threadindex.go).
+	threadIndex *threadIndex
+	pub         *events.Publisher
+	queue       *submit.Queue
+	runs        jetstream.Stream
+	events      jetstream.Stream
+	log         *zap.Logger
+	mux         *http.ServeMux
+	eraser      *erase.Eraser
+	auth        *authenticator // nil: no API keys, the API is open
+	tracer      trace.Tracer   // nil: the gateway does not trace
 
 	// keepAlive is how long an SSE stream may stay silent before a
 	// comment is sent, so proxies do not close it.
@@ -173,6 +183,17 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Server, error) {
 		submitTimeout: 15 * time.Second,
 		cancelTimeout: 30 * time.Second,
 	}
+	if s.assistants, err = kv.OpenAssistants(ctx, js, names); err != nil {
+		cfg.Logger.Warn("assistants are unavailable", zap.Error(err))
+		s.assistants = nil
+	}
+	threadsKV, err := js.KeyValue(ctx, names.ThreadsBucket())
+	if err != nil {
+		return nil, err
+	}
+	if s.threadIndex, err = newThreadIndex(ctx, nc, js, threadsKV, names, cfg.Logger); err != nil {
+		return nil, fmt.Errorf("index threads: %w", err)
+	}
 	s.eraser, err = erase.New(ctx, erase.Config{NC: nc, JS: js, Names: names, Stores: stores, Files: cfg.Files, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
@@ -195,6 +216,8 @@ func (s *Server) routes() {
 
 	m.HandleFunc("POST /threads", s.tenanted(s.createThread))
 	m.HandleFunc("GET /threads", s.tenanted(s.listThreads))
+	m.HandleFunc("POST /threads/search", s.tenanted(s.searchThreads))
+	m.HandleFunc("POST /threads/count", s.tenanted(s.countThreads))
 	m.HandleFunc("GET /threads/{thread_id}", s.tenanted(s.getThread))
 	m.HandleFunc("DELETE /threads/{thread_id}", s.tenanted(s.deleteThread))
 	m.HandleFunc("PATCH /threads/{thread_id}", s.tenanted(s.patchThread))
@@ -223,6 +246,19 @@ func (s *Server) routes() {
 	m.HandleFunc(routeGetFile, s.tenanted(s.getFile))
 	m.HandleFunc(routePutFile, s.tenanted(s.putFile))
 	m.HandleFunc(routeUpload, s.tenanted(s.upload))
+
+	m.HandleFunc("POST /assistants", s.tenanted(s.createAssistant))
+	m.HandleFunc("POST /assistants/search", s.tenanted(s.searchAssistants))
+	m.HandleFunc("POST /assistants/count", s.tenanted(s.countAssistants))
+	m.HandleFunc("GET /assistants/{assistant_id}", s.tenanted(s.getAssistant))
+	m.HandleFunc("PATCH /assistants/{assistant_id}", s.tenanted(s.patchAssistant))
+	m.HandleFunc("DELETE /assistants/{assistant_id}", s.tenanted(s.deleteAssistant))
+	m.HandleFunc("POST /assistants/{assistant_id}/versions", s.tenanted(s.assistantVersions))
+	m.HandleFunc("POST /assistants/{assistant_id}/latest", s.tenanted(s.setLatestAssistant))
+	m.HandleFunc("GET /assistants/{assistant_id}/schemas", s.tenanted(s.assistantSchemas))
+	m.HandleFunc("GET /assistants/{assistant_id}/graph", s.tenanted(s.assistantGraph))
+	m.HandleFunc("GET /assistants/{assistant_id}/subgraphs", s.tenanted(s.assistantSubgraphs))
+	m.HandleFunc("GET /assistants/{assistant_id}/subgraphs/{namespace}", s.tenanted(s.assistantSubgraphs))
 
 	m.HandleFunc("POST /runs", s.tenanted(s.createRun(modeBackground, true)))
 	m.HandleFunc("POST /runs/stream", s.tenanted(s.createRun(modeStream, true)))

@@ -47,7 +47,8 @@ func sdkModel() *model.Scripted {
 // installed SDK it skips, unless NATSAGENT_LANGGRAPH_TESTS=1 (CI), where it
 // fails.
 func TestLangGraphSDK(t *testing.T) {
-	runSDKScript(t, "state.mjs", 12, nil)
+	e := newEnv(t, sdkModel())
+	runSDKScript(t, e, "state.mjs", 12)
 }
 
 // TestLangGraphSDKStream runs testdata/langgraph-sdk/stream.mjs: one check
@@ -55,19 +56,29 @@ func TestLangGraphSDK(t *testing.T) {
 // The worker has the spawn tool, and a finished run "child1" on thread
 // "kid" for it to name as its subagent.
 func TestLangGraphSDKStream(t *testing.T) {
-	runSDKScript(t, "stream.mjs", 17, func(t *testing.T) *env {
-		wd := &workdirs{m: map[string]*files.Memory{}}
-		e := newEnvWith(t, nil, func(s *Server) { s.cfg.Files = wd.open })
-		e.startFileWorker(sdkModel(), wd, spawnTool{runs: e.stores.Runs})
-		e.do("POST", "/threads/kid/runs/wait", with(input("child work"), "run_id", "child1")).expect(t, http.StatusOK)
-		return e
-	})
+	wd := &workdirs{m: map[string]*files.Memory{}}
+	e := newEnvWith(t, nil, func(s *Server) { s.cfg.Files = wd.open })
+	e.startFileWorker(sdkModel(), wd, spawnTool{runs: e.stores.Runs})
+	e.do("POST", "/threads/kid/runs/wait", with(input("child work"), "run_id", "child1")).expect(t, http.StatusOK)
+	runSDKScript(t, e, "stream.mjs", 17)
 }
 
-// runSDKScript runs a script of the SDK project against a gateway and a
-// worker with sdkModel (or the env start makes), and wants checks checks
-// passed.
-func runSDKScript(t *testing.T, script string, checks int, start func(*testing.T) *env) {
+// TestLangGraphSDKAssistants runs testdata/langgraph-sdk/assistants.mjs:
+// the assistants client and threads.search/count. Its model answers with
+// the model name a run asked for, so the script sees an assistant's
+// config reach the run.
+func TestLangGraphSDKAssistants(t *testing.T) {
+	e := newEnvWith(t, nil, func(s *Server) { s.cfg.Graphs = []Graph{{Name: "chatbot"}, {Name: "coder"}} })
+	e.startWorker(model.NewScripted(func(_ int, req *model.Request) model.Reply {
+		return model.Reply{Text: "model: " + req.Model}
+	}))
+	runSDKScript(t, e, "assistants.mjs", 8)
+}
+
+// runSDKScript runs an SDK script against e's gateway and requires want
+// checks passed.
+func runSDKScript(t *testing.T, e *env, script string, want int) {
+	t.Helper()
 	node, err := exec.LookPath("node")
 	missing := ""
 	switch {
@@ -84,12 +95,6 @@ func runSDKScript(t *testing.T, script string, checks int, start func(*testing.T
 		}
 		t.Skip(missing + "; set NATSAGENT_LANGGRAPH_TESTS=1 to make this a failure")
 	}
-	var e *env
-	if start != nil {
-		e = start(t)
-	} else {
-		e = newEnv(t, sdkModel())
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, script)
@@ -105,7 +110,7 @@ func runSDKScript(t *testing.T, script string, checks int, start func(*testing.T
 	if m == nil {
 		t.Fatal("the script did not report its checks")
 	}
-	if n, _ := strconv.Atoi(string(m[1])); n != checks {
-		t.Fatalf("%d checks passed, want %d", n, checks)
+	if n, _ := strconv.Atoi(string(m[1])); n != want {
+		t.Fatalf("%d checks passed, want %d", n, want)
 	}
 }

@@ -49,9 +49,19 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		if err := decodeBody(r, &body); err != nil {
 			return err
 		}
+		asst, err := s.runAssistant(r.Context(), tenant, &body)
+		if err != nil {
+			return err
+		}
 		req, err := s.request(&body, tenant, thread)
 		if err != nil {
 			return err
+		}
+		if asst != nil {
+			underRun(&req.Config, *asst)
+			if err := req.Validate(); err != nil {
+				return err
+			}
 		}
 		var modes langgraph.Modes
 		if mode == modeStream {

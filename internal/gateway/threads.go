@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -127,24 +127,31 @@ func (s *Server) thread(r *http.Request, tenant string) (*protocol.Thread, error
 }
 
 // listThreads: GET /threads, newest first, with ?status=, ?limit= and
-// ?offset=.
+// ?offset=, from the thread index (threadindex.go).
 func (s *Server) listThreads(w http.ResponseWriter, r *http.Request, tenant string) error {
 	page, err := pageOf(r)
 	if err != nil {
 		return err
 	}
 	status := r.URL.Query().Get("status")
-	all, err := s.stores.Threads.List(r.Context(), tenant)
-	if err != nil {
-		return err
+	if err := s.threadIndex.catchUp(r.Context()); err != nil {
+		return errUnavailable("the thread index is not available", err)
 	}
-	sort.SliceStable(all, func(i, j int) bool { return all[i].CreatedAt.After(all[j].CreatedAt) })
-	out := []threadView{}
-	for _, th := range all {
-		if status != "" && th.Status != status || !s.mayUse(r, th) {
-			continue
+	var all []protocol.Thread
+	s.threadIndex.each(tenant, func(th *protocol.Thread) {
+		if (status == "" || th.Status == status) && s.mayUse(r, th) {
+			all = append(all, *th)
 		}
-		out = append(out, viewThread(th))
+	})
+	top := topK(all, page.offset+page.limit, func(a, b *protocol.Thread) int {
+		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ThreadID, b.ThreadID)
+	})
+	out := make([]threadView, 0, len(top))
+	for i := range top {
+		out = append(out, viewThread(&top[i]))
 	}
 	writeJSON(w, http.StatusOK, paginate(page, out))
 	return nil

@@ -1,0 +1,206 @@
+package gateway
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+// searchThreadsBody is LangGraph's threads.search (and count) body.
+type searchThreadsBody struct {
+	Metadata  map[string]any `json:"metadata"`
+	Values    map[string]any `json:"values"`
+	Ids       []string       `json:"ids"`
+	Status    string         `json:"status"`
+	Limit     *int           `json:"limit"`
+	Offset    *int           `json:"offset"`
+	SortBy    string         `json:"sort_by"`
+	SortOrder string         `json:"sort_order"`
+	Select    []string       `json:"select"`
+	Extract   map[string]any `json:"extract"`
+}
+
+var threadStatuses = map[string]bool{protocol.ThreadIdle: true, protocol.ThreadBusy: true,
+	protocol.ThreadInterrupted: true, protocol.ThreadError: true}
+
+var threadFields = map[string]bool{"thread_id": true, "created_at": true, "updated_at": true, "metadata": true,
+	"status": true, "title": true, "checkpoint_id": true, "active_run_id": true, "last_run_id": true, "owner": true}
+
+// check refuses what the search does not serve, naming it.
+func (b *searchThreadsBody) check() error {
+	if len(b.Values) > 0 {
+		return errInvalid("values", "values: a filter on thread values is not supported (values live in checkpoints, not in the index); filter on metadata")
+	}
+	if len(b.Extract) > 0 {
+		return errInvalid("extract", "extract is not supported; read a thread's values with GET /threads/{thread_id}/state")
+	}
+	if b.Status != "" && !threadStatuses[b.Status] {
+		return errInvalid("status", fmt.Sprintf("status %q is not one of idle, busy, interrupted, error", clip(b.Status)))
+	}
+	if len(b.Ids) > maxLimit {
+		return errInvalid("ids", fmt.Sprintf("ids names more than %d threads", maxLimit))
+	}
+	for _, f := range b.Select {
+		if !threadFields[f] {
+			return errInvalid("select", fmt.Sprintf("select: %q is not a field of a thread", clip(f)))
+		}
+	}
+	return nil
+}
+
+// threadMatcher returns the filter of b; ids are matched by the caller.
+func (s *Server) threadMatcher(r *http.Request, b *searchThreadsBody) func(*protocol.Thread) bool {
+	return func(th *protocol.Thread) bool {
+		st := th.Status
+		if st == "" {
+			st = protocol.ThreadIdle
+		}
+		return (b.Status == "" || st == b.Status) && matchMetadata(th.Metadata, b.Metadata) && s.mayUse(r, th)
+	}
+}
+
+// matchingThreads returns copies of the tenant's threads matching b, from
+// the index (or, for ids, the index's records of those ids).
+func (s *Server) matchingThreads(r *http.Request, tenant string, b *searchThreadsBody) ([]protocol.Thread, error) {
+	if err := s.threadIndex.catchUp(r.Context()); err != nil {
+		return nil, errUnavailable("the thread index is not available", err)
+	}
+	match := s.threadMatcher(r, b)
+	var out []protocol.Thread
+	if len(b.Ids) > 0 {
+		seen := map[string]bool{}
+		for _, id := range b.Ids {
+			if seen[id] || !protocol.ValidToken(id) {
+				continue
+			}
+			seen[id] = true
+			if th := s.threadIndex.get(tenant, id); th != nil && match(th) {
+				out = append(out, *th)
+			}
+		}
+		return out, nil
+	}
+	s.threadIndex.each(tenant, func(th *protocol.Thread) {
+		if match(th) {
+			out = append(out, *th)
+		}
+	})
+	return out, nil
+}
+
+func threadOrder(by, order string) (func(a, b *protocol.Thread) int, error) {
+	desc := true
+	switch order {
+	case "", "desc":
+	case "asc":
+		desc = false
+	default:
+		return nil, errInvalid("sort_order", fmt.Sprintf("sort_order %q is not one of asc, desc", clip(order)))
+	}
+	var key func(a, b *protocol.Thread) int
+	switch by {
+	case "", "updated_at":
+		key = func(a, b *protocol.Thread) int { return a.UpdatedAt.Compare(b.UpdatedAt) }
+	case "created_at":
+		key = func(a, b *protocol.Thread) int { return a.CreatedAt.Compare(b.CreatedAt) }
+	case "thread_id":
+		key = func(a, b *protocol.Thread) int { return 0 }
+	case "status":
+		key = func(a, b *protocol.Thread) int { return strings.Compare(a.Status, b.Status) }
+	default:
+		return nil, errInvalid("sort_by", fmt.Sprintf("sort_by %q is not one of thread_id, status, created_at, updated_at", clip(by)))
+	}
+	return func(a, b *protocol.Thread) int {
+		c := key(a, b)
+		if c == 0 {
+			c = strings.Compare(a.ThreadID, b.ThreadID)
+		}
+		if desc {
+			return -c
+		}
+		return c
+	}, nil
+}
+
+// searchThreads: POST /threads/search.
+func (s *Server) searchThreads(w http.ResponseWriter, r *http.Request, tenant string) error {
+	var b searchThreadsBody
+	if err := decodeBody(r, &b); err != nil {
+		return err
+	}
+	if err := b.check(); err != nil {
+		return err
+	}
+	p, err := bodyPage(b.Limit, b.Offset, 10)
+	if err != nil {
+		return err
+	}
+	cmp, err := threadOrder(b.SortBy, b.SortOrder)
+	if err != nil {
+		return err
+	}
+	all, err := s.matchingThreads(r, tenant, &b)
+	if err != nil {
+		return err
+	}
+	top := topK(all, p.offset+p.limit, cmp)
+	views := make([]threadView, 0, len(top))
+	for i := range top {
+		views = append(views, viewThread(&top[i]))
+	}
+	pageOut := paginate(p, views)
+	if p.offset+len(pageOut) < len(all) {
+		w.Header().Set("X-Pagination-Next", fmt.Sprint(p.offset+len(pageOut)))
+	}
+	w.Header().Set("X-Pagination-Total", fmt.Sprint(len(all)))
+	if len(b.Select) == 0 {
+		writeJSON(w, http.StatusOK, pageOut)
+		return nil
+	}
+	writeJSON(w, http.StatusOK, selectFields(pageOut, b.Select))
+	return nil
+}
+
+// topK returns the first k of items in cmp's order, sorting only them.
+func topK(items []protocol.Thread, k int, cmp func(a, b *protocol.Thread) int) []protocol.Thread {
+	c := func(a, b protocol.Thread) int { return cmp(&a, &b) }
+	if k >= len(items) {
+		slices.SortFunc(items, c)
+		return items
+	}
+	// Quickselect would do in linear time; a bounded insertion keeps the
+	// k best in one pass, enough for pages of at most maxLimit.
+	best := make([]protocol.Thread, 0, k)
+	for _, it := range items {
+		if len(best) == k && cmp(&it, &best[k-1]) >= 0 {
+			continue
+		}
+		i, _ := slices.BinarySearchFunc(best, it, c)
+		if len(best) < k {
+			best = append(best, protocol.Thread{})
+		}
+		copy(best[i+1:], best[i:len(best)-1])
+		best[i] = it
+	}
+	return best
+}
+
+// countThreads: POST /threads/count.
+func (s *Server) countThreads(w http.ResponseWriter, r *http.Request, tenant string) error {
+	var b searchThreadsBody
+	if err := decodeBody(r, &b); err != nil {
+		return err
+	}
+	if err := b.check(); err != nil {
+		return err
+	}
+	all, err := s.matchingThreads(r, tenant, &b)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, len(all))
+	return nil
+}

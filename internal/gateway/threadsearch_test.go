@@ -1,0 +1,181 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+func TestThreadsSearchAndCount(t *testing.T) {
+	e := newEnv(t, echoModel())
+	for i, color := range []string{"red", "blue", "red", "green"} {
+		e.do("POST", "/threads", map[string]any{"thread_id": fmt.Sprintf("t%d", i), "metadata": map[string]any{"color": color, "n": i}}).expect(t, http.StatusOK)
+	}
+	// A run makes t1 the most recently updated.
+	e.do("POST", "/threads/t1/runs/wait", input("hi")).expect(t, http.StatusOK)
+
+	search := func(body map[string]any) []threadView {
+		t.Helper()
+		var out []threadView
+		e.do("POST", "/threads/search", body).expect(t, http.StatusOK).decode(t, &out)
+		return out
+	}
+	idsOf := func(ts []threadView) []string {
+		var out []string
+		for _, th := range ts {
+			out = append(out, th.ThreadID)
+		}
+		return out
+	}
+	// Default: updated_at, newest first; a thread written a moment ago is
+	// there (the search waits for the index to hold the bucket's writes).
+	if got := idsOf(search(map[string]any{})); fmt.Sprint(got) != "[t1 t3 t2 t0]" {
+		t.Fatalf("default order %v", got)
+	}
+	if got := idsOf(search(map[string]any{"sort_by": "created_at", "sort_order": "asc", "limit": 2, "offset": 1})); fmt.Sprint(got) != "[t1 t2]" {
+		t.Fatalf("created_at asc page %v", got)
+	}
+	if got := idsOf(search(map[string]any{"metadata": map[string]any{"color": "red"}, "sort_by": "thread_id", "sort_order": "asc"})); fmt.Sprint(got) != "[t0 t2]" {
+		t.Fatalf("metadata filter %v", got)
+	}
+	if got := idsOf(search(map[string]any{"metadata": map[string]any{"n": 2}})); fmt.Sprint(got) != "[t2]" {
+		t.Fatalf("numeric metadata filter %v", got)
+	}
+	if got := idsOf(search(map[string]any{"ids": []string{"t3", "t0", "nope", "t3"}, "sort_by": "thread_id"})); fmt.Sprint(got) != "[t3 t0]" {
+		t.Fatalf("ids %v", got)
+	}
+	if got := idsOf(search(map[string]any{"status": "idle", "metadata": map[string]any{"color": "green"}})); fmt.Sprint(got) != "[t3]" {
+		t.Fatalf("status %v", got)
+	}
+	if got := search(map[string]any{"status": "busy"}); len(got) != 0 {
+		t.Fatalf("busy %v", got)
+	}
+	r := e.do("POST", "/threads/search", map[string]any{"limit": 1}).expect(t, http.StatusOK)
+	if r.header.Get("X-Pagination-Next") != "1" {
+		t.Fatalf("pagination header %v", r.header)
+	}
+	var sel []map[string]any
+	e.do("POST", "/threads/search", map[string]any{"select": []string{"thread_id", "status"}, "limit": 1}).expect(t, http.StatusOK).decode(t, &sel)
+	if len(sel) != 1 || len(sel[0]) != 2 || sel[0]["thread_id"] != "t1" {
+		t.Fatalf("select %v", sel)
+	}
+	for body, field := range map[string]string{
+		`{"values": {"messages": []}}`: "values", `{"status": "deleting"}`: "status", `{"sort_by": "owner"}`: "sort_by",
+		`{"select": ["lease"]}`: "select", `{"limit": 0}`: "limit", `{"sort_order": "up"}`: "sort_order",
+	} {
+		if er := e.do("POST", "/threads/search", body).expect(t, http.StatusBadRequest).apiError(t); er.Field != field {
+			t.Fatalf("%s: field %q", body, er.Field)
+		}
+	}
+
+	count := func(body map[string]any, headers ...string) int {
+		t.Helper()
+		var n int
+		e.do("POST", "/threads/count", body, headers...).expect(t, http.StatusOK).decode(t, &n)
+		return n
+	}
+	if n := count(nil); n != 4 {
+		t.Fatalf("count %d", n)
+	}
+	if n := count(map[string]any{"metadata": map[string]any{"color": "red"}, "status": "idle"}); n != 2 {
+		t.Fatalf("count red %d", n)
+	}
+	e.do("POST", "/threads/count", map[string]any{"values": map[string]any{"x": 1}}).expect(t, http.StatusBadRequest)
+
+	// Deletion leaves the index with the record.
+	e.do("DELETE", "/threads/t0", nil).expect(t, http.StatusNoContent)
+	testDeadline := time.Now().Add(30 * time.Second)
+	for count(nil) != 3 {
+		if time.Now().After(testDeadline) {
+			t.Fatalf("deleted thread still counted: %d", count(nil))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := idsOf(search(map[string]any{"ids": []string{"t0"}})); len(got) != 0 {
+		t.Fatalf("deleted thread found %v", got)
+	}
+}
+
+func TestThreadsSearchTenantIsolation(t *testing.T) {
+	e := newEnv(t, nil)
+	e.do("POST", "/threads", map[string]any{"thread_id": "a1", "metadata": map[string]any{"k": "v"}}, "X-Tenant", "ta").expect(t, http.StatusOK)
+	e.do("POST", "/threads", map[string]any{"thread_id": "b1", "metadata": map[string]any{"k": "v"}}, "X-Tenant", "tb").expect(t, http.StatusOK)
+	var out []threadView
+	e.do("POST", "/threads/search", map[string]any{"ids": []string{"a1", "b1"}}, "X-Tenant", "tb").expect(t, http.StatusOK).decode(t, &out)
+	if len(out) != 1 || out[0].ThreadID != "b1" {
+		t.Fatalf("tb searching both ids: %+v", out)
+	}
+	e.do("POST", "/threads/search", map[string]any{"metadata": map[string]any{"k": "v"}}, "X-Tenant", "ta").expect(t, http.StatusOK).decode(t, fresh(&out))
+	if len(out) != 1 || out[0].ThreadID != "a1" {
+		t.Fatalf("ta by metadata: %+v", out)
+	}
+	var n int
+	e.do("POST", "/threads/count", nil, "X-Tenant", "tc").expect(t, http.StatusOK).decode(t, &n)
+	if n != 0 {
+		t.Fatalf("tc counts %d", n)
+	}
+}
+
+func TestThreadsSearchOwnThreadsOnly(t *testing.T) {
+	p := newPolicyEnv(t)
+	alice, bob, ops := []string{"X-API-Key", aliceKey}, []string{"X-API-Key", bobKey}, []string{"X-API-Key", opsKey}
+	p.do("POST", "/threads", map[string]any{"thread_id": "ta"}, alice...).expect(t, http.StatusOK)
+	p.do("POST", "/threads", map[string]any{"thread_id": "tb"}, bob...).expect(t, http.StatusOK)
+	for _, c := range []struct {
+		who  []string
+		want int
+	}{{alice, 1}, {bob, 1}, {ops, 2}} {
+		var n int
+		p.do("POST", "/threads/count", nil, c.who...).expect(t, http.StatusOK).decode(t, &n)
+		if n != c.want {
+			t.Fatalf("%s counts %d, want %d", c.who[1][:5], n, c.want)
+		}
+	}
+	var out []threadView
+	p.do("POST", "/threads/search", map[string]any{"ids": []string{"ta", "tb"}}, bob...).expect(t, http.StatusOK).decode(t, &out)
+	if len(out) != 1 || out[0].ThreadID != "tb" {
+		t.Fatalf("bob sees %+v", out)
+	}
+}
+
+// TestThreadIndexFollowsOtherWriters: a thread written by another process
+// (here the store directly, as a worker or the retention sweep does) is
+// found, and a removed one is gone.
+func TestThreadIndexFollowsOtherWriters(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	th := newThread("default", "w1", map[string]any{"by": "worker"})
+	if _, err := e.stores.Threads.Put(ctx, th, 0); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	e.do("POST", "/threads/count", map[string]any{"metadata": map[string]any{"by": "worker"}}).expect(t, http.StatusOK).decode(t, &n)
+	if n != 1 {
+		t.Fatalf("count %d", n)
+	}
+	if _, _, err := e.stores.Threads.Mutate(ctx, "default", "w1", func(t *protocol.Thread) error {
+		t.Status = protocol.ThreadInterrupted
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.do("POST", "/threads/count", map[string]any{"status": "interrupted"}).expect(t, http.StatusOK).decode(t, &n)
+	if n != 1 {
+		t.Fatalf("interrupted count %d", n)
+	}
+	kvb, err := e.js.KeyValue(ctx, e.settings.Names.ThreadsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kvb.Purge(ctx, "default.w1"); err != nil {
+		t.Fatal(err)
+	}
+	e.do("POST", "/threads/count", nil).expect(t, http.StatusOK).decode(t, &n)
+	if n != 0 {
+		t.Fatalf("count after purge %d", n)
+	}
+}
