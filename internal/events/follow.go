@@ -126,6 +126,12 @@ func (fw *Follow) Next(ctx context.Context) (Item, error) {
 				fw.err = it.err
 				continue
 			}
+			// The live events received before this stored one go first:
+			// a select picks among ready cases at random, and a delta
+			// taken after its message.completed would be dropped. On one
+			// server a connection receives a worker's deltas before the
+			// consumer delivers the stored event it published after them.
+			fw.drainLive()
 			var seq uint64
 			if md, err := it.m.Metadata(); err == nil {
 				seq = md.Sequence.Stream
@@ -139,6 +145,18 @@ func (fw *Follow) Next(ctx context.Context) (Item, error) {
 	fw.ready[0] = Item{}
 	fw.ready = fw.ready[1:]
 	return it, nil
+}
+
+// drainLive takes the live events already received.
+func (fw *Follow) drainLive() {
+	for {
+		select {
+		case m := <-fw.live:
+			fw.ready = fw.m.live(fw.ready, m.Data)
+		default:
+			return
+		}
+	}
 }
 
 // NextWithin returns the next event, or context.DeadlineExceeded once
