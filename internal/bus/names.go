@@ -54,6 +54,7 @@ func (n Names) UsageBucket() string       { return n.bucket("usage") }
 func (n Names) FilesBucket() string       { return n.bucket("files") }
 func (n Names) MemoryBucket() string      { return n.bucket("memory") }
 func (n Names) LimitsBucket() string      { return n.bucket("limits") }
+func (n Names) CronsBucket() string       { return n.bucket("crons") }
 
 // RunSubject is where a run request for a thread is published.
 func (n Names) RunSubject(tenant, thread string) string {
