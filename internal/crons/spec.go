@@ -87,11 +87,11 @@ func parseField(f string, lo, hi int, dow bool) (uint64, error) {
 		}
 		if dow && b == 7 {
 			// 7 is Sunday too.
+			set |= 1
 			if a == 7 {
-				a = 0
+				continue
 			}
 			b = 6
-			set |= 1
 		}
 		if a < lo || b > hi || a > b {
 			return 0, fmt.Errorf("%q is outside %d-%d", item, lo, hi)
