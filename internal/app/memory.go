@@ -68,8 +68,13 @@ func Jobs(ctx context.Context, js jetstream.JetStream, cfg config.Config, settin
 	if err != nil {
 		return nil, err
 	}
+	lim, err := Limiter(ctx, js, cfg, settings)
+	if err != nil {
+		return nil, err
+	}
 	handlers[crons.JobKind] = (&crons.Ticker{Store: cronStore, Queue: queue, Missed: cfg.Crons.MissedTicks,
-		LateGrace: time.Duration(cfg.Crons.LateGrace), MaxRequestBytes: settings.MaxRequestBytes, Log: log}).Handle
+		LateGrace: time.Duration(cfg.Crons.LateGrace), MaxRequestBytes: settings.MaxRequestBytes,
+		Admit: lim.Admit, Log: log}).Handle
 	for _, o := range opts {
 		if err := o(ctx, js, settings, stores, log, handlers); err != nil {
 			return nil, err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/jobs"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/limits"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/submit"
 )
@@ -41,7 +42,11 @@ type Ticker struct {
 	// DefaultLateGrace).
 	LateGrace       time.Duration
 	MaxRequestBytes int
-	Log             *zap.Logger
+	// Admit, when set, counts a tick's run against its tenant's limits
+	// as every submitter does (limits.Limiter.Admit); a tick it refuses
+	// starts no run and is not retried (the next tick comes).
+	Admit func(ctx context.Context, tenant string) error
+	Log   *zap.Logger
 }
 
 // Handle starts the run of one tick. The tick is the latest time of the
@@ -103,6 +108,16 @@ func (t *Ticker) start(ctx context.Context, rec *Record, tick time.Time, log *za
 		return nil // this tick's run exists
 	} else if !errors.Is(err, kv.ErrNotFound) {
 		return err
+	}
+	if t.Admit != nil {
+		if err := t.Admit(ctx, req.Tenant); err != nil {
+			var ve *protocol.ValidationError
+			if errors.Is(err, limits.ErrRateLimited) || errors.As(err, new(*limits.QuotaError)) || errors.As(err, &ve) {
+				log.Warn("cron tick refused by the tenant's limits: skipped", zap.Time("tick", tick), zap.Error(err))
+				return nil
+			}
+			return err
+		}
 	}
 	threads := t.Queue.Stores.Threads
 	if rec.Stateless() {

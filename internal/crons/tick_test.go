@@ -12,6 +12,7 @@ import (
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/jobs"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/limits"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/submit"
@@ -150,5 +151,36 @@ func TestTickOfDeletedThreadDeletesCron(t *testing.T) {
 	info, err := st.Info(ctx, jetstream.WithSubjectFilter(d.Settings.Names.JobScheduleSubject(JobKind, "t1", "c1")))
 	if err != nil || len(info.State.Subjects) != 0 {
 		t.Fatalf("the cron's schedule is still there: %v (%v)", info.State.Subjects, err)
+	}
+}
+
+// A tick's run counts against the tenant's runs_per_minute as any
+// submission does; a tick over it starts nothing and is not retried.
+func TestTickCountsAgainstRateLimit(t *testing.T) {
+	tk, d := newTicker(t, "")
+	lim, err := limits.Open(context.Background(), d.JS, d.Settings, limits.Policy{Default: limits.Tenant{RunsPerMinute: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk.Admit = lim.Admit
+	putCron(t, tk.Store, "t1", "c1", "")
+	ctx := context.Background()
+	minute := time.Now().UTC().Truncate(time.Minute)
+	if time.Since(minute) > 40*time.Second {
+		// Both ticks must be counted in the same calendar minute.
+		time.Sleep(time.Until(minute.Add(time.Minute)))
+		minute = minute.Add(time.Minute)
+	}
+	a, b := minute, minute.Add(10*time.Second)
+	for _, tick := range []time.Time{a, b, a} {
+		if err := tk.Handle(ctx, &jobs.Job{Kind: JobKind, Tokens: []string{"t1", "c1"}, Stored: tick.Add(time.Second)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if runOf(t, d, "t1", "c1", a) == nil {
+		t.Fatal("the first tick did not run")
+	}
+	if runOf(t, d, "t1", "c1", b) != nil {
+		t.Fatal("a tick over runs_per_minute ran")
 	}
 }
