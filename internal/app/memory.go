@@ -10,6 +10,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/config"
+	"github.com/natsagent/natsagent/internal/crons"
 	"github.com/natsagent/natsagent/internal/jobs"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/memory"
@@ -63,6 +64,17 @@ func Jobs(ctx context.Context, js jetstream.JetStream, cfg config.Config, settin
 		return nil, err
 	}
 	handlers[submit.DelayedJobKind] = queue.DelayedHandler(settings.MaxRequestBytes, log)
+	cronStore, err := crons.Open(ctx, js, settings.Names)
+	if err != nil {
+		return nil, err
+	}
+	lim, err := Limiter(ctx, js, cfg, settings)
+	if err != nil {
+		return nil, err
+	}
+	handlers[crons.JobKind] = (&crons.Ticker{Store: cronStore, Queue: queue, Missed: cfg.Crons.MissedTicks,
+		LateGrace: time.Duration(cfg.Crons.LateGrace), MaxRequestBytes: settings.MaxRequestBytes,
+		Admit: lim.Admit, Log: log}).Handle
 	for _, o := range opts {
 		if err := o(ctx, js, settings, stores, log, handlers); err != nil {
 			return nil, err

@@ -54,6 +54,7 @@ func (n Names) UsageBucket() string       { return n.bucket("usage") }
 func (n Names) FilesBucket() string       { return n.bucket("files") }
 func (n Names) MemoryBucket() string      { return n.bucket("memory") }
 func (n Names) LimitsBucket() string      { return n.bucket("limits") }
+func (n Names) CronsBucket() string       { return n.bucket("crons") }
 
 // AssistantsBucket holds the assistants users create on the graphs
 // (LangGraph assistants), under "<tenant>.<assistant>".

@@ -247,7 +247,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, s Settings) error {
 	}); err != nil {
 		return err
 	}
-	for _, b := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket(), n.MemoryBucket(), n.LimitsBucket(), n.AssistantsBucket()} {
+	for _, b := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket(), n.MemoryBucket(), n.LimitsBucket(), n.AssistantsBucket(), n.CronsBucket()} {
 		cfg := jetstream.KeyValueConfig{
 			Bucket:   b,
 			History:  1,

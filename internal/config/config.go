@@ -43,6 +43,20 @@ type Config struct {
 	Retention Retention `yaml:"retention"`
 	// Webhooks configures runs' webhook deliveries (webhooks.go).
 	Webhooks Webhooks `yaml:"webhooks"`
+	// Crons configures what a cron tick fired late does.
+	Crons Crons `yaml:"crons"`
+}
+
+// Crons configures cron ticks (internal/crons).
+type Crons struct {
+	// MissedTicks is skip (default: a tick fired more than LateGrace
+	// after its time, which happens only when the jobs stream had no
+	// leader then, starts no run) or catch_up_one (it runs: one run for
+	// all the ticks an outage missed).
+	MissedTicks string `yaml:"missed_ticks"`
+	// LateGrace is how late a tick may fire and still run under skip
+	// (default 30s).
+	LateGrace Duration `yaml:"late_grace"`
 }
 
 // Agent is an agent profile.
@@ -327,6 +341,14 @@ func (c *Config) Validate() error {
 	}
 	if c.Worker.JobConcurrency < 1 {
 		bad("worker.job_concurrency", "must be at least 1")
+	}
+	switch c.Crons.MissedTicks {
+	case "", "skip", "catch_up_one":
+	default:
+		bad("crons.missed_ticks", "must be skip or catch_up_one")
+	}
+	if c.Crons.LateGrace < 0 {
+		bad("crons.late_grace", "must not be negative")
 	}
 	validateModels(c.Models, bad)
 	c.MCP.validate(bad)

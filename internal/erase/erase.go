@@ -61,6 +61,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/crons"
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/protocol"
@@ -132,6 +133,7 @@ type Eraser struct {
 	objects jetstream.ObjectStore // nil: the deployment has no object store
 	// assistants is nil on a deployment without the assistants bucket.
 	assistants *kv.Assistants
+	crons      *crons.Store
 }
 
 // New binds an Eraser to the deployment's streams and buckets, which must
@@ -153,6 +155,11 @@ func New(ctx context.Context, cfg Config) (*Eraser, error) {
 		cfg.StopWait = time.Minute
 	}
 	e := &Eraser{cfg: cfg, nc: cfg.NC, js: cfg.JS, names: cfg.Names, stores: cfg.Stores, log: cfg.Logger, streams: map[string]jetstream.Stream{}}
+	cs, err := crons.Open(ctx, cfg.JS, cfg.Names)
+	if err != nil {
+		return nil, fmt.Errorf("erase: %w", err)
+	}
+	e.crons = cs
 	if e.stores == nil {
 		s, err := kv.Open(ctx, cfg.JS, cfg.Names)
 		if err != nil {
@@ -310,6 +317,17 @@ func (e *Eraser) deleteThreads(ctx context.Context, tenant string, threads []str
 	// that reads the mark drops them.
 	if len(todo) > 0 {
 		if err := sleep(ctx, e.cfg.Settle); err != nil {
+			return nil, err
+		}
+	}
+	// The threads' crons go first: no tick starts a run on a thread
+	// being removed.
+	if len(todo) > 0 {
+		gone := map[string]bool{}
+		for _, f := range todo {
+			gone[f.th.ThreadID] = true
+		}
+		if err := e.deleteCrons(ctx, tenant, func(r *crons.Record) bool { return r.ThreadID != nil && gone[*r.ThreadID] }); err != nil {
 			return nil, err
 		}
 	}
@@ -790,6 +808,11 @@ func (e *Eraser) EraseUser(ctx context.Context, tenant, user string, opts Thread
 	if err != nil {
 		return out, err
 	}
+	if err := e.deleteCrons(ctx, tenant, func(r *crons.Record) bool {
+		return r.Owner == user || (r.UserID != nil && *r.UserID == user)
+	}); err != nil {
+		return out, err
+	}
 	n := e.names
 	for _, step := range []struct{ stream, subject string }{
 		{kvStream(n.MemoryBucket()), kvSubject(n.MemoryBucket(), bus.Key(tenant, user, ">"))},
@@ -831,6 +854,24 @@ func (e *Eraser) eraseAssistants(ctx context.Context, tenant, user string) error
 			if err := e.purge(ctx, kvStream(b), kvSubject(b, key)); err != nil {
 				return err
 			}
+		}
+	}
+	return nil
+}
+
+// deleteCrons deletes a tenant's crons that match (their schedules
+// first, then their records).
+func (e *Eraser) deleteCrons(ctx context.Context, tenant string, match func(*crons.Record) bool) error {
+	list, err := e.crons.List(ctx, tenant)
+	if err != nil {
+		return fmt.Errorf("list crons: %w", err)
+	}
+	for _, r := range list {
+		if match(r) {
+			if err := e.crons.Delete(ctx, tenant, r.CronID); err != nil {
+				return fmt.Errorf("delete cron %s: %w", r.CronID, err)
+			}
+			e.log.Info("cron deleted", zap.String("tenant", tenant), zap.String("cron_id", r.CronID))
 		}
 	}
 	return nil

@@ -27,6 +27,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/crons"
 	"github.com/natsagent/natsagent/internal/erase"
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/files"
@@ -111,6 +112,7 @@ type Server struct {
 	log         *zap.Logger
 	mux         *http.ServeMux
 	eraser      *erase.Eraser
+	crons       *crons.Store
 	auth        *authenticator // nil: no API keys, the API is open
 	tracer      trace.Tracer   // nil: the gateway does not trace
 
@@ -199,6 +201,9 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.queue = &submit.Queue{JS: js, Names: names, Stores: stores, Events: pub, Submitter: "gateway"}
+	if s.crons, err = crons.Open(ctx, js, names); err != nil {
+		return nil, err
+	}
 	if cfg.Traces != nil {
 		s.tracer = telemetry.Tracer(cfg.Traces)
 	}
@@ -264,6 +269,13 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /runs/stream", s.tenanted(s.createRun(modeStream, true)))
 	m.HandleFunc("DELETE /users/{user_id}", s.tenanted(s.eraseUser))
 	m.HandleFunc("POST /runs/wait", s.tenanted(s.createRun(modeWait, true)))
+	m.HandleFunc("POST /runs/crons", s.tenanted(s.createCron(false)))
+	m.HandleFunc("POST /threads/{thread_id}/runs/crons", s.tenanted(s.createCron(true)))
+	m.HandleFunc("POST /runs/crons/search", s.tenanted(s.searchCrons))
+	m.HandleFunc("POST /runs/crons/count", s.tenanted(s.countCrons))
+	m.HandleFunc("GET /runs/crons/{cron_id}", s.tenanted(s.getCron))
+	m.HandleFunc("PATCH /runs/crons/{cron_id}", s.tenanted(s.patchCron))
+	m.HandleFunc("DELETE /runs/crons/{cron_id}", s.tenanted(s.deleteCron))
 
 	s.consoleRoutes(m) // console.go
 	s.mux = m

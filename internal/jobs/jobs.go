@@ -39,6 +39,9 @@ type Job struct {
 	Attempt int
 	// Due is when the job became due (zero when unknown).
 	Due time.Time
+	// Stored is when the jobs stream stored the job: for a job a
+	// message schedule fired, when it fired.
+	Stored time.Time
 }
 
 // Handler runs a job. A nil error acks it; an error retries it with
@@ -260,7 +263,7 @@ func (r *Runner) handle(base context.Context, msg jetstream.Msg) {
 	job := &Job{ID: msg.Headers().Get(HeaderJobID), Data: msg.Data(), Attempt: 1}
 	var seq uint64
 	if md, err := msg.Metadata(); err == nil {
-		job.Attempt, seq = int(md.NumDelivered), md.Sequence.Stream
+		job.Attempt, seq, job.Stored = int(md.NumDelivered), md.Sequence.Stream, md.Timestamp
 	}
 	if due, err := time.Parse(time.RFC3339, msg.Headers().Get(HeaderJobDue)); err == nil {
 		job.Due = due
