@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -576,7 +576,7 @@ func (s *Server) searchAssistants(w http.ResponseWriter, r *http.Request, tenant
 			return errInvalid("select", fmt.Sprintf("select: %q is not a field of an assistant", clip(f)))
 		}
 	}
-	less, err := assistantOrder(b.SortBy, b.SortOrder)
+	cmp, err := assistantOrder(b.SortBy, b.SortOrder)
 	if err != nil {
 		return err
 	}
@@ -584,7 +584,7 @@ func (s *Server) searchAssistants(w http.ResponseWriter, r *http.Request, tenant
 	if err != nil {
 		return err
 	}
-	sort.SliceStable(all, func(i, j int) bool { return less(all[i], all[j]) })
+	slices.SortStableFunc(all, cmp)
 	views := make([]assistantView, 0, len(all))
 	for _, a := range all {
 		views = append(views, viewAssistant(a))
@@ -622,40 +622,15 @@ func selectFields[T any](items []T, sel []string) []map[string]json.RawMessage {
 	return out
 }
 
-func assistantOrder(by, order string) (func(a, b *protocol.Assistant) bool, error) {
-	desc := true
-	switch order {
-	case "", "desc":
-	case "asc":
-		desc = false
-	default:
-		return nil, errInvalid("sort_order", fmt.Sprintf("sort_order %q is not one of asc, desc", clip(order)))
-	}
-	var key func(a, b *protocol.Assistant) int
-	switch by {
-	case "", "created_at":
-		key = func(a, b *protocol.Assistant) int { return a.CreatedAt.Compare(b.CreatedAt) }
-	case "updated_at":
-		key = func(a, b *protocol.Assistant) int { return a.UpdatedAt.Compare(b.UpdatedAt) }
-	case "assistant_id":
-		key = func(a, b *protocol.Assistant) int { return strings.Compare(a.AssistantID, b.AssistantID) }
-	case "graph_id":
-		key = func(a, b *protocol.Assistant) int { return strings.Compare(a.GraphID, b.GraphID) }
-	case "name":
-		key = func(a, b *protocol.Assistant) int { return strings.Compare(a.Name, b.Name) }
-	default:
-		return nil, errInvalid("sort_by", fmt.Sprintf("sort_by %q is not one of assistant_id, graph_id, name, created_at, updated_at", clip(by)))
-	}
-	return func(a, b *protocol.Assistant) bool {
-		c := key(a, b)
-		if c == 0 {
-			c = strings.Compare(a.AssistantID, b.AssistantID)
-		}
-		if desc {
-			return c > 0
-		}
-		return c < 0
-	}, nil
+// assistantOrder is the order an assistants search sorts by.
+func assistantOrder(by, order string) (func(a, b *protocol.Assistant) int, error) {
+	return listOrder(by, order, "created_at", map[string]func(a, b *protocol.Assistant) int{
+		"created_at":   func(a, b *protocol.Assistant) int { return a.CreatedAt.Compare(b.CreatedAt) },
+		"updated_at":   func(a, b *protocol.Assistant) int { return a.UpdatedAt.Compare(b.UpdatedAt) },
+		"assistant_id": func(a, b *protocol.Assistant) int { return 0 },
+		"graph_id":     func(a, b *protocol.Assistant) int { return strings.Compare(a.GraphID, b.GraphID) },
+		"name":         func(a, b *protocol.Assistant) int { return strings.Compare(a.Name, b.Name) },
+	}, func(a *protocol.Assistant) string { return a.AssistantID })
 }
 
 // countAssistants: POST /assistants/count.

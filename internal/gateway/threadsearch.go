@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -91,7 +92,21 @@ func (s *Server) matchingThreads(r *http.Request, tenant string, b *searchThread
 	return out, nil
 }
 
+// threadOrder is the order a threads search sorts by.
 func threadOrder(by, order string) (func(a, b *protocol.Thread) int, error) {
+	return listOrder(by, order, "updated_at", map[string]func(a, b *protocol.Thread) int{
+		"updated_at": func(a, b *protocol.Thread) int { return a.UpdatedAt.Compare(b.UpdatedAt) },
+		"created_at": func(a, b *protocol.Thread) int { return a.CreatedAt.Compare(b.CreatedAt) },
+		"thread_id":  func(a, b *protocol.Thread) int { return 0 },
+		"status":     func(a, b *protocol.Thread) int { return strings.Compare(a.Status, b.Status) },
+	}, func(a *protocol.Thread) string { return a.ThreadID })
+}
+
+// listOrder is the comparison of a LangGraph search: by the key sort_by
+// names (def when it is empty), ties broken by id (a key that returns 0
+// sorts by id alone), descending unless sort_order is asc. An unknown key
+// or order is a 400 naming the field.
+func listOrder[T any](by, order, def string, keys map[string]func(a, b T) int, id func(T) string) (func(a, b T) int, error) {
 	desc := true
 	switch order {
 	case "", "desc":
@@ -100,23 +115,17 @@ func threadOrder(by, order string) (func(a, b *protocol.Thread) int, error) {
 	default:
 		return nil, errInvalid("sort_order", fmt.Sprintf("sort_order %q is not one of asc, desc", clip(order)))
 	}
-	var key func(a, b *protocol.Thread) int
-	switch by {
-	case "", "updated_at":
-		key = func(a, b *protocol.Thread) int { return a.UpdatedAt.Compare(b.UpdatedAt) }
-	case "created_at":
-		key = func(a, b *protocol.Thread) int { return a.CreatedAt.Compare(b.CreatedAt) }
-	case "thread_id":
-		key = func(a, b *protocol.Thread) int { return 0 }
-	case "status":
-		key = func(a, b *protocol.Thread) int { return strings.Compare(a.Status, b.Status) }
-	default:
-		return nil, errInvalid("sort_by", fmt.Sprintf("sort_by %q is not one of thread_id, status, created_at, updated_at", clip(by)))
+	if by == "" {
+		by = def
 	}
-	return func(a, b *protocol.Thread) int {
+	key, ok := keys[by]
+	if !ok {
+		return nil, errInvalid("sort_by", fmt.Sprintf("sort_by %q is not one of %s", clip(by), strings.Join(slices.Sorted(maps.Keys(keys)), ", ")))
+	}
+	return func(a, b T) int {
 		c := key(a, b)
 		if c == 0 {
-			c = strings.Compare(a.ThreadID, b.ThreadID)
+			c = strings.Compare(id(a), id(b))
 		}
 		if desc {
 			return -c

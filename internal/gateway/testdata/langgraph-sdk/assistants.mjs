@@ -5,27 +5,7 @@
 // TestLangGraphSDKAssistants (internal/gateway), whose model answers with
 // the model name each run asked for. Prints "checks passed: N".
 import assert from "node:assert/strict";
-import { Client } from "@langchain/langgraph-sdk";
-
-const apiUrl = process.env.LANGGRAPH_URL;
-if (!apiUrl) {
-  console.error("LANGGRAPH_URL is not set");
-  process.exit(2);
-}
-const client = new Client({ apiUrl, callerOptions: { maxRetries: 0 } });
-
-let passed = 0;
-let failed = 0;
-async function check(name, fn) {
-  try {
-    await fn();
-    passed++;
-    console.log(`ok   ${name}`);
-  } catch (err) {
-    failed++;
-    console.log(`FAIL ${name}: ${err && err.stack ? err.stack : err}`);
-  }
-}
+import { check, client, report } from "./harness.mjs";
 
 let created;
 
@@ -102,8 +82,4 @@ await check("assistants.delete removes it", async () => {
   assert.equal(await client.assistants.count({ metadata: { team: "sdk" } }), 0);
 });
 
-console.log(`checks passed: ${passed}`);
-if (failed > 0) {
-  console.log(`checks failed: ${failed}`);
-  process.exit(1);
-}
+report();

@@ -3,28 +3,10 @@
 // runs. Run by TestLangGraphSDKCrons (internal/gateway), whose job runner
 // takes the ticks. Prints one line per check and "checks passed: N".
 import assert from "node:assert/strict";
-import { Client } from "@langchain/langgraph-sdk";
+import { check, client, report } from "./harness.mjs";
 
-const apiUrl = process.env.LANGGRAPH_URL;
-if (!apiUrl) {
-  console.error("LANGGRAPH_URL is not set");
-  process.exit(2);
-}
-const client = new Client({ apiUrl, callerOptions: { maxRetries: 0 } });
 const agent = "chatbot";
 
-let passed = 0;
-let failed = 0;
-async function check(name, fn) {
-  try {
-    await fn();
-    passed++;
-    console.log(`ok   ${name}`);
-  } catch (err) {
-    failed++;
-    console.log(`FAIL ${name}: ${err && err.stack ? err.stack : err}`);
-  }
-}
 const human = (content) => ({ type: "human", content });
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -111,8 +93,4 @@ await check("crons.delete stops a cron", async () => {
   await assert.rejects(client.crons.delete(onThread.cron_id), /404|not found/i);
 });
 
-console.log(`checks passed: ${passed}`);
-if (failed > 0) {
-  console.log(`checks failed: ${failed}`);
-  process.exit(1);
-}
+report();

@@ -7,28 +7,9 @@
 // asks "Which city?" for a message containing "ask me", and fails on one
 // containing "break". Prints one line per check and "checks passed: N".
 import assert from "node:assert/strict";
-import { Client } from "@langchain/langgraph-sdk";
+import { check, client, report } from "./harness.mjs";
 
-const apiUrl = process.env.LANGGRAPH_URL;
-if (!apiUrl) {
-  console.error("LANGGRAPH_URL is not set");
-  process.exit(2);
-}
-const client = new Client({ apiUrl, callerOptions: { maxRetries: 0 } });
 const agent = "chatbot";
-
-let passed = 0;
-let failed = 0;
-async function check(name, fn) {
-  try {
-    await fn();
-    passed++;
-    console.log(`ok   ${name}`);
-  } catch (err) {
-    failed++;
-    console.log(`FAIL ${name}: ${err && err.stack ? err.stack : err}`);
-  }
-}
 
 const human = (content, extra = {}) => ({ type: "human", content, ...extra });
 const ids = (history) => history.map((s) => s.checkpoint.checkpoint_id);
@@ -182,8 +163,4 @@ await check("threads.update merges metadata; threads.copy copies the history", a
   assert.equal(b.checkpoint.thread_id, copy.thread_id);
 });
 
-console.log(`checks passed: ${passed}`);
-if (failed > 0) {
-  console.log(`checks failed: ${failed}`);
-  process.exit(1);
-}
+report();

@@ -7,28 +7,9 @@
 // "ask me", and fails on one containing "break". Prints one line per check
 // and "checks passed: N".
 import assert from "node:assert/strict";
-import { Client } from "@langchain/langgraph-sdk";
+import { check, client, report } from "./harness.mjs";
 
-const apiUrl = process.env.LANGGRAPH_URL;
-if (!apiUrl) {
-  console.error("LANGGRAPH_URL is not set");
-  process.exit(2);
-}
-const client = new Client({ apiUrl, callerOptions: { maxRetries: 0 } });
 const agent = "chatbot";
-
-let passed = 0;
-let failed = 0;
-async function check(name, fn) {
-  try {
-    await fn();
-    passed++;
-    console.log(`ok   ${name}`);
-  } catch (err) {
-    failed++;
-    console.log(`FAIL ${name}: ${err && err.stack ? err.stack : err}`);
-  }
-}
 
 const human = (content) => ({ type: "human", content });
 
@@ -244,8 +225,4 @@ await check("tools and lifecycle: on_tool_start/on_tool_end, and lifecycle|tools
   assert.equal(life[0].tool_call_id, "call_spawn");
 });
 
-console.log(`checks passed: ${passed}`);
-if (failed > 0) {
-  console.log(`checks failed: ${failed}`);
-  process.exit(1);
-}
+report();
