@@ -4,10 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -371,39 +367,7 @@ func TestCronSearchCountPatchAndTenants(t *testing.T) {
 // against the gateway (testdata/langgraph-sdk/crons.mjs). It skips as
 // TestLangGraphSDK does.
 func TestLangGraphSDKCrons(t *testing.T) {
-	node, err := exec.LookPath("node")
-	missing := ""
-	switch {
-	case err != nil:
-		missing = "node not found on PATH (Node 20 or later)"
-	default:
-		if _, err := os.Stat(filepath.Join(sdkDir, "node_modules", "@langchain", "langgraph-sdk", "package.json")); err != nil {
-			missing = "the LangGraph SDK is not installed (run npm ci in internal/gateway/" + sdkDir + ")"
-		}
-	}
-	if missing != "" {
-		if os.Getenv("NATSAGENT_LANGGRAPH_TESTS") == "1" {
-			t.Fatal(missing + "; NATSAGENT_LANGGRAPH_TESTS=1 requires it")
-		}
-		t.Skip(missing + "; set NATSAGENT_LANGGRAPH_TESTS=1 to make this a failure")
-	}
 	e := newEnv(t, sdkModel())
 	e.startCronWorker()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "crons.mjs")
-	cmd.Dir = sdkDir
-	cmd.Env = append(os.Environ(), "LANGGRAPH_URL="+e.http.URL)
-	out, err := cmd.CombinedOutput()
-	t.Logf("SDK checks:\n%s", out)
-	if err != nil {
-		t.Fatalf("the SDK checks failed: %v", err)
-	}
-	m := regexp.MustCompile(`(?m)^checks passed: (\d+)$`).FindSubmatch(out)
-	if m == nil {
-		t.Fatal("the script did not report its checks")
-	}
-	if n, _ := strconv.Atoi(string(m[1])); n != 5 {
-		t.Fatalf("%d checks passed, want 5", n)
-	}
+	runSDKScript(t, e, "crons.mjs", 5)
 }
