@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	kvs "github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -199,22 +200,7 @@ func (s *Store) List(ctx context.Context, tenant string) ([]*Record, error) {
 	if !protocol.ValidToken(tenant) {
 		return nil, nil
 	}
-	w, err := s.kv.Watch(ctx, tenant+".*", jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, err
-	}
-	defer w.Stop()
-	var out []*Record
-	for e := range w.Updates() {
-		if e == nil {
-			break
-		}
-		var r Record
-		if json.Unmarshal(e.Value(), &r) == nil && r.Tenant == tenant {
-			out = append(out, &r)
-		}
-	}
-	return out, nil
+	return kvs.List(ctx, s.kv, tenant+".*", func(r *Record) bool { return r.Tenant == tenant })
 }
 
 // Schedule (re)writes a cron's message schedule from its record: the

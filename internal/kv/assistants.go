@@ -124,26 +124,7 @@ func (s *Assistants) List(ctx context.Context, tenant string) ([]*protocol.Assis
 }
 
 func (s *Assistants) watch(ctx context.Context, filter string) ([]*protocol.Assistant, error) {
-	w, err := s.kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, err
-	}
-	defer w.Stop()
-	var out []*protocol.Assistant
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case e := <-w.Updates():
-			if e == nil {
-				return out, nil
-			}
-			var a protocol.Assistant
-			if decodeExact(e.Value(), &a) == nil {
-				out = append(out, &a)
-			}
-		}
-	}
+	return List[protocol.Assistant](ctx, s.kv, filter, nil)
 }
 
 // Delete removes an assistant and its versions.

@@ -182,6 +182,33 @@ func put(ctx context.Context, kv jetstream.KeyValue, key string, v any, rev uint
 	return n, bus.MarkStoreFull(kv.Bucket(), err)
 }
 
+// List reads the values of a bucket whose keys match filter, decoded as T
+// (decodeExact; a value that does not decode is skipped), and returns
+// those keep accepts (nil keeps all). It reads them through a watch, so it
+// serves listings and sweeps, not hot paths.
+func List[T any](ctx context.Context, kv jetstream.KeyValue, filter string, keep func(*T) bool) ([]*T, error) {
+	w, err := kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, err
+	}
+	defer w.Stop()
+	var out []*T
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e := <-w.Updates():
+			if e == nil {
+				return out, nil
+			}
+			var v T
+			if decodeExact(e.Value(), &v) == nil && (keep == nil || keep(&v)) {
+				out = append(out, &v)
+			}
+		}
+	}
+}
+
 // decodeExact decodes JSON keeping numbers in free-form fields (metadata)
 // as json.Number, so a record rewritten by a worker keeps large integers
 // exact.

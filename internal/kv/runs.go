@@ -94,23 +94,9 @@ const maxCASAttempts = 100
 // all), newest first. It reads every run of the tenant; use ListThread for
 // one thread.
 func (s *Runs) List(ctx context.Context, tenant string, keep func(*protocol.Run) bool) ([]*protocol.Run, error) {
-	w, err := s.kv.Watch(ctx, tenant+".*", jetstream.IgnoreDeletes())
+	out, err := List(ctx, s.kv, tenant+".*", keep)
 	if err != nil {
 		return nil, err
-	}
-	defer w.Stop()
-	var out []*protocol.Run
-	for e := range w.Updates() {
-		if e == nil {
-			break
-		}
-		var r protocol.Run
-		if decodeExact(e.Value(), &r) != nil {
-			continue
-		}
-		if keep == nil || keep(&r) {
-			out = append(out, &r)
-		}
 	}
 	sortNewestFirst(out)
 	return out, nil

@@ -152,46 +152,12 @@ func (s *Threads) RunIDs(ctx context.Context, tenant, thread string) ([]string, 
 
 // List returns a tenant's thread records.
 func (s *Threads) List(ctx context.Context, tenant string) ([]*protocol.Thread, error) {
-	w, err := s.kv.Watch(ctx, tenant+".*", jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, err
-	}
-	defer w.Stop()
-	var out []*protocol.Thread
-	for e := range w.Updates() {
-		if e == nil {
-			break
-		}
-		var t protocol.Thread
-		if decodeExact(e.Value(), &t) == nil {
-			out = append(out, &t)
-		}
-	}
-	return out, nil
+	return List[protocol.Thread](ctx, s.kv, tenant+".*", nil)
 }
 
 // StaleLeases returns the thread records, of every tenant, holding a lease
 // last renewed before cutoff. It reads every thread record (not the run
 // index), so it serves a periodic sweep, not a hot path.
 func (s *Threads) StaleLeases(ctx context.Context, cutoff time.Time) ([]*protocol.Thread, error) {
-	w, err := s.kv.Watch(ctx, "*.*", jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, err
-	}
-	defer w.Stop()
-	var out []*protocol.Thread
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case e := <-w.Updates():
-			if e == nil {
-				return out, nil
-			}
-			var t protocol.Thread
-			if decodeExact(e.Value(), &t) == nil && t.Lease != nil && t.Lease.RenewedAt.Before(cutoff) {
-				out = append(out, &t)
-			}
-		}
-	}
+	return List(ctx, s.kv, "*.*", func(t *protocol.Thread) bool { return t.Lease != nil && t.Lease.RenewedAt.Before(cutoff) })
 }
