@@ -589,17 +589,24 @@ func (s *Server) searchAssistants(w http.ResponseWriter, r *http.Request, tenant
 	for _, a := range all {
 		views = append(views, viewAssistant(a))
 	}
-	pageOut := paginate(p, views)
-	if p.offset+len(pageOut) < len(views) {
-		w.Header().Set("X-Pagination-Next", fmt.Sprint(p.offset+len(pageOut)))
-	}
-	w.Header().Set("X-Pagination-Total", fmt.Sprint(len(views)))
-	if len(b.Select) == 0 {
-		writeJSON(w, http.StatusOK, pageOut)
-		return nil
-	}
-	writeJSON(w, http.StatusOK, selectFields(pageOut, b.Select))
+	writePage(w, p.offset, paginate(p, views), len(views), b.Select)
 	return nil
+}
+
+// writePage answers one page of a LangGraph search: items are the views
+// from offset on, total how many matched. X-Pagination-Next names the next
+// page's offset while there is one (the SDK's includePagination reads it);
+// sel, when set, keeps the fields it names.
+func writePage[T any](w http.ResponseWriter, offset int, items []T, total int, sel []string) {
+	if offset+len(items) < total {
+		w.Header().Set("X-Pagination-Next", fmt.Sprint(offset+len(items)))
+	}
+	w.Header().Set("X-Pagination-Total", fmt.Sprint(total))
+	if len(sel) == 0 {
+		writeJSON(w, http.StatusOK, items)
+		return
+	}
+	writeJSON(w, http.StatusOK, selectFields(items, sel))
 }
 
 // selectFields keeps the fields named in sel of each item.

@@ -7,7 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
-	"sort"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/natsagent/natsagent/internal/crons"
@@ -397,47 +398,29 @@ func (s *Server) searchCrons(w http.ResponseWriter, r *http.Request, tenant stri
 	for i, c := range list {
 		views[i] = c.View(now)
 	}
-	key := func(c *crons.Cron) string {
-		switch q.SortBy {
-		case "cron_id":
-			return c.CronID
-		case "assistant_id":
-			return c.AssistantID
-		case "thread_id":
-			if c.ThreadID != nil {
-				return *c.ThreadID
+	cmp, err := listOrder(q.SortBy, q.SortOrder, "created_at", map[string]func(a, b *crons.Cron) int{
+		"cron_id":      func(a, b *crons.Cron) int { return 0 },
+		"assistant_id": func(a, b *crons.Cron) int { return strings.Compare(a.AssistantID, b.AssistantID) },
+		"thread_id":    func(a, b *crons.Cron) int { return strings.Compare(deref(a.ThreadID), deref(b.ThreadID)) },
+		"created_at":   func(a, b *crons.Cron) int { return a.CreatedAt.Compare(b.CreatedAt) },
+		"updated_at":   func(a, b *crons.Cron) int { return a.UpdatedAt.Compare(b.UpdatedAt) },
+		"next_run_date": func(a, b *crons.Cron) int {
+			// A cron that will not run again sorts after every date.
+			switch {
+			case a.NextRunDate == nil && b.NextRunDate == nil:
+				return 0
+			case a.NextRunDate == nil:
+				return 1
+			case b.NextRunDate == nil:
+				return -1
 			}
-			return ""
-		case "updated_at":
-			return c.UpdatedAt.Format(time.RFC3339Nano)
-		case "next_run_date":
-			if c.NextRunDate != nil {
-				return c.NextRunDate.Format(time.RFC3339Nano)
-			}
-			return "~"
-		case "", "created_at":
-			return c.CreatedAt.Format(time.RFC3339Nano)
-		}
-		return ""
+			return a.NextRunDate.Compare(*b.NextRunDate)
+		},
+	}, func(c *crons.Cron) string { return c.CronID })
+	if err != nil {
+		return err
 	}
-	switch q.SortBy {
-	case "", "cron_id", "assistant_id", "thread_id", "created_at", "updated_at", "next_run_date":
-	default:
-		return errInvalid("sort_by", fmt.Sprintf("%q is not one of cron_id, assistant_id, thread_id, created_at, updated_at, next_run_date", clip(q.SortBy)))
-	}
-	desc := q.SortOrder != "asc"
-	switch q.SortOrder {
-	case "", "asc", "desc":
-	default:
-		return errInvalid("sort_order", "sort_order is asc or desc")
-	}
-	sort.SliceStable(views, func(i, j int) bool {
-		a, b := key(&views[i]), key(&views[j])
-		if a == b {
-			return views[i].CronID < views[j].CronID
-		}
-		return (a < b) != desc
-	})
+	slices.SortStableFunc(views, func(a, b crons.Cron) int { return cmp(&a, &b) })
 	if q.Offset >= len(views) {
 		views = nil
 	} else {

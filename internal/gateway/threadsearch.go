@@ -160,16 +160,7 @@ func (s *Server) searchThreads(w http.ResponseWriter, r *http.Request, tenant st
 	for i := range top {
 		views = append(views, viewThread(&top[i]))
 	}
-	pageOut := paginate(p, views)
-	if p.offset+len(pageOut) < len(all) {
-		w.Header().Set("X-Pagination-Next", fmt.Sprint(p.offset+len(pageOut)))
-	}
-	w.Header().Set("X-Pagination-Total", fmt.Sprint(len(all)))
-	if len(b.Select) == 0 {
-		writeJSON(w, http.StatusOK, pageOut)
-		return nil
-	}
-	writeJSON(w, http.StatusOK, selectFields(pageOut, b.Select))
+	writePage(w, p.offset, paginate(p, views), len(all), b.Select)
 	return nil
 }
 
