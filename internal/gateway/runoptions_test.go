@@ -266,7 +266,8 @@ func TestAfterSecondsCancelBeforeStart(t *testing.T) {
 // checkpoint before it and deletes the run; action=interrupt keeps what
 // the run did.
 func TestCancelRollback(t *testing.T) {
-	e := newEnv(t, slowModel())
+	m := slowModel()
+	e := newEnv(t, m)
 	e.finish("r1", input("hi"))
 	before, _, err := e.stores.Threads.Get(context.Background(), "default", "r1")
 	if err != nil {
@@ -297,9 +298,13 @@ func TestCancelRollback(t *testing.T) {
 		t.Fatal("the rolled-back run's message is still in the thread")
 	}
 
-	// action=interrupt (the default): the run's input stays.
+	// action=interrupt (the default): the run's input stays once the run
+	// took it (a run cancelled before its first step has none to keep),
+	// so the cancel waits for the model to be answering it.
 	e.finish("r2", input("hi"))
+	calls := m.Calls()
 	run = start("r2")
+	testdeploy.WaitFor(t, 20*time.Second, "the model answers the run", func() bool { return m.Calls() > calls })
 	e.do("POST", "/threads/r2/runs/"+run+"/cancel?action=interrupt", nil).expect(t, http.StatusOK)
 	if got := e.awaitRun("r2", run); got.Status != protocol.StatusCancelled {
 		t.Fatalf("cancelled run %+v", got)
