@@ -900,8 +900,10 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 	relErr := j.settleWrite(ctx, func() error {
 		return lease.release(ctx, &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: errors.Is(out.Stopped, ErrRolledBack) || errors.Is(out.Stopped, ErrCancelRollback), head: head, title: title, usage: usage})
 	})
-	j.releaseTenantSlot(ctx)
 	err := <-recErr
+	// The slot goes back only once the record says the run ended, so
+	// no reader ever sees more of a tenant's runs running than its limit.
+	j.releaseTenantSlot(ctx)
 	switch {
 	case errors.Is(err, agent.ErrLeaseLost):
 		j.abandon("run record taken over")
