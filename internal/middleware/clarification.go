@@ -179,3 +179,6 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// ProvidedTools implements ToolProvider.
+func (*Clarification) ProvidedTools() []string { return []string{ClarificationTool} }

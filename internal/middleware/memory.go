@@ -512,3 +512,6 @@ func clipMemory(s string, n int) string {
 	}
 	return string([]rune(s)[:n]) + "…"
 }
+
+// ProvidedTools implements ToolProvider.
+func (*Memory) ProvidedTools() []string { return []string{RememberTool} }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/natsagent/natsagent/internal/model"
@@ -190,18 +191,8 @@ func Builtins() []Builtin {
 		{Name: "view_image", Segment: SegmentTail, Off: true,
 			Build: build(NewViewImage)},
 		// [view_image]
-		{Name: "tool_exclusion", Segment: SegmentTail,
-			Build: func(raw json.RawMessage, env Env) (Middleware, error) {
-				var t ToolExclusion
-				if err := decodeSettings(raw, &t); err != nil {
-					return nil, err
-				}
-				known := env.KnownTool
-				if known == nil {
-					known = func(string) bool { return false }
-				}
-				return NewToolExclusion(t, known)
-			}},
+		// Assemble places tool_exclusion itself, around every other one.
+		{Name: "tool_exclusion", Segment: SegmentTail},
 		{Name: "token_usage", Segment: SegmentTail,
 			Build: func(raw json.RawMessage, env Env) (Middleware, error) {
 				var t TokenUsage
@@ -235,22 +226,94 @@ type ChainConfig struct {
 	// accepts "enabled": false; those off by default need "enabled": true.
 	Settings map[string]json.RawMessage `json:"settings,omitempty"`
 	// Order rearranges optional middlewares of one segment among the
-	// places they hold.
+	// places they hold; it may name user entries (by their names) to
+	// order the user segment.
 	Order []string `json:"order,omitempty"`
-	// User is the user segment, in order.
+	// User is the user segment, in order. An entry whose name is an
+	// optional built-in's replaces that built-in in its place (upsert).
 	User []UserMiddleware `json:"user,omitempty"`
 }
 
-// UserMiddleware adds a configured middleware to the user segment.
+// UserMiddleware adds a configured middleware to the user segment: a
+// built-in (Use), a middleware registered in code (Use, see Register), or
+// an instance built in Go (Instance, which wins over Use).
 type UserMiddleware struct {
 	Use      string          `json:"use"`
 	Name     string          `json:"name,omitempty"`
 	Settings json.RawMessage `json:"settings,omitempty"`
+	// Instance is a middleware built in code; it has no JSON form.
+	Instance Middleware `json:"-"`
+}
+
+// ToolProvider is implemented by a middleware that offers tools of its own
+// (write_todos, task, ask_clarification...): tool exclusion may name them.
+type ToolProvider interface {
+	ProvidedTools() []string
+}
+
+// ToolExclusionTrim names the innermost half of tool exclusion, which
+// removes the excluded tools from the request the model receives.
+const ToolExclusionTrim = "tool_exclusion_trim"
+
+// toolExclusion is the built-in that Assemble places itself: the very
+// last step on the tools, whatever the other middlewares added.
+const toolExclusion = "tool_exclusion"
+
+var (
+	registryMu sync.RWMutex
+	registered = map[string]func(json.RawMessage, Env) (Middleware, error){}
+)
+
+// Register makes a middleware defined in code available to configurations
+// by name (user: [{use: name, settings: ...}]). A name that a built-in or
+// an earlier registration holds is an error.
+func Register(name string, build func(settings json.RawMessage, env Env) (Middleware, error)) error {
+	if name == "" || build == nil {
+		return fmt.Errorf("register middleware: a name and a build function are required")
+	}
+	for _, b := range Builtins() {
+		if b.Name == name {
+			return fmt.Errorf("register middleware %q: a built-in has that name; a user entry with it replaces the built-in", name)
+		}
+	}
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	if _, dup := registered[name]; dup {
+		return fmt.Errorf("register middleware %q: already registered", name)
+	}
+	registered[name] = build
+	return nil
+}
+
+func registeredBuild(name string) func(json.RawMessage, Env) (Middleware, error) {
+	registryMu.RLock()
+	defer registryMu.RUnlock()
+	return registered[name]
+}
+
+func knownNames(all []Builtin) string {
+	names := builtinNames(all)
+	registryMu.RLock()
+	for n := range registered {
+		names = append(names, n)
+	}
+	registryMu.RUnlock()
+	slices.Sort(names[len(all):])
+	return strings.Join(names, ", ")
+}
+
+// placed is one middleware of the chain being assembled.
+type placed struct {
+	name    string
+	seg     Segment
+	builtin *Builtin // nil for a user entry that replaces nothing
+	m       Middleware
 }
 
 // Assemble builds a profile's chain: the built-ins in their default order,
 // as the configuration enables, orders and sets them, with the user
-// segment between base and tail. Every error names the setting at fault.
+// segment between base and tail, and tool exclusion around everything.
+// Every error names the setting at fault.
 func Assemble(cfg ChainConfig, env Env) (*Chain, error) {
 	all := Builtins()
 	byName := make(map[string]Builtin, len(all))
@@ -290,60 +353,75 @@ func Assemble(cfg ChainConfig, env Env) (*Chain, error) {
 	limits.Models = env.ContextWindows
 	env.Context = limits
 
-	var names []string
+	// The user entries first: one named like a built-in takes its place.
+	var user []placed
+	replaces := make(map[string]Middleware)
+	userNames := make(map[string]bool)
+	for i, u := range cfg.User {
+		m, err := buildUser(i, u, env, byName, all)
+		if err != nil {
+			return nil, err
+		}
+		name := m.Name()
+		if name == "" {
+			return nil, fmt.Errorf("user[%d]: middleware %T has an empty name", i, m)
+		}
+		if userNames[name] {
+			return nil, fmt.Errorf("user[%d].name: %q is already in the chain; give each one a distinct name", i, name)
+		}
+		userNames[name] = true
+		if b, ok := byName[name]; ok && !b.UserOnly {
+			switch {
+			case b.Required:
+				return nil, fmt.Errorf("user[%d].name: %s keeps transcripts valid and cannot be replaced", i, name)
+			case name == toolExclusion:
+				return nil, fmt.Errorf("user[%d].name: tool_exclusion is configured with settings.tool_exclusion, not replaced", i)
+			case b.LeadOnly && env.Kind == KindSubagent:
+				return nil, fmt.Errorf("user[%d].name: %s needs a human and cannot run in a subagent", i, name)
+			}
+			replaces[name] = m
+			continue
+		}
+		user = append(user, placed{name: name, seg: SegmentUser, m: m})
+	}
+
+	var list []placed
 	for _, b := range all {
-		if b.UserOnly || (b.LeadOnly && env.Kind == KindSubagent) {
+		if b.UserOnly || b.Name == toolExclusion || (b.LeadOnly && env.Kind == KindSubagent) {
 			continue
 		}
 		on, set := enabled[b.Name]
-		if (b.Off && !(set && on)) || (set && !on) {
+		_, replaced := replaces[b.Name]
+		if !replaced && ((b.Off && !(set && on)) || (set && !on)) {
 			continue
 		}
-		names = append(names, b.Name)
+		if b.Segment == SegmentTail && len(user) > 0 {
+			list = append(list, user...)
+			user = nil
+		}
+		list = append(list, placed{name: b.Name, seg: b.Segment, builtin: &b, m: replaces[b.Name]})
 	}
-	if err := reorder(names, cfg.Order, byName); err != nil {
+	list = append(list, user...)
+	if err := reorder(list, cfg.Order, byName); err != nil {
 		return nil, err
 	}
 
-	var segs [3][]Middleware
-	for _, name := range names {
-		b := byName[name]
-		m, err := b.Build(settings[name], env)
-		if err != nil {
-			return nil, fmt.Errorf("settings.%s: %w", name, err)
+	mws := make([]Middleware, 0, len(list)+2)
+	for _, p := range list {
+		if p.m == nil {
+			m, err := p.builtin.Build(settings[p.name], env)
+			if err != nil {
+				return nil, fmt.Errorf("settings.%s: %w", p.name, err)
+			}
+			p.m = m
 		}
-		segs[b.Segment] = append(segs[b.Segment], m)
+		mws = append(mws, p.m)
 	}
-	used := make(map[string]bool)
-	for _, n := range names {
-		used[n] = true
+	gate, trim, err := buildExclusion(enabled, settings[toolExclusion], env, mws)
+	if err != nil {
+		return nil, fmt.Errorf("settings.%s: %w", toolExclusion, err)
 	}
-	for i, u := range cfg.User {
-		b, ok := byName[u.Use]
-		if !ok {
-			return nil, fmt.Errorf("user[%d].use: unknown middleware %q (known: %s)", i, u.Use, strings.Join(builtinNames(all), ", "))
-		}
-		if b.Required {
-			return nil, fmt.Errorf("user[%d].use: %s is always in the chain already", i, u.Use)
-		}
-		if b.LeadOnly && env.Kind == KindSubagent {
-			return nil, fmt.Errorf("user[%d].use: %s needs a human and cannot run in a subagent", i, u.Use)
-		}
-		raw := u.Settings
-		if u.Name != "" {
-			raw = withName(raw, u.Name)
-		}
-		m, err := b.Build(raw, env)
-		if err != nil {
-			return nil, fmt.Errorf("user[%d] (%s): %w", i, u.Use, err)
-		}
-		if used[m.Name()] {
-			return nil, fmt.Errorf("user[%d].name: %q is already in the chain; give each one a distinct name", i, m.Name())
-		}
-		used[m.Name()] = true
-		segs[SegmentUser] = append(segs[SegmentUser], m)
-	}
-	chain, err := NewChain(segs[SegmentBase], segs[SegmentUser], segs[SegmentTail])
+	chain, err := NewChain([]Middleware{gate}, mws, []Middleware{trim})
 	if err != nil {
 		return nil, err
 	}
@@ -365,40 +443,121 @@ func Assemble(cfg ChainConfig, env Env) (*Chain, error) {
 	return chain, nil
 }
 
+// buildUser builds one user entry: its instance, a built-in, or a
+// middleware registered in code.
+func buildUser(i int, u UserMiddleware, env Env, byName map[string]Builtin, all []Builtin) (Middleware, error) {
+	if u.Instance != nil {
+		return u.Instance, nil
+	}
+	raw := u.Settings
+	if b, ok := byName[u.Use]; ok {
+		if b.Required {
+			return nil, fmt.Errorf("user[%d].use: %s is always in the chain already", i, u.Use)
+		}
+		if b.LeadOnly && env.Kind == KindSubagent {
+			return nil, fmt.Errorf("user[%d].use: %s needs a human and cannot run in a subagent", i, u.Use)
+		}
+		if u.Use == toolExclusion {
+			return nil, fmt.Errorf("user[%d].use: configure tool_exclusion with settings.tool_exclusion", i)
+		}
+		if u.Name != "" {
+			raw = withName(raw, u.Name)
+		}
+		m, err := b.Build(raw, env)
+		if err != nil {
+			return nil, fmt.Errorf("user[%d] (%s): %w", i, u.Use, err)
+		}
+		return m, nil
+	}
+	build := registeredBuild(u.Use)
+	if build == nil {
+		return nil, fmt.Errorf("user[%d].use: unknown middleware %q (known: %s)", i, u.Use, knownNames(all))
+	}
+	m, err := build(raw, env)
+	if err != nil {
+		return nil, fmt.Errorf("user[%d] (%s): %w", i, u.Use, err)
+	}
+	if m == nil {
+		return nil, fmt.Errorf("user[%d] (%s): the registered build returned no middleware", i, u.Use)
+	}
+	if u.Name != "" && m.Name() != u.Name {
+		return nil, fmt.Errorf("user[%d].name: %s names itself %q; it cannot be renamed %q", i, u.Use, m.Name(), u.Name)
+	}
+	return m, nil
+}
+
+// buildExclusion builds tool exclusion's two halves when it excludes
+// anything: a tool named in exclude must be one the profile may use or
+// one a middleware of the chain offers.
+func buildExclusion(enabled map[string]bool, raw json.RawMessage, env Env, mws []Middleware) (Middleware, Middleware, error) {
+	if on, set := enabled[toolExclusion]; set && !on {
+		return nil, nil, nil
+	}
+	var t ToolExclusion
+	if err := decodeSettings(raw, &t); err != nil {
+		return nil, nil, err
+	}
+	if len(t.Exclude) == 0 {
+		return nil, nil, nil
+	}
+	offered := make(map[string]bool)
+	for _, m := range mws {
+		if p, ok := m.(ToolProvider); ok {
+			for _, n := range p.ProvidedTools() {
+				offered[n] = true
+			}
+		}
+	}
+	known := func(name string) bool {
+		return offered[name] || (env.KnownTool != nil && env.KnownTool(name))
+	}
+	ex, err := NewToolExclusion(t, known)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ex, toolExclusionTrim{ex}, nil
+}
+
 // reorder rearranges the named middlewares among the places they hold.
-func reorder(names []string, order []string, byName map[string]Builtin) error {
+func reorder(list []placed, order []string, byName map[string]Builtin) error {
 	if len(order) == 0 {
 		return nil
 	}
+	at := func(name string) int {
+		return slices.IndexFunc(list, func(p placed) bool { return p.name == name })
+	}
 	var slots []int
+	var moved []placed
 	seen := make(map[string]bool)
 	var seg Segment
 	for i, name := range order {
-		b, ok := byName[name]
-		if !ok {
-			return fmt.Errorf("order[%d]: unknown middleware %q", i, name)
-		}
-		if b.Required {
+		b, builtin := byName[name]
+		k := at(name)
+		switch {
+		case name == toolExclusion:
+			return fmt.Errorf("order[%d]: tool_exclusion is always the last step on the tools and keeps its place", i)
+		case builtin && b.Required:
 			return fmt.Errorf("order[%d]: %s is required and keeps its place", i, name)
+		case k < 0 && builtin:
+			return fmt.Errorf("order[%d]: %s is not enabled", i, name)
+		case k < 0:
+			return fmt.Errorf("order[%d]: unknown middleware %q", i, name)
 		}
 		if seen[name] {
 			return fmt.Errorf("order[%d]: %s is listed twice", i, name)
 		}
 		seen[name] = true
 		if i == 0 {
-			seg = b.Segment
-		} else if b.Segment != seg {
-			return fmt.Errorf("order[%d]: %s is in the %s segment and %s in the %s segment; order moves middlewares within one segment", i, name, b.Segment, order[0], seg)
+			seg = list[k].seg
+		} else if list[k].seg != seg {
+			return fmt.Errorf("order[%d]: %s is in the %s segment and %s in the %s segment; order moves middlewares within one segment", i, name, list[k].seg, order[0], seg)
 		}
-		at := slices.Index(names, name)
-		if at < 0 {
-			return fmt.Errorf("order[%d]: %s is not enabled", i, name)
-		}
-		slots = append(slots, at)
+		slots = append(slots, k)
+		moved = append(moved, list[k])
 	}
 	slices.Sort(slots)
-	for i, at := range slots {
-		names[at] = order[i]
+	for i, k := range slots {
+		list[k] = moved[i]
 	}
 	return nil
 }

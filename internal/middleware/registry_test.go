@@ -11,7 +11,7 @@ import (
 
 var defaultLead = []string{
 	"tool_error_guard", "tool_call_repair", "large_result_offload", "attachments", "skills", "subagents", "todos", "dynamic_context", "title", "context_compression", "model_retry",
-	"subagent_limit", "loop_detection", "tool_exclusion", "token_usage", "tool_approval", "safety_finish_reason", "clarification",
+	"subagent_limit", "loop_detection", "token_usage", "tool_approval", "safety_finish_reason", "clarification",
 }
 
 // reordered is defaultLead with the named middlewares put in the given
@@ -130,7 +130,7 @@ func TestAssemble_TokenBudgetOffByDefault(t *testing.T) {
 			for i, n := range names {
 				if n == "token_budget" {
 					has = true
-					if names[i-1] != "loop_detection" || names[i+1] != "tool_exclusion" {
+					if names[i-1] != "loop_detection" || names[i+1] != "token_usage" {
 						t.Errorf("token_budget at the wrong place: %v", names)
 					}
 				}
@@ -229,8 +229,8 @@ func TestAssemble_OrderWithinSegment(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("names = %v\nwant    %v", got, want)
 	}
-	got = assembleNames(t, ChainConfig{Order: []string{"tool_exclusion", "loop_detection"}})
-	want = reordered("tool_exclusion", "loop_detection")
+	got = assembleNames(t, ChainConfig{Order: []string{"token_usage", "loop_detection"}})
+	want = reordered("token_usage", "loop_detection")
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("names = %v\nwant    %v", got, want)
 	}

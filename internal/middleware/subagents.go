@@ -535,3 +535,6 @@ func DelegatedRuns(st *state.State, thread, runID string) []ChildRun {
 	}
 	return out
 }
+
+// ProvidedTools implements ToolProvider.
+func (*Subagents) ProvidedTools() []string { return SubagentTools }

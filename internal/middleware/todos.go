@@ -243,3 +243,6 @@ func (t *Todos) parse(args string) ([]Todo, error) {
 	}
 	return out, nil
 }
+
+// ProvidedTools implements ToolProvider.
+func (*Todos) ProvidedTools() []string { return []string{WriteTodosTool} }

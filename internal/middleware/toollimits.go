@@ -1,9 +1,13 @@
 package middleware
 
 // Tool exclusion and tool call limits. Boundary: model call (the tools
-// offered) and tool call. Tool exclusion reads and writes nothing: it is
-// the final trim of the tools a run is offered, and it refuses an excluded
-// tool called by name anyway. Tool call limits read the transcript (calls
+// offered) and tool call. Tool exclusion reads and writes nothing; it is
+// two middlewares that Assemble holds around every other one, so it is the
+// very last step on the tools whatever a middleware added (write_todos,
+// task, ask_clarification): the gate, outermost, refuses an excluded tool
+// called by name anyway, before a middleware answers its own tool; the
+// trim, innermost, removes excluded tools from the request the model
+// receives. Tool call limits read the transcript (calls
 // this run and this thread made) and write error results for the calls
 // over a limit, after LangChain's ToolCallLimitMiddleware; counts come from
 // the transcript, so they survive redelivery.
@@ -23,7 +27,8 @@ type ToolExclusion struct {
 	set     map[string]bool
 }
 
-// NewToolExclusion checks that every excluded name is a known tool.
+// NewToolExclusion checks that every excluded name is a known tool. The
+// result is the gate; toolExclusionTrim is its other half.
 func NewToolExclusion(t ToolExclusion, known func(string) bool) (*ToolExclusion, error) {
 	t.set = make(map[string]bool)
 	for _, n := range t.Exclude {
@@ -38,8 +43,15 @@ func NewToolExclusion(t ToolExclusion, known func(string) bool) (*ToolExclusion,
 // Name implements Middleware.
 func (*ToolExclusion) Name() string { return "tool_exclusion" }
 
+// toolExclusionTrim is tool exclusion's innermost half.
+type toolExclusionTrim struct{ t *ToolExclusion }
+
+// Name implements Middleware.
+func (toolExclusionTrim) Name() string { return ToolExclusionTrim }
+
 // WrapModelCall drops excluded tools from the request.
-func (t *ToolExclusion) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelRequest, next ModelHandler) (*ModelResponse, error) {
+func (x toolExclusionTrim) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelRequest, next ModelHandler) (*ModelResponse, error) {
+	t := x.t
 	if len(t.set) == 0 {
 		return next(ctx, req)
 	}

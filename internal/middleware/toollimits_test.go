@@ -48,7 +48,7 @@ func TestToolExclusion(t *testing.T) {
 	t.Run("excluded tools are not offered", func(t *testing.T) {
 		req := &ModelRequest{Tools: specs("search", "shell", "read_file", "write_file")}
 		var next captureNext
-		if _, err := ex.WrapModelCall(ctx, rt, req, next.handle); err != nil {
+		if _, err := (toolExclusionTrim{ex}).WrapModelCall(ctx, rt, req, next.handle); err != nil {
 			t.Fatal(err)
 		}
 		if got := specNames(next.last(t).Tools); !reflect.DeepEqual(got, []string{"search", "read_file"}) {
@@ -92,7 +92,7 @@ func TestToolExclusion(t *testing.T) {
 		}
 		req := &ModelRequest{Tools: specs("search")}
 		var seen *ModelRequest
-		_, _ = none.WrapModelCall(ctx, rt, req, func(ctx context.Context, r *ModelRequest) (*ModelResponse, error) {
+		_, _ = (toolExclusionTrim{none}).WrapModelCall(ctx, rt, req, func(ctx context.Context, r *ModelRequest) (*ModelResponse, error) {
 			seen = r
 			return &ModelResponse{}, nil
 		})

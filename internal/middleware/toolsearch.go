@@ -575,3 +575,6 @@ func metaAs(raw any, v any) bool {
 	}
 	return json.Unmarshal(data, v) == nil
 }
+
+// ProvidedTools implements ToolProvider.
+func (*ToolSearch) ProvidedTools() []string { return []string{ToolSearchTool} }

@@ -383,3 +383,6 @@ func (v *ViewImage) reconcile(st *state.State) Result {
 	}
 	return Result{Update: viewedUpdate(st, missing)}
 }
+
+// ProvidedTools implements ToolProvider.
+func (*ViewImage) ProvidedTools() []string { return []string{ViewImageTool} }
