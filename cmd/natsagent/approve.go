@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -82,7 +81,7 @@ like natsagent run.`, std)
 // decide checks decisions against the interrupt, says what each does,
 // and resumes the thread with them.
 func decide(ctx context.Context, c *client, std stdio, f *resumeFlags, w *waiting, decisions []protocol.Decision) error {
-	if err := middleware.CheckDecisions(&w.open, decisions); err != nil {
+	if err := protocol.CheckDecisions(&w.open, decisions); err != nil {
 		return fmt.Errorf("%v (see the calls with natsagent approve --thread %s --list)", err, f.thread)
 	}
 	if !f.json {

@@ -8,7 +8,6 @@ import (
 
 	"github.com/natsagent/natsagent/internal/compact"
 	"github.com/natsagent/natsagent/internal/events"
-	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -84,7 +83,7 @@ and after; --detach prints the job id only.`, std)
 	if f.json {
 		return writeJSON(std.out, d)
 	}
-	if d.Phase == middleware.CompressionFailed {
+	if d.Phase == protocol.CompressionFailed {
 		return fmt.Errorf("compaction of thread %s failed (%s): %s", *thread, d.Code, d.Error)
 	}
 	if d.Summarized == 0 {
@@ -97,7 +96,7 @@ and after; --detach prints the job id only.`, std)
 }
 
 // awaitCompaction reads a compaction job's events until its result.
-func awaitCompaction(ctx context.Context, fd *events.Feed) (*middleware.CompressionData, error) {
+func awaitCompaction(ctx context.Context, fd *events.Feed) (*protocol.CompressionData, error) {
 	deadline := time.Now().Add(compactWait)
 	for time.Now().Before(deadline) {
 		m, err := fd.NextWithin(ctx, time.Until(deadline))

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -138,7 +137,7 @@ func (r *renderer) event(raw []byte) *protocol.FinishedData {
 
 func (r *renderer) show(ev *protocol.Event, v *runView, fin *protocol.FinishedData) {
 	switch ev.Type {
-	case protocol.EventRunQueued, middleware.EventApprovalRequested:
+	case protocol.EventRunQueued, protocol.EventApprovalRequested:
 		// The final line shows what an interrupt waits for.
 	case protocol.EventRunStarted:
 		var d protocol.StartedData
@@ -224,7 +223,7 @@ func (r *renderer) show(ev *protocol.Event, v *runView, fin *protocol.FinishedDa
 			v.out += d.OutputTokens
 			v.approx = v.approx || d.Approximate
 		}
-	case middleware.EventModelRetry:
+	case protocol.EventModelRetry:
 		var d struct {
 			Kind      string `json:"kind"`
 			Error     string `json:"error"`
@@ -239,7 +238,7 @@ func (r *renderer) show(ev *protocol.Event, v *runView, fin *protocol.FinishedDa
 			r.lastMsg = ""
 		}
 		r.line(r.st.yellow(note))
-	case middleware.EventTitled:
+	case protocol.EventThreadTitled:
 		var d struct {
 			Title string `json:"title"`
 		}
@@ -248,7 +247,7 @@ func (r *renderer) show(ev *protocol.Event, v *runView, fin *protocol.FinishedDa
 			r.endLine()
 			r.line(r.st.dim("· title: " + d.Title))
 		}
-	case middleware.EventTodos:
+	case protocol.EventTodos:
 		var d struct {
 			Todos []struct {
 				Content string `json:"content"`
@@ -268,7 +267,7 @@ func (r *renderer) show(ev *protocol.Event, v *runView, fin *protocol.FinishedDa
 			}
 			r.line(r.st.dim("    " + mark + " " + oneLine(t.Content, 100)))
 		}
-	case middleware.EventLoopDetected, middleware.EventBudgetWarning, middleware.EventBudgetExceeded, middleware.EventSafetyStopped:
+	case protocol.EventLoopDetected, protocol.EventBudgetWarning, protocol.EventBudgetExceeded, protocol.EventSafetyStopped:
 		r.endLine()
 		r.line(r.st.yellow("! " + ev.Type + " " + oneLine(string(ev.Data), 160)))
 	case protocol.EventRunFinished:

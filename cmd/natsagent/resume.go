@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 
-	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -41,7 +40,7 @@ func (c *client) pending(ctx context.Context, thread string) (*waiting, error) {
 		return nil, fmt.Errorf("read thread %s's state: %w", thread, err)
 	}
 	w := &waiting{thread: th}
-	if ok, err := st.Value(middleware.InterruptValue, &w.open); err != nil || !ok || w.open.Kind == "" {
+	if ok, err := st.Value(protocol.InterruptValue, &w.open); err != nil || !ok || w.open.Kind == "" {
 		status := th.Status
 		if status == "" {
 			status = protocol.ThreadIdle

@@ -10,6 +10,7 @@ import (
 	"github.com/natsagent/natsagent/internal/agent"
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/compact"
+	"github.com/natsagent/natsagent/internal/compact/compactjob"
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/jobs"
@@ -33,7 +34,7 @@ func WithCompaction(agents *agent.Agents, workdirs func(tenant, thread string) f
 		if err != nil {
 			return err
 		}
-		handlers[compact.JobKind] = compact.NewHandler(stores, pub, agents, workdirs, log).Handle
+		handlers[compact.JobKind] = compactjob.NewHandler(stores, pub, agents, workdirs, log).Handle
 		return nil
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -102,12 +101,12 @@ func (s *Server) checkCommand(ctx context.Context, req *protocol.RunRequest, th 
 				return errInvalid(fmt.Sprintf("command.update.messages[%d].id", i), fmt.Sprintf("the thread already has a message %s; an update appends messages", m.ID))
 			}
 		}
-		if len(u.Messages) > 0 && (len(c.Resume) > 0 || c.Goto == protocol.GotoTools) && middleware.ToolCallsWaiting(st) {
+		if len(u.Messages) > 0 && (len(c.Resume) > 0 || c.Goto == protocol.GotoTools) && st.ToolCallsWaiting() {
 			return errInvalid("command.update.messages", "they would come between tool calls and their results (which this command runs first); send them in a run after this one")
 		}
 	}
 	if c.Goto == protocol.GotoTools {
-		if !middleware.ToolCallsWaiting(st) {
+		if !st.ToolCallsWaiting() {
 			return errConflict(fmt.Sprintf("thread %s has no tool calls waiting to run; command.goto tools runs the last response's unanswered calls", th.ThreadID))
 		}
 	}

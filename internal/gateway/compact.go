@@ -12,7 +12,6 @@ import (
 
 	"github.com/natsagent/natsagent/internal/compact"
 	"github.com/natsagent/natsagent/internal/events"
-	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -35,8 +34,8 @@ type compactReply struct {
 	// or failed.
 	Status string `json:"status"`
 	// Events is the subject the job reports on.
-	Events string                      `json:"events"`
-	Result *middleware.CompressionData `json:"result,omitempty"`
+	Events string                    `json:"events"`
+	Result *protocol.CompressionData `json:"result,omitempty"`
 }
 
 // compactThread: POST /threads/{thread_id}/compact. A busy thread is
@@ -104,13 +103,13 @@ func (s *Server) compactThread(w http.ResponseWriter, r *http.Request, tenant st
 	}
 	reply.Result = d
 	reply.Status = d.Phase
-	if d.Phase == middleware.CompressionFailed {
+	if d.Phase == protocol.CompressionFailed {
 		switch d.Code {
-		case middleware.CodeBusy:
+		case protocol.CodeBusy:
 			return errConflict(d.Error)
-		case middleware.CodeNotFound:
+		case protocol.CodeNotFound:
 			return errNotFound(d.Error)
-		case middleware.CodeDisabled, middleware.CodeUnknownAgent:
+		case protocol.CodeDisabled, protocol.CodeUnknownAgent:
 			return errInvalid("agent", d.Error)
 		}
 		return &apiError{status: http.StatusBadGateway, code: protocol.CodeUnavailable, msg: "compaction failed: " + d.Error}
@@ -120,7 +119,7 @@ func (s *Server) compactThread(w http.ResponseWriter, r *http.Request, tenant st
 }
 
 // awaitCompaction reads a job's events until its result.
-func (s *Server) awaitCompaction(ctx context.Context, f *events.Feed) (*middleware.CompressionData, error) {
+func (s *Server) awaitCompaction(ctx context.Context, f *events.Feed) (*protocol.CompressionData, error) {
 	ctx, cancel := context.WithTimeout(ctx, compactWait)
 	defer cancel()
 	for {

@@ -72,7 +72,7 @@ func TestCompactEndpoint_IdleThreadWait(t *testing.T) {
 	var reply compactReply
 	r.decode(t, &reply)
 	d := reply.Result
-	if reply.JobID != "job-1" || reply.Status != middleware.CompressionCompleted || d == nil || d.Summarized != 6 || d.Checkpoint != compact.CheckpointID("job-1") {
+	if reply.JobID != "job-1" || reply.Status != protocol.CompressionCompleted || d == nil || d.Summarized != 6 || d.Checkpoint != compact.CheckpointID("job-1") {
 		t.Fatalf("reply = %s", r.body)
 	}
 	if d.TokensBefore <= d.TokensAfter || d.TokensAfter == 0 {

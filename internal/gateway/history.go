@@ -9,7 +9,6 @@ import (
 
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/langgraph"
-	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
 )
@@ -171,7 +170,7 @@ func (g *threadGraph) stateAt(id string) *state.State {
 // without checkpoints).
 func (g *threadGraph) snapshot(id string) langgraph.ThreadState {
 	th := g.th
-	snap := langgraph.Snapshot{ThreadID: th.ThreadID, CheckpointID: id, State: g.stateAt(id), Hidden: []string{middleware.InterruptValue}, Encoder: &g.enc}
+	snap := langgraph.Snapshot{ThreadID: th.ThreadID, CheckpointID: id, State: g.stateAt(id), Hidden: []string{protocol.InterruptValue}, Encoder: &g.enc}
 	d, ok := g.byID[id]
 	if id == inputCheckpoint && g.input != nil {
 		d, ok = g.input, true
@@ -181,7 +180,7 @@ func (g *threadGraph) snapshot(id string) langgraph.ThreadState {
 	}
 	snap.Settled = id == th.Head && th.Lease == nil
 	var open protocol.Interrupt
-	if ok, err := snap.State.Value(middleware.InterruptValue, &open); ok && err == nil {
+	if ok, err := snap.State.Value(protocol.InterruptValue, &open); ok && err == nil {
 		snap.Interrupt = &open
 	}
 	return langgraph.State(snap)

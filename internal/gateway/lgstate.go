@@ -15,7 +15,6 @@ import (
 	"github.com/natsagent/natsagent/internal/erase"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/langgraph"
-	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
@@ -284,11 +283,11 @@ type updateStateBody struct {
 // edit without bypassing what the agent enforces (approvals, interrupts,
 // skills and summaries stay the agent's).
 var updatableValues = map[string]func(json.RawMessage) error{
-	middleware.TodosValue: func(raw json.RawMessage) error {
-		var todos []middleware.Todo
+	protocol.TodosValue: func(raw json.RawMessage) error {
+		var todos []protocol.Todo
 		return json.Unmarshal(raw, &todos)
 	},
-	middleware.TitleValue: func(raw json.RawMessage) error {
+	protocol.TitleValue: func(raw json.RawMessage) error {
 		var title string
 		return json.Unmarshal(raw, &title)
 	},
@@ -361,7 +360,7 @@ func stateUpdate(raw json.RawMessage) (state.Update, string, error) {
 			u.Values = map[string]json.RawMessage{}
 		}
 		u.Values[k] = v
-		if k == middleware.TitleValue {
+		if k == protocol.TitleValue {
 			_ = json.Unmarshal(v, &title)
 		}
 	}
@@ -476,7 +475,7 @@ func (s *Server) timeTravel(ctx context.Context, th *protocol.Thread, ref checkp
 		after := g.stateAt(base).Clone()
 		after.Apply(d.Update)
 		status := protocol.ThreadIdle
-		if ok, _ := after.Value(middleware.InterruptValue, &protocol.Interrupt{}); ok {
+		if ok, _ := after.Value(protocol.InterruptValue, &protocol.Interrupt{}); ok {
 			status = protocol.ThreadInterrupted
 		}
 		if _, err := s.stores.Checkpoints.Put(ctx, th.Tenant, th.ThreadID, d); err != nil {
@@ -595,7 +594,7 @@ func (s *Server) runResult(ctx context.Context, r *http.Request, rec *protocol.R
 	if err != nil {
 		return nil, err
 	}
-	values := langgraph.Values(g.stateAfter(rec.RunID), middleware.InterruptValue)
+	values := langgraph.Values(g.stateAfter(rec.RunID), protocol.InterruptValue)
 	if rec.Status == protocol.StatusInterrupted {
 		values = langgraph.WithInterrupt(values, rec.Interrupt)
 	}
@@ -718,7 +717,7 @@ func (s *Server) copyHistory(ctx context.Context, g *threadGraph, cp *protocol.T
 		return nil
 	}
 	status := protocol.ThreadIdle
-	if ok, _ := g.stateAt(head).Value(middleware.InterruptValue, &protocol.Interrupt{}); ok {
+	if ok, _ := g.stateAt(head).Value(protocol.InterruptValue, &protocol.Interrupt{}); ok {
 		status = protocol.ThreadInterrupted
 	}
 	updated, _, err := s.stores.Threads.Mutate(ctx, cp.Tenant, cp.ThreadID, func(t *protocol.Thread) error {

@@ -17,7 +17,6 @@ import (
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/langgraph"
-	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
@@ -106,7 +105,7 @@ func (s *Server) translator(rec *protocol.Run, m langgraph.Modes, input []model.
 		return nil
 	}
 	src := &runSource{s: s, tenant: rec.Tenant, thread: rec.ThreadID, run: rec.RunID, input: input}
-	return langgraph.NewStream(m, langgraph.Run{RunID: rec.RunID, ThreadID: rec.ThreadID, Agent: rec.Agent, Attempt: rec.Attempt}, src, middleware.InterruptValue)
+	return langgraph.NewStream(m, langgraph.Run{RunID: rec.RunID, ThreadID: rec.ThreadID, Agent: rec.Agent, Attempt: rec.Attempt}, src, protocol.InterruptValue)
 }
 
 // runSource reads a run's thread state for the translation of its

@@ -11,7 +11,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/kv"
-	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
 	"github.com/natsagent/natsagent/internal/submit"
@@ -247,7 +246,7 @@ func (s *Server) reject(ctx context.Context, req *protocol.RunRequest, holder st
 // nothing, or the value does not fit what it waits for.
 func (s *Server) checkResume(st *state.State, req *protocol.RunRequest, th *protocol.Thread) error {
 	var open protocol.Interrupt
-	if ok, err := st.Value(middleware.InterruptValue, &open); err != nil || !ok {
+	if ok, err := st.Value(protocol.InterruptValue, &open); err != nil || !ok {
 		return errConflict(fmt.Sprintf("thread %s is not waiting for a person's answer; send new messages as input instead of command.resume", th.ThreadID))
 	}
 	switch open.Kind {
@@ -256,7 +255,7 @@ func (s *Server) checkResume(st *state.State, req *protocol.RunRequest, th *prot
 		if err := json.Unmarshal(req.Command.Resume, &resume); err != nil {
 			return errInvalid("command.resume", fmt.Sprintf("the thread waits for decisions on tool calls: send {\"decisions\": [...]}, one per action request: %v", err))
 		}
-		if err := middleware.CheckDecisions(&open, resume.Decisions); err != nil {
+		if err := protocol.CheckDecisions(&open, resume.Decisions); err != nil {
 			return errInvalid("command.resume.decisions", err.Error())
 		}
 	case protocol.InterruptClarification:

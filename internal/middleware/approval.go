@@ -106,7 +106,7 @@ func (a *ToolApproval) active(rt *Runtime) bool { return a.mode(rt) != protocol.
 func (a *ToolApproval) asks() bool { return a.kind != KindSubagent }
 
 // EventApprovalRequested is emitted when a run stops for decisions.
-const EventApprovalRequested = "approval.requested"
+const EventApprovalRequested = protocol.EventApprovalRequested
 
 // AfterModel stops the run before gated calls run.
 func (a *ToolApproval) AfterModel(ctx context.Context, rt *Runtime, st *state.State) (Result, error) {
@@ -211,29 +211,10 @@ func decisionResult(rt *Runtime, req protocol.ActionRequest, text, status string
 	}
 }
 
-// CheckDecisions validates a resume's decisions against the interrupt: one
-// per waiting call, each allowed, an edit with a JSON object, a respond
-// with a message.
+// CheckDecisions validates a resume's decisions against the interrupt
+// (protocol.CheckDecisions).
 func CheckDecisions(open *protocol.Interrupt, decisions []protocol.Decision) error {
-	if len(decisions) != len(open.ActionRequests) {
-		return fmt.Errorf("command.resume.decisions: %d decisions for %d tool calls waiting for approval; send one decision per call, in the order of the interrupt's action_requests", len(decisions), len(open.ActionRequests))
-	}
-	for k, d := range decisions {
-		if !slices.Contains(open.AllowedDecisions, d.Type) {
-			return fmt.Errorf("command.resume.decisions[%d].type: %q is not allowed here (allowed: %s)", k, d.Type, strings.Join(open.AllowedDecisions, ", "))
-		}
-		switch d.Type {
-		case protocol.DecisionEdit:
-			if !isJSONObject(string(d.Arguments)) || len(strings.TrimSpace(string(d.Arguments))) == 0 {
-				return fmt.Errorf("command.resume.decisions[%d].arguments: an edit needs the new arguments as a JSON object", k)
-			}
-		case protocol.DecisionRespond:
-			if strings.TrimSpace(d.Message) == "" {
-				return fmt.Errorf("command.resume.decisions[%d].message: a respond decision needs the text to answer with", k)
-			}
-		}
-	}
-	return nil
+	return protocol.CheckDecisions(open, decisions)
 }
 
 // EditNotice starts the result of a call a person edited.

@@ -58,8 +58,8 @@ const budgetWarningName = "budget_warning"
 
 // Token budget events.
 const (
-	EventBudgetWarning  = "budget.warning"
-	EventBudgetExceeded = "budget.exceeded"
+	EventBudgetWarning  = protocol.EventBudgetWarning
+	EventBudgetExceeded = protocol.EventBudgetExceeded
 )
 
 // AfterModel implements AfterModel.

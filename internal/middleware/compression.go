@@ -37,6 +37,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
 	"github.com/natsagent/natsagent/internal/tokens"
 )
@@ -46,22 +47,22 @@ const ContextSummaryValue = "context_summary"
 
 // EventContextCompression is emitted (custom kind) when compression
 // starts, completes or fails.
-const EventContextCompression = "context_compression"
+const EventContextCompression = protocol.EventContextCompression
 
 // Phases of a context_compression event.
 const (
-	CompressionStarted   = "started"
-	CompressionCompleted = "completed"
-	CompressionFailed    = "failed"
+	CompressionStarted   = protocol.CompressionStarted
+	CompressionCompleted = protocol.CompressionCompleted
+	CompressionFailed    = protocol.CompressionFailed
 )
 
 // Codes of a failed context_compression event.
 const (
-	CodeSummaryFailed = "summary_failed"
-	CodeBusy          = "busy"
-	CodeNotFound      = "not_found"
-	CodeDisabled      = "disabled"
-	CodeUnknownAgent  = "unknown_agent"
+	CodeSummaryFailed = protocol.CodeSummaryFailed
+	CodeBusy          = protocol.CodeBusy
+	CodeNotFound      = protocol.CodeNotFound
+	CodeDisabled      = protocol.CodeDisabled
+	CodeUnknownAgent  = protocol.CodeUnknownAgent
 )
 
 // Why compression ran.
@@ -245,33 +246,7 @@ type SubagentNote struct {
 }
 
 // CompressionData is the data of a context_compression event.
-type CompressionData struct {
-	Phase  string `json:"phase"`
-	Reason string `json:"reason"`
-	// MessageID is the model call compression prepared (runs); JobID the
-	// compaction job (on request).
-	MessageID string `json:"message_id,omitempty"`
-	JobID     string `json:"job_id,omitempty"`
-	// TokensBefore is the request's size before compression, TokensAfter
-	// what was sent (for a job: what the next request starts from).
-	TokensBefore int `json:"tokens_before"`
-	TokensAfter  int `json:"tokens_after,omitempty"`
-	// Compacted counts the messages newly compacted for this call.
-	Compacted int `json:"compacted,omitempty"`
-	// Summarized counts the messages the summary cut; Count all messages
-	// summaries replaced so far.
-	Summarized         int    `json:"summarized,omitempty"`
-	Count              int    `json:"count,omitempty"`
-	SummarySeq         int    `json:"summary_seq,omitempty"`
-	CutBeforeMessageID string `json:"cut_before_message_id,omitempty"`
-	HistoryPath        string `json:"history_path,omitempty"`
-	// Code and Error say why it failed (busy, not_found, disabled,
-	// summary_failed, ...).
-	Code  string `json:"code,omitempty"`
-	Error string `json:"error,omitempty"`
-	// Checkpoint is the checkpoint a compaction job wrote.
-	Checkpoint string `json:"checkpoint_id,omitempty"`
-}
+type CompressionData = protocol.CompressionData
 
 // ccRun is a run's compression memory (Scratch): compaction results by
 // message, the view of the last request, the failure streak.

@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
 )
 
@@ -14,7 +15,7 @@ const MetaStopNote = "stopped_by"
 // InterruptValue is the state value holding the interrupt a thread waits
 // for (a protocol.Interrupt); the middleware that raises it sets it, the
 // one that handles the resume clears it.
-const InterruptValue = "interrupt"
+const InterruptValue = protocol.InterruptValue
 
 // MetaHidden marks a message that is part of the transcript but not meant
 // for a person's view (injected context, reminders).
@@ -128,23 +129,5 @@ func pendingGuidance(rt *Runtime, owner string) []string {
 }
 
 // ToolCallsWaiting reports whether the last assistant message has tool
-// calls without a result: messages appended now would split the calls
-// from their results.
-func ToolCallsWaiting(st *state.State) bool {
-	i := LastAssistant(st)
-	if i < 0 {
-		return false
-	}
-	answered := map[string]bool{}
-	for _, m := range st.Messages[i+1:] {
-		if m.ToolCallID != "" {
-			answered[m.ToolCallID] = true
-		}
-	}
-	for _, c := range st.Messages[i].ToolCalls {
-		if !answered[c.ID] {
-			return true
-		}
-	}
-	return false
-}
+// calls without a result (state.ToolCallsWaiting).
+func ToolCallsWaiting(st *state.State) bool { return st.ToolCallsWaiting() }

@@ -86,7 +86,7 @@ func (*LoopDetection) Name() string { return "loop_detection" }
 const loopWarningName = "loop_warning"
 
 // EventLoopDetected is emitted when the detector warns or stops.
-const EventLoopDetected = "loop.detected"
+const EventLoopDetected = protocol.EventLoopDetected
 
 // AfterModel implements AfterModel.
 func (l *LoopDetection) AfterModel(ctx context.Context, rt *Runtime, st *state.State) (Result, error) {

@@ -29,6 +29,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
 )
 
 // EnvNetworkRetryBudget overrides the default network retry budget, in
@@ -172,7 +173,7 @@ func (r *Retry) backoff(attempt int) time.Duration {
 }
 
 // EventModelRetry is emitted before each retry.
-const EventModelRetry = "model.retry"
+const EventModelRetry = protocol.EventModelRetry
 
 // RetryData is the data of a model.retry event. MessageID names the
 // assistant message whose streamed deltas so far are void: the retried

@@ -41,7 +41,7 @@ func NewSafetyFinishReason(s SafetyFinishReason) (*SafetyFinishReason, error) {
 func (*SafetyFinishReason) Name() string { return "safety_finish_reason" }
 
 // EventSafetyStopped is emitted when a response was stopped for safety.
-const EventSafetyStopped = "safety.stopped"
+const EventSafetyStopped = protocol.EventSafetyStopped
 
 // AfterModel implements AfterModel.
 func (s *SafetyFinishReason) AfterModel(ctx context.Context, rt *Runtime, st *state.State) (Result, error) {

@@ -24,7 +24,7 @@ import (
 )
 
 // TitleValue is the state value holding the thread's title.
-const TitleValue = "title"
+const TitleValue = protocol.TitleValue
 
 // Title gives a thread its title.
 type Title struct {

@@ -26,14 +26,15 @@ import (
 	"unicode/utf8"
 
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
 )
 
 // TodosValue is the state value holding the todo list.
-const TodosValue = "todos"
+const TodosValue = protocol.TodosValue
 
 // EventTodos is emitted with {"todos": [...]} when the list changes.
-const EventTodos = "state.todos"
+const EventTodos = protocol.EventTodos
 
 // WriteTodosTool is the name of the tool the todos middleware provides.
 const WriteTodosTool = "write_todos"
@@ -49,10 +50,7 @@ const (
 const MaxTodoContent = 1000
 
 // Todo is one item of the list.
-type Todo struct {
-	Content string `json:"content"`
-	Status  string `json:"status"`
-}
+type Todo = protocol.Todo
 
 // Todos keeps the model's todo list.
 type Todos struct {

@@ -48,7 +48,7 @@ func TestTodos_WriteReplacesListAndEmitsOnChange(t *testing.T) {
 		t.Errorf("result = %+v", res.Message)
 	}
 	st.Apply(checkpointed(t, res.Update))
-	want := []Todo{{"Find sources", TodoCompleted}, {"Draft", TodoInProgress}, {"Review", TodoInProgress}, {"Send", TodoPending}}
+	want := []Todo{{Content: "Find sources", Status: TodoCompleted}, {Content: "Draft", Status: TodoInProgress}, {Content: "Review", Status: TodoInProgress}, {Content: "Send", Status: TodoPending}}
 	if got := todosIn(t, st); !reflect.DeepEqual(got, want) {
 		t.Errorf("todos = %+v", got)
 	}
@@ -65,7 +65,7 @@ func TestTodos_WriteReplacesListAndEmitsOnChange(t *testing.T) {
 	// A new list replaces the old one; [] clears it.
 	res, _ = m.WrapToolCall(context.Background(), rt, &ToolCall{Call: writeTodos("c3", `{"todos":[{"content":"Send","status":"completed"}]}`), State: st}, next.handle)
 	st.Apply(res.Update)
-	if got := todosIn(t, st); !reflect.DeepEqual(got, []Todo{{"Send", TodoCompleted}}) {
+	if got := todosIn(t, st); !reflect.DeepEqual(got, []Todo{{Content: "Send", Status: TodoCompleted}}) {
 		t.Errorf("todos = %+v", got)
 	}
 	res, _ = m.WrapToolCall(context.Background(), rt, &ToolCall{Call: writeTodos("c4", `{"todos":[]}`), State: st}, next.handle)
@@ -181,7 +181,7 @@ func TestTodos_DeepAgents4161_ListInEveryRequestFromState(t *testing.T) {
 		t.Error("the request edit leaked into the caller's request")
 	}
 
-	u, _ := state.SetValue(TodosValue, []Todo{{"Find\nsources", TodoCompleted}, {"Draft", TodoInProgress}})
+	u, _ := state.SetValue(TodosValue, []Todo{{Content: "Find\nsources", Status: TodoCompleted}, {Content: "Draft", Status: TodoInProgress}})
 	st.Apply(u)
 	capture.reqs = nil
 	m.WrapModelCall(context.Background(), rt, &ModelRequest{Tools: append(specs("echo"), writeTodosSpec), State: st}, capture.handle)

@@ -16,6 +16,7 @@ import (
 	"github.com/natsagent/natsagent/internal/agent"
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/compact"
+	"github.com/natsagent/natsagent/internal/compact/compactjob"
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/jobs"
@@ -47,7 +48,7 @@ func Start(t testing.TB, url string, settings bus.Settings, agents *agent.Agents
 		t.Fatal(err)
 	}
 	runner, err := jobs.NewRunner(ctx, js, jobs.Config{Settings: settings, Logger: log,
-		Handlers: map[string]jobs.Handler{compact.JobKind: compact.NewHandler(stores, pub, agents, workdir, log).Handle}})
+		Handlers: map[string]jobs.Handler{compact.JobKind: compactjob.NewHandler(stores, pub, agents, workdir, log).Handle}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package compact_test
+package compactjob_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/natsagent/natsagent/internal/agent"
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/compact"
+	"github.com/natsagent/natsagent/internal/compact/compactjob"
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/jobs"
 	"github.com/natsagent/natsagent/internal/kv"
@@ -410,7 +411,7 @@ func TestRequestValidate(t *testing.T) {
 		}
 	}
 	// A payload that does not decode is dead-lettered at once.
-	h := compact.NewHandler(nil, nil, nil, nil, nil)
+	h := compactjob.NewHandler(nil, nil, nil, nil, nil)
 	err := h.Handle(context.Background(), &jobs.Job{Kind: compact.JobKind, Data: []byte(`{"job_id":"j","tenant":"default","thread_id":"h","extra":1}`)})
 	if !jobs.IsPermanent(err) {
 		t.Fatalf("err = %v", err)
