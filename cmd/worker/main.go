@@ -11,12 +11,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/app"
 	"github.com/natsagent/natsagent/internal/bus"
-	"github.com/natsagent/natsagent/internal/worker"
 )
 
 func main() {
@@ -44,10 +42,6 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	settings, err := app.Settings(cfg)
-	if err != nil {
-		return err
-	}
 	nc, err := app.Connect(cfg, "natsagent-worker")
 	if err != nil {
 		return err
@@ -57,86 +51,13 @@ func run() error {
 			log.Warn("NATS connection", zap.Error(err))
 		}
 	}()
-	js, err := jetstream.New(nc)
+	w, err := app.NewWorker(ctx, nc, cfg, app.WorkerParts{ID: *id, Logger: log})
 	if err != nil {
 		return err
 	}
-	provCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := bus.Provision(provCtx, js, settings); err != nil {
-		return err
-	}
-	m, label, err := app.Model(cfg)
-	if err != nil {
-		return err
-	}
-	mcpServers, err := app.MCP(ctx, cfg, log)
-	if err != nil {
-		return err
-	}
-	// Closed once w.Run returned: runs finishing in the shutdown grace
-	// keep their tools.
-	defer func() { _ = mcpServers.Close() }()
-	mem, err := app.Memory(ctx, js, settings)
-	if err != nil {
-		return err
-	}
-	remote, err := app.RemoteTools(ctx, cfg, nc, settings, log)
-	if err != nil {
-		return err
-	}
-	defer remote.Stop()
-	submitHooks, err := app.SubmitHooks(cfg)
-	if err != nil {
-		return err
-	}
-	agents, err := app.Agents(cfg, m, app.WithMCP(mcpServers), app.WithMemory(mem), app.WithRemoteTools(remote))
-	if err != nil {
-		return err
-	}
-	if w := app.SandboxWarning(cfg); w != "" {
-		log.Warn(w)
-	}
-	workdirs, err := app.Files(ctx, cfg, nc, settings)
-	if err != nil {
-		return err
-	}
-	lim, err := app.Limiter(ctx, js, cfg, settings)
-	if err != nil {
-		return err
-	}
-	jobRunner, err := app.Jobs(ctx, js, cfg, settings, mem, m, log, app.WithCompaction(agents, workdirs),
-		app.WithRetention(cfg.Retention, app.QuotaFiles(workdirs, lim)))
-	if err != nil {
-		return err
-	}
-	tel, stopTelemetry, err := app.StartTelemetry(ctx, cfg.Telemetry, app.ServiceWorker, log)
-	if err != nil {
-		return err
-	}
-	defer stopTelemetry()
+	tel := w.Telemetry
 	if *listen == "" && tel.InlineMetrics() != nil {
 		log.Info("metrics are not served: set --listen (health and /metrics) or telemetry.metrics.listen")
-	}
-	w, err := worker.New(ctx, nc, worker.Config{
-		Settings:      settings,
-		Limits:        lim,
-		ID:            *id,
-		Concurrency:   cfg.Worker.Concurrency,
-		RunTimeout:    time.Duration(cfg.Worker.RunTimeout),
-		ShutdownGrace: time.Duration(cfg.Worker.ShutdownGrace),
-		StoreFullWait: cfg.Worker.RunStoreFullWait(),
-		Agents:        agents,
-		Logger:        log,
-		Jobs:          jobRunner,
-		Files:         app.QuotaFiles(workdirs, lim),
-		Metrics:       tel.Metrics,
-		Traces:        tel.TracerProvider,
-		Submit:        submitHooks,
-		KeyTTLs:       app.KeyTTLs(cfg.Retention),
-	})
-	if err != nil {
-		return err
 	}
 	if *listen != "" {
 		stopHealth, err := serveHealth(ctx, *listen, nc, log, tel.InlineMetrics())
@@ -145,7 +66,7 @@ func run() error {
 		}
 		defer stopHealth()
 	}
-	log.Info("natsagent worker", zap.String("nats", nc.ConnectedUrlRedacted()), zap.String("model", label), zap.String("prefix", settings.Names.Prefix))
+	log.Info("natsagent worker", zap.String("nats", nc.ConnectedUrlRedacted()), zap.String("model", w.ModelLabel), zap.String("prefix", cfg.NATS.Prefix))
 	return w.Run(ctx)
 }
 

@@ -244,16 +244,25 @@ func Default() Config {
 // Load reads the YAML file at path (none when path is ""), over the
 // defaults, then applies the environment. Unknown fields are errors.
 func Load(path string) (Config, error) {
+	if path == "" {
+		return Parse(nil, "")
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Default(), fmt.Errorf("read config: %w", err)
+	}
+	return Parse(data, path)
+}
+
+// Parse is Load of YAML held in memory; name says where it came from in
+// errors.
+func Parse(data []byte, name string) (Config, error) {
 	cfg := Default()
-	if path != "" {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return cfg, fmt.Errorf("read config: %w", err)
-		}
+	if len(data) > 0 {
 		dec := yaml.NewDecoder(bytes.NewReader(data))
 		dec.KnownFields(true)
 		if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-			return cfg, fmt.Errorf("config %s: %w", path, err)
+			return cfg, fmt.Errorf("config %s: %w", name, err)
 		}
 	}
 	cfg.applyEnv(os.Getenv)
