@@ -1,0 +1,150 @@
+package natsagent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/natsagent/natsagent/internal/events"
+	"github.com/natsagent/natsagent/internal/protocol"
+)
+
+// Event is one run event: the envelope of docs/protocol.md 2.10 and where
+// it came from.
+type Event struct {
+	protocol.Event
+	// StreamSeq is a stored event's sequence in the events stream (0 for
+	// a live event): follow again after it to resume.
+	StreamSeq uint64
+}
+
+// Finished decodes the data of a run.finished event (nil for any other).
+func (e *Event) Finished() *FinishedData {
+	if e.Type != protocol.EventRunFinished {
+		return nil
+	}
+	var d FinishedData
+	if json.Unmarshal(e.Data, &d) != nil {
+		return nil
+	}
+	return &d
+}
+
+// Delta returns the text of a message.delta event ("" for any other).
+func (e *Event) Delta() string {
+	if e.Type != protocol.EventMessageDelta {
+		return ""
+	}
+	var d protocol.DeltaData
+	_ = json.Unmarshal(e.Data, &d)
+	return d.Delta
+}
+
+// Events is a run's event stream, stored and live events merged in the
+// order the worker emitted them (token deltas included). Close it when
+// done.
+type Events struct {
+	fw *events.Follow
+}
+
+// FollowOptions say where a follow starts.
+type FollowOptions struct {
+	// After resumes after this events-stream sequence (an Event's
+	// StreamSeq); 0 starts at the run's first retained event.
+	After uint64
+}
+
+// Follow streams a run's events from its first retained one (or after
+// opts.After). Open it before or after submitting: nothing stored is
+// missed either way; live deltas published before Follow returned are.
+func (c *Client) Follow(ctx context.Context, thread, run string, opts *FollowOptions) (*Events, error) {
+	if err := checkIDs(thread, run); err != nil {
+		return nil, err
+	}
+	cfg := events.FeedConfig{DropStale: true}
+	if opts != nil {
+		cfg.After = opts.After
+	}
+	fw, err := events.OpenFollow(ctx, c.js, c.names, c.names.RunEvents(c.tenant, thread, run), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("natsagent: follow run %s: %w", run, err)
+	}
+	return &Events{fw: fw}, nil
+}
+
+// Next returns the next event, waiting for it until ctx is done.
+func (s *Events) Next(ctx context.Context) (*Event, error) {
+	it, err := s.fw.Next(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ev := &Event{StreamSeq: it.StreamSeq}
+	if err := json.Unmarshal(it.Data, &ev.Event); err != nil {
+		return nil, fmt.Errorf("natsagent: undecodable event: %w", err)
+	}
+	return ev, nil
+}
+
+// Close stops the stream.
+func (s *Events) Close() { s.fw.Close() }
+
+// Wait waits until a run ended and returns its final record. It reads the
+// record first (a run that ended long ago, whose events expired, is
+// answered at once), then follows the run's events to its run.finished.
+func (c *Client) Wait(ctx context.Context, thread, run string) (*Run, error) {
+	if err := checkIDs(thread, run); err != nil {
+		return nil, err
+	}
+	if rec, err := c.Run(ctx, run); err == nil && rec.Status.Terminal() {
+		return rec, nil
+	} else if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, err
+	}
+	s, err := c.Follow(ctx, thread, run, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	for {
+		// The record is read again now and then: a terminal record with
+		// no run.finished in sight means its events expired.
+		ev, err := s.fw.NextWithin(ctx, 5*time.Second)
+		if err != nil && ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			return nil, fmt.Errorf("natsagent: wait for run %s: %w", run, err)
+		}
+		if err == nil {
+			var env protocol.Event
+			if json.Unmarshal(ev.Data, &env) == nil && env.Type == protocol.EventRunFinished {
+				return c.finalRecord(ctx, run)
+			}
+			continue
+		}
+		if rec, rerr := c.Run(ctx, run); rerr == nil && rec.Status.Terminal() {
+			return rec, nil
+		}
+	}
+}
+
+// finalRecord reads a finished run's record; the record is written before
+// run.finished is published, so it is terminal already.
+func (c *Client) finalRecord(ctx context.Context, run string) (*Run, error) {
+	for {
+		rec, err := c.Run(ctx, run)
+		if err != nil {
+			return nil, err
+		}
+		if rec.Status.Terminal() {
+			return rec, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
