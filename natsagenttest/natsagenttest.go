@@ -27,6 +27,9 @@ import (
 // Reply is one scripted model answer: text, tool calls, or an error.
 type Reply = openaitest.Reply
 
+// Usage is the token usage a scripted reply reports.
+type Usage = openaitest.Usage
+
 // ModelRequest is a request the scripted model received.
 type ModelRequest = openaitest.Request
 
