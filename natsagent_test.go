@@ -234,3 +234,20 @@ func TestNewWorker_Errors(t *testing.T) {
 type named string
 
 func (n named) Name() string { return string(n) }
+
+// Config.Tools reach the stock chatbot; an agent of the configuration
+// lists them by name.
+func TestWorker_ToolsReachStockChatbot(t *testing.T) {
+	d := natsagenttest.Start(t, natsagent.Config{Tools: []natsagent.Tool{addTool}},
+		natsagenttest.ToolCall("add", `{"a":20,"b":22}`),
+		natsagenttest.Text("42"),
+	)
+	res := d.Ask("t1", "", "add 20 and 22")
+	natsagenttest.RequireStatus(t, res, natsagent.StatusSuccess)
+	if names := toolNames(d.ModelRequests()[0]); !slices.Contains(names, "add") || !slices.Contains(names, "current_time") {
+		t.Errorf("the chatbot was offered %v", names)
+	}
+	if last := d.ModelRequests()[1].LastMessage(); last.Content != "42" {
+		t.Errorf("tool result %q", last.Content)
+	}
+}

@@ -31,7 +31,9 @@ type Config struct {
 	// "chatbot" replaces the built-in lead agent; one named like an agent
 	// of the configuration is an error.
 	Agents []Agent
-	// Tools are added for every agent, of the configuration or Go, to name.
+	// Tools are added for every agent, of the configuration or Go, to
+	// name, and the built-in chatbot (when neither the configuration nor
+	// Agents define "chatbot") may call them.
 	Tools []Tool
 	// Model serves every model call no registered name routes elsewhere
 	// (nil: the configured provider).
@@ -100,6 +102,9 @@ func NewWorker(nc *nats.Conn, cfg Config) (*Worker, error) {
 			return nil, errors.New("natsagent.NewWorker: a nil tool")
 		}
 		parts.Tools = append(parts.Tools, t)
+	}
+	for _, t := range cfg.Tools {
+		parts.ChatbotTools = append(parts.ChatbotTools, t.Spec().Name)
 	}
 	for _, a := range cfg.Agents {
 		ps, ts, ms, err := a.profiles(middleware.KindLead)

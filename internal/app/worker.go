@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -14,6 +15,7 @@ import (
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/config"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/tools"
 	"github.com/natsagent/natsagent/internal/worker"
 )
@@ -31,6 +33,9 @@ type WorkerParts struct {
 	// Tools are added to the deployment's registry: agent profiles, from
 	// the YAML or from code, select them by name.
 	Tools []tools.Tool
+	// ChatbotTools are tool names the built-in chatbot gets besides its
+	// own, when neither the configuration nor Profiles define a chatbot.
+	ChatbotTools []string
 	// Profiles are agents defined in code, beside the configured ones. A
 	// code profile named like the built-in chatbot replaces it; one named
 	// like a configured profile is an error.
@@ -105,7 +110,7 @@ func NewWorker(ctx context.Context, nc *nats.Conn, cfg config.Config, parts Work
 		return nil, err
 	}
 	agents, err := Agents(cfg, m, WithMCP(mcpServers), WithMemory(mem), WithRemoteTools(remote),
-		WithTools(parts.Tools...), WithProfiles(cfg, parts.Profiles...))
+		WithTools(parts.Tools...), WithProfiles(cfg, parts.Profiles...), withChatbotTools(cfg, parts))
 	if err != nil {
 		return nil, err
 	}
@@ -220,6 +225,31 @@ func CheckParts(cfg config.Config, parts WorkerParts) error {
 	if parts.Model != nil {
 		m = parts.Model(m)
 	}
-	_, err = Agents(cfg, m, offline(cfg), WithTools(parts.Tools...), WithProfiles(cfg, parts.Profiles...))
+	_, err = Agents(cfg, m, offline(cfg), WithTools(parts.Tools...), WithProfiles(cfg, parts.Profiles...), withChatbotTools(cfg, parts))
 	return err
+}
+
+// withChatbotTools gives the built-in chatbot the parts' ChatbotTools.
+func withChatbotTools(cfg config.Config, parts WorkerParts) AgentsOption {
+	return func(b *agentsBuild) error {
+		if len(parts.ChatbotTools) == 0 {
+			return nil
+		}
+		for _, a := range cfg.Agents {
+			if a.Name == protocol.DefaultAgent {
+				return nil
+			}
+		}
+		for _, p := range parts.Profiles {
+			if p.Name == protocol.DefaultAgent {
+				return nil
+			}
+		}
+		for i := range b.profiles {
+			if b.profiles[i].Name == protocol.DefaultAgent {
+				b.profiles[i].Tools = append(slices.Clone(b.profiles[i].Tools), parts.ChatbotTools...)
+			}
+		}
+		return nil
+	}
 }
