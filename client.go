@@ -109,11 +109,22 @@ type Submitted struct {
 
 // Submit publishes a run request and returns once the runs stream stored
 // it. An empty RunID gets a new one; Tenant is the client's (a request
-// naming another tenant is refused). Submitting the same request again
+// naming another tenant is refused), and a request may not carry a
+// Principal or a Parent: those come from authentication and from the
+// subagent service. Submitting the same request again
 // (same run id) is safe: the stream keeps one copy and answers Duplicate.
 func (c *Client) Submit(ctx context.Context, req RunRequest) (*Submitted, error) {
 	if req.Tenant != "" && req.Tenant != c.tenant {
 		return nil, fmt.Errorf("natsagent: the request names tenant %q; this client acts as %q", req.Tenant, c.tenant)
+	}
+	// Identity comes from authentication: the submitter that
+	// authenticated the caller writes the principal, and the subagent
+	// service the parent link; a client never does.
+	if req.Principal != nil {
+		return nil, errors.New("natsagent: a run request's principal is set by the submitter that authenticated the caller, not by the client")
+	}
+	if req.Parent != nil {
+		return nil, errors.New("natsagent: a run request's parent is set by the subagent service; start subagents through an agent's task tool")
 	}
 	if req.RunID == "" {
 		req.RunID = "run-" + uuid.NewString()

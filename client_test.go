@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/natsagent/natsagent"
+	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/natsagenttest"
 )
 
@@ -132,6 +133,14 @@ func TestClient_TenantIsolation(t *testing.T) {
 		if _, err := other.Run(ctx, bad); err == nil || errors.Is(err, natsagent.ErrNotFound) {
 			t.Errorf("run id %q not refused as invalid: %v", bad, err)
 		}
+	}
+	forged := natsagent.RunRequest{ThreadID: "x", Input: natsagent.UserInput("hi"), Principal: &protocol.Principal{User: "admin", Roles: []string{"admin"}}}
+	if _, err := d.Client.Submit(ctx, forged); err == nil || !strings.Contains(err.Error(), "principal") {
+		t.Errorf("a request naming its own principal: %v", err)
+	}
+	child := natsagent.RunRequest{ThreadID: "x", Input: natsagent.UserInput("hi"), Parent: &protocol.Parent{RunID: res.Run.RunID, ThreadID: "shared", ToolCallID: "c1"}}
+	if _, err := d.Client.Submit(ctx, child); err == nil || !strings.Contains(err.Error(), "parent") {
+		t.Errorf("a request naming a parent: %v", err)
 	}
 	if _, err := natsagent.NewClient(d.Conn, &natsagent.ClientConfig{Tenant: "a.>"}); err == nil {
 		t.Error("a tenant with wildcards was accepted")
