@@ -242,6 +242,12 @@ type Thread struct {
 	Title     string         `json:"title,omitempty"`
 	// Head is the id of the latest checkpoint ("" for a new thread).
 	Head string `json:"head,omitempty"`
+	// FilesAt is the checkpoint whose files the thread's versioned
+	// workdir shows, when it is not Head's: time travel moves the head
+	// first, and a run starting on the thread (or the gateway right
+	// after) checks the head's files out. Every head a run moves to sets
+	// it. "" is the head's.
+	FilesAt string `json:"files_at,omitempty"`
 	// Epoch counts lease acquisitions; every acquisition increments it.
 	Epoch uint64 `json:"epoch"`
 	Lease *Lease `json:"lease,omitempty"`

@@ -660,6 +660,14 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 		return agent.Outcome{Status: protocol.StatusError, Error: fmt.Sprintf("load thread state: %v", err)}
 	}
 	host.st = st
+	wd, rf, err := j.followFiles(ctx, w.workdir(req.Tenant, workdirThread(req)), lease.head(), lease.filesAt(), chain)
+	if err != nil {
+		if ctx.Err() != nil {
+			return agent.Outcome{Stopped: context.Cause(ctx)}
+		}
+		return agent.Outcome{Stopped: fmt.Errorf("%w: check out the head's files: %w", errStateUnavailable, err)}
+	}
+	host.files, host.chain = rf, chain
 	resumed := false
 	for _, d := range chain {
 		if d.RunID == req.RunID {
@@ -682,7 +690,7 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 		Config:   req.Config,
 		Tools:    prep.Tools,
 		User:     userOf(req),
-		Files:    w.workdir(req.Tenant, workdirThread(req)),
+		Files:    wd,
 		Logger:   j.log,
 		Metrics:  w.cfg.Metrics,
 		Emit:     func(t string, data any) { stream.Emit(t, data, "") },
@@ -736,6 +744,10 @@ type runHost struct {
 	// st is the run's state; after the loop returned it holds what the
 	// end persists.
 	st *state.State
+	// files follows the workdir for the checkpoints (nil: not versioned);
+	// chain is the chain the run's state was loaded from.
+	files *runFiles
+	chain []*kv.Delta
 }
 
 // Checkpoint writes the delta and moves the thread's head under the lease.
@@ -752,10 +764,16 @@ func (h *runHost) Checkpoint(ctx context.Context, u state.Update) error {
 func (h *runHost) delta(ctx context.Context, u state.Update) (id, title string, err error) {
 	h.step++
 	step := h.step
+	changes := h.files.changes(ctx, u)
 	err = h.j.roomFor(ctx, func() (err error) {
-		id, title, err = h.lease.writeDelta(ctx, h.j.req.RunID, step, u)
+		id, title, err = h.lease.writeDelta(ctx, h.j.req.RunID, step, u, changes)
 		return err
 	})
+	if err != nil {
+		h.files.failed(changes)
+	} else {
+		h.files.recorded(changes)
+	}
 	return id, title, err
 }
 
@@ -897,8 +915,12 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 			return err
 		})
 	}()
+	rollback := errors.Is(out.Stopped, ErrRolledBack) || errors.Is(out.Stopped, ErrCancelRollback)
+	// A rollback takes the run's files back too, before the thread is
+	// released to the next run.
+	filesBack := rollback && host != nil && host.files.rollback(ctx, host.chain, rollbackTo)
 	relErr := j.settleWrite(ctx, func() error {
-		return lease.release(ctx, &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: errors.Is(out.Stopped, ErrRolledBack) || errors.Is(out.Stopped, ErrCancelRollback), head: head, title: title, usage: usage})
+		return lease.release(ctx, &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: rollback, filesBack: filesBack, head: head, title: title, usage: usage})
 	})
 	err := <-recErr
 	// The slot goes back only once the record says the run ended, so
