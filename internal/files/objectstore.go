@@ -74,7 +74,7 @@ func (o *ObjectStore) content(hash string) string {
 func ContentObject(tenant, thread, hash string) string {
 	return tenant + "/" + thread + "//sha256/" + hash
 }
-func (o *ObjectStore) key(p string) string    { return IndexKey(o.tenant, o.thread, p) }
+func (o *ObjectStore) key(p string) string { return IndexKey(o.tenant, o.thread, p) }
 
 // opTimeout bounds one request to the object store or its index (a whole
 // file's transfer, or the index scan). A run's context has the run's
