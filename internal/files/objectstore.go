@@ -63,6 +63,7 @@ func IndexKey(tenant, thread, p string) string {
 }
 
 func (o *ObjectStore) object(p string) string { return o.tenant + "/" + o.thread + p }
+func (o *ObjectStore) key(p string) string    { return IndexKey(o.tenant, o.thread, p) }
 
 // content is the object that holds content by its hash.
 func (o *ObjectStore) content(hash string) string {
@@ -74,7 +75,6 @@ func (o *ObjectStore) content(hash string) string {
 func ContentObject(tenant, thread, hash string) string {
 	return tenant + "/" + thread + "//sha256/" + hash
 }
-func (o *ObjectStore) key(p string) string { return IndexKey(o.tenant, o.thread, p) }
 
 // opTimeout bounds one request to the object store or its index (a whole
 // file's transfer, or the index scan). A run's context has the run's
