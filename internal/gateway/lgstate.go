@@ -488,6 +488,11 @@ func (s *Server) timeTravel(ctx context.Context, th *protocol.Thread, ref checkp
 				!t.CreatedAt.Equal(created) {
 				return errTimeTravelMoved
 			}
+			if t.FilesAt == "" {
+				// The workdir shows the old head's files until they are
+				// checked out (syncFiles, or the next run).
+				t.FilesAt = t.Head
+			}
 			t.Head, t.Status = d.ID, status
 			if title != "" {
 				t.Title = title
@@ -498,6 +503,7 @@ func (s *Server) timeTravel(ctx context.Context, th *protocol.Thread, ref checkp
 			if err == nil {
 				s.log.Info("thread state written", zap.String("tenant", th.Tenant), zap.String("thread_id", th.ThreadID),
 					zap.String("checkpoint", d.ID), zap.String("source", d.Source), zap.String("parent", d.Parent), zap.String("replaced", d.Replaced))
+				s.syncFiles(ctx, th.Tenant, th.ThreadID)
 			}
 			return err
 		}
@@ -709,7 +715,11 @@ func (s *Server) copyThread(w http.ResponseWriter, r *http.Request, tenant strin
 // head to the original's.
 func (s *Server) copyHistory(ctx context.Context, g *threadGraph, cp *protocol.Thread) error {
 	for _, d := range g.order {
-		if _, err := s.stores.Checkpoints.Put(ctx, cp.Tenant, cp.ThreadID, d); err != nil {
+		// The workdir is not copied: the copy's checkpoints name no files
+		// (their content is the original's, under its thread).
+		d := *d
+		d.Files = nil
+		if _, err := s.stores.Checkpoints.Put(ctx, cp.Tenant, cp.ThreadID, &d); err != nil {
 			return err
 		}
 	}

@@ -162,6 +162,7 @@ func appendThread(b []byte, t *Thread) ([]byte, bool) {
 	}
 	b = appendOptString(b, `,"title":`, t.Title)
 	b = appendOptString(b, `,"head":`, t.Head)
+	b = appendOptString(b, `,"files_at":`, t.FilesAt)
 	b = append(b, `,"epoch":`...)
 	b = strconv.AppendUint(b, t.Epoch, 10)
 	if l := t.Lease; l != nil {
