@@ -26,7 +26,9 @@ type filesModel struct {
 }
 
 func (fm *filesModel) model(t *testing.T) model.Model {
-	call := func(id, name, args string) openaitest.Call { return openaitest.Call{ID: id, Name: name, Arguments: args} }
+	call := func(id, name, args string) openaitest.Call {
+		return openaitest.Call{ID: id, Name: name, Arguments: args}
+	}
 	llm := openaitest.NewServer(t, func(req *openaitest.Request) openaitest.Reply {
 		var asked string
 		for _, m := range req.Messages {
