@@ -44,7 +44,8 @@ type ObjectStore struct {
 
 // NewObjectStore returns the workdir of one thread. store is the files
 // bucket (bus.Names.FilesBucket), index the threads bucket
-// (bus.Names.ThreadsBucket). Objects are named "<tenant>/<thread><path>".
+// (bus.Names.ThreadsBucket). Content objects are named
+// "<tenant>/<thread>//sha256/<hex>" (ContentObject).
 func NewObjectStore(store jetstream.ObjectStore, index jetstream.KeyValue, tenant, thread string, opts ...Option) Workdir {
 	if err := checkScope("tenant", tenant); err != nil {
 		return Unavailable(err)
