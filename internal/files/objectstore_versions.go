@@ -126,8 +126,8 @@ func (o *ObjectStore) Checkout(ctx context.Context, from, to Manifest) (int, err
 		if inLive != inFrom || (inLive && l.Hash != f.Hash) {
 			continue // changed since from: the change stays
 		}
-		if _, err := Clean(p); err != nil || p == "/" {
-			continue
+		if c, err := Clean(p); err != nil || c != p || p == "/" {
+			continue // not a path a write would have stored
 		}
 		key := o.key(p)
 		if !inTo {
