@@ -234,6 +234,15 @@ func TestDeleteThreadRemovesVersionedFiles(t *testing.T) {
 	}
 }
 
+// TestLangGraphSDKFiles runs testdata/langgraph-sdk/files.mjs: forks,
+// state updates and a rollback through the official SDK, with the
+// workdir read through the file routes.
+func TestLangGraphSDKFiles(t *testing.T) {
+	fm := &filesModel{}
+	e := newFilesEnv(t, fm.model(t), 0)
+	runSDKScript(t, e, "files.mjs", 4)
+}
+
 // objects lists the live objects whose name starts with prefix.
 func objects(t *testing.T, js jetstream.JetStream, bucket, prefix string) []string {
 	t.Helper()
