@@ -488,7 +488,14 @@ func (s *Server) timeTravel(ctx context.Context, th *protocol.Thread, ref checkp
 				!t.CreatedAt.Equal(created) {
 				return errTimeTravelMoved
 			}
-			if t.FilesAt == "" {
+			switch {
+			case base == head:
+				// On the head: the same files (a state update records
+				// none), shown already.
+				if t.FilesAt == head && head != "" {
+					t.FilesAt = d.ID
+				}
+			case t.FilesAt == "":
 				// The workdir shows the old head's files until they are
 				// checked out (syncFiles, or the next run).
 				t.FilesAt = t.Head
