@@ -115,7 +115,9 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 	}
 	j.req = req
 	j.key = bus.Key(req.Tenant, req.RunID)
-	j.log = w.log.With(zap.String("tenant", req.Tenant), zap.String("thread_id", req.ThreadID), zap.String("run_id", req.RunID))
+	// Lazy: most runs log nothing, and With copies the encoder with the
+	// fields encoded, kept for the whole run.
+	j.log = w.log.WithLazy(zap.String("tenant", req.Tenant), zap.String("thread_id", req.ThreadID), zap.String("run_id", req.RunID))
 
 	var d decision
 	first := meta.NumDelivered == 1
@@ -600,7 +602,7 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	stream.Emit(protocol.EventRunStarted, started, events.StartedID(req.RunID, attempt))
 	j.hold.Unlock()
 	j.rec, j.recRev = rec, rev
-	j.log = j.log.With(zap.Int("attempt", attempt))
+	j.log = j.log.WithLazy(zap.Int("attempt", attempt))
 	ctx = j.started(ctx, meta, rec)
 	defer j.endSpan()
 	j.log.Debug("run started", zap.Uint64("epoch", th.Epoch), zap.Uint64("deliveries", meta.NumDelivered))
