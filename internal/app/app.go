@@ -7,6 +7,7 @@ package app
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -163,8 +164,14 @@ func Connect(cfg config.Config, name string) (*nats.Conn, error) {
 	return nc, nil
 }
 
-// Logger builds a zap logger: JSON lines, or a console format for humans.
+// Logger builds a zap logger on stderr: JSON lines, or a console format
+// for humans, coloured only when stderr is a terminal (a file or a pipe
+// gets plain text a grep can read).
 func Logger(console, debug bool) *zap.Logger {
+	return newLogger(os.Stderr, console, console && StderrIsTerminal(), debug)
+}
+
+func newLogger(w io.Writer, console, colour, debug bool) *zap.Logger {
 	level := zap.NewAtomicLevelAt(zap.InfoLevel)
 	if debug {
 		level.SetLevel(zap.DebugLevel)
@@ -173,10 +180,20 @@ func Logger(console, debug bool) *zap.Logger {
 	encCfg.EncodeTime = zapcore.ISO8601TimeEncoder
 	var enc zapcore.Encoder
 	if console {
-		encCfg.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		encCfg.EncodeLevel = zapcore.CapitalLevelEncoder
+		if colour {
+			encCfg.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		}
 		enc = zapcore.NewConsoleEncoder(encCfg)
 	} else {
 		enc = zapcore.NewJSONEncoder(encCfg)
 	}
-	return zap.New(zapcore.NewCore(enc, zapcore.Lock(os.Stderr), level))
+	return zap.New(zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), level))
+}
+
+// StderrIsTerminal reports whether stderr is a terminal (a character
+// device), not a file or a pipe.
+func StderrIsTerminal() bool {
+	st, err := os.Stderr.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
