@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"time"
 
@@ -85,14 +86,40 @@ func Agents(cfg config.Config, m model.Model, opts ...AgentsOption) (*agent.Agen
 	if err != nil {
 		return nil, err
 	}
+	windows := cfg.ContextWindows()
+	if cfg.UsesDemoModel() {
+		if _, set := windows[model.DemoModelName]; !set {
+			windows = maps.Clone(windows)
+			if windows == nil {
+				windows = make(map[string]int, 1)
+			}
+			windows[model.DemoModelName] = model.DemoContextWindow
+		}
+	}
 	return agent.NewAgentsWith(agent.Resources{Model: m, Tools: b.registry, Memory: b.memory, Source: b.source,
-		ContextWindows: cfg.ContextWindows(), ToolPolicy: pol.ToolFilter}, b.profiles...)
+		ContextWindows: windows, ToolPolicy: pol.ToolFilter}, b.profiles...)
+}
+
+// DemoSubagent is the subagent profile a deployment on the demo model
+// adds when it configures none, so "subagent" in a message shows a
+// subagent run offline.
+const DemoSubagent = "helper"
+
+func demoSubagent() agent.Profile {
+	return agent.Profile{
+		Name:         DemoSubagent,
+		Description:  "Demo subagent (offline demo model only): looks up the current time.",
+		SystemPrompt: "You are a subagent. Do the task you are given and answer with the result.",
+		Model:        model.DemoModelName,
+		Tools:        []string{"current_time"},
+		Kind:         middleware.KindSubagent,
+	}
 }
 
 // Profiles converts the configured agents into profiles.
 func Profiles(cfg config.Config) ([]agent.Profile, error) {
 	var out []agent.Profile
-	hasChatbot := false
+	hasChatbot, hasSubagent := false, false
 	for i, a := range cfg.Agents {
 		chain, err := chainConfig(a.Middleware)
 		if err != nil {
@@ -110,18 +137,31 @@ func Profiles(cfg config.Config) ([]agent.Profile, error) {
 			Middleware:   chain,
 		}
 		if p.Model == "" {
-			p.Model = cfg.Model.Name
+			p.Model = modelName(cfg)
 		}
 		hasChatbot = hasChatbot || a.Name == protocol.DefaultAgent
+		hasSubagent = hasSubagent || a.Kind == middleware.KindSubagent
 		out = append(out, p)
+	}
+	if cfg.UsesDemoModel() && !hasSubagent {
+		out = append(out, demoSubagent())
 	}
 	if !hasChatbot {
 		p := agent.Chatbot()
-		p.Model = cfg.Model.Name
+		p.Model = modelName(cfg)
 		p.Tools = chatbotTools(cfg, p.Tools)
 		out = append(out, p)
 	}
 	return out, nil
+}
+
+// modelName is the model a profile without one uses: the configured
+// model, or the demo model's name (which gives it DemoContextWindow).
+func modelName(cfg config.Config) string {
+	if cfg.UsesDemoModel() {
+		return model.DemoModelName
+	}
+	return cfg.Model.Name
 }
 
 // chainConfig converts YAML middleware settings into the chain's JSON form.
