@@ -22,11 +22,7 @@ Cancels a run, pending or running, the way the gateway does: a NATS request to t
 subject, served by the workers. A pending run is recorded cancelled at once; a running one is
 stopped (its model and tool calls too) and the answer comes when it has ended. A finished run
 cannot be cancelled. With --thread alone it cancels the thread's active run (the one holding
-the thread now); runs queued behind it keep their place.
-
-Examples:
-  natsagent cancel --run r3
-  natsagent cancel --thread demo`, std)
+the thread now); runs queued behind it keep their place.`, std)
 	f := addClientFlags(fs)
 	run := fs.String("run", "", "the run to cancel (also accepted as the only argument)")
 	thread := fs.String("thread", "", "the run's thread; alone, cancel the thread's active run")

@@ -29,11 +29,7 @@ in-process workers with an offline model, then audits every submitted run: each 
 once, none may be lost, duplicated or run beside another run of its thread. Faults: node (a
 cluster node shut down and restarted), worker (a worker's connection cut mid-run) and model (503,
 429 and cut streams).
-The summary goes to stdout, progress to stderr; the exit status is 1 when the audit failed.
-
-Examples:
-  natsagent soak --runs 300 --faults worker,model
-  natsagent soak --cluster --faults node,worker,model --duration 5m --json`, std)
+The summary goes to stdout, progress to stderr; the exit status is 1 when the audit failed.`, std)
 	runs := fs.Int("runs", 300, "runs to submit, two per thread")
 	duration := fs.Duration("duration", 60*time.Second, "bound on the whole soak; runs are submitted over its first half")
 	stall := fs.Duration("stall", 0, "go on past --duration while runs keep finishing, until none finished for this long (0: end at --duration)")
