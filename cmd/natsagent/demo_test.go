@@ -257,6 +257,20 @@ func TestDemoModelShowsTheProduct(t *testing.T) {
 		}
 		e.cli("cancel", "--thread", "c1").must(t, 1).says(t, "thread c1 has no active run")
 	})
+
+	t.Run("slow can be steered", func(t *testing.T) {
+		e.cli("run", "--detach", "--thread", "c2", "--run-id", "c2a", "count slowly").must(t, 0)
+		e.waitStatus("c2a", protocol.StatusRunning)
+		e.cli("steer", "--thread", "c2", "--run-id", "c2b", "Stop, tell me the time instead").must(t, 0)
+		steered := e.waitStatus("c2a", protocol.StatusSteered)
+		if steered.SupersededBy != "c2b" {
+			t.Fatalf("steered run %+v", steered)
+		}
+		done := e.waitStatus("c2b", protocol.StatusSuccess)
+		if out := outputText(done); !strings.Contains(out, "According to the current_time tool") {
+			t.Fatalf("the steering run answered %q", out)
+		}
+	})
 }
 
 // outputText is the text of a run's final message.
