@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -209,7 +210,7 @@ func run() error {
 		zap.Bool("dev", o.dev), zap.Int("api_keys", len(keys)), zap.Bool("jwt", bearer != nil))
 	warnIfOpen(log, ln.Addr(), cfg.Gateway.Authenticated())
 	if o.dev {
-		fmt.Fprintf(os.Stderr, "\nOpen the console at http://%s/console/ or try it from a shell:\n  curl -N http://%s/threads/demo/runs/stream -H 'Content-Type: application/json' \\\n    -d '{\"input\":{\"messages\":[{\"role\":\"user\",\"content\":\"What time is it?\"}]}}'\n\n", ln.Addr(), ln.Addr())
+		devHint(os.Stderr, log, flags.Console && app.StderrIsTerminal(), ln.Addr())
 	}
 
 	select {
@@ -312,6 +313,19 @@ func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config
 		}()
 	}
 	return nil
+}
+
+// devHint tells a person where to start: as a few lines of text when the
+// logs are for a person at a terminal, else as one log line, so a JSON
+// log stays one JSON object a line and a piped log stays greppable.
+func devHint(w io.Writer, log *zap.Logger, text bool, addr net.Addr) {
+	console := "http://" + addr.String() + "/console/"
+	curl := "curl -N http://" + addr.String() + "/threads/demo/runs/stream -H 'Content-Type: application/json' -d '{\"input\":{\"messages\":[{\"role\":\"user\",\"content\":\"What time is it?\"}]}}'"
+	if !text {
+		log.Info("try it", zap.String("console", console), zap.String("curl", curl))
+		return
+	}
+	fmt.Fprintf(w, "\nOpen the console at %s or try it from a shell:\n  %s\n\n", console, curl)
 }
 
 func isSet(fs *flag.FlagSet, name string) bool {

@@ -268,6 +268,7 @@ func newFlagSet(name, synopsis, about string, std stdio) *flag.FlagSet {
 	fs.Usage = func() {
 		fmt.Fprintf(std.err, "Usage: natsagent %s %s\n\n", name, synopsis)
 		fmt.Fprintln(std.err, strings.TrimSpace(about))
+		writeExamples(std.err, name)
 		fmt.Fprintln(std.err)
 		fmt.Fprintln(std.err, "Flags:")
 		fs.PrintDefaults()

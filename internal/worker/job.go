@@ -605,7 +605,7 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	j.log = j.log.WithLazy(zap.Int("attempt", attempt))
 	ctx = j.started(ctx, meta, rec)
 	defer j.endSpan()
-	j.log.Debug("run started", zap.Uint64("epoch", th.Epoch), zap.Uint64("deliveries", meta.NumDelivered))
+	j.log.Info("run started", zap.String("agent", req.Agent), zap.Uint64("epoch", th.Epoch), zap.Uint64("deliveries", meta.NumDelivered))
 
 	timeout := w.runTimeout(req)
 	runCtx, cancelRun := context.WithCancelCause(ctx)
@@ -939,7 +939,14 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 	w.wakeThread(req.Tenant, req.ThreadID)
 	_ = j.msg.Ack()
 	j.cancelChildren(kids)
-	j.log.Debug("run finished", zap.String("status", string(status)))
+	fields := []zap.Field{zap.String("status", string(status))}
+	if stopReason != "" {
+		fields = append(fields, zap.String("stop_reason", stopReason))
+	}
+	if j.rec != nil && j.rec.StartedAt != nil {
+		fields = append(fields, zap.Duration("duration", time.Since(*j.rec.StartedAt)))
+	}
+	j.log.Info("run finished", fields...)
 }
 
 // endRecord writes the run's terminal record: a compare-and-set at the
