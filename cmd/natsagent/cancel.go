@@ -44,7 +44,7 @@ cannot be cancelled.`, std)
 	}
 	defer c.close()
 	if *thread == "" {
-		rec, err := c.run(ctx, *run)
+		rec, err := c.run(ctx, "", *run)
 		if err != nil {
 			return err
 		}

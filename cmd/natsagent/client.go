@@ -215,15 +215,21 @@ func displayURLs(urls string) string {
 	return strings.Join(parts, ",")
 }
 
-// run reads a run record of the client's tenant; a missing one is
-// reported with how to find the right id.
-func (c *client) run(ctx context.Context, run string) (*protocol.Run, error) {
+// run reads a run of the client's tenant as clients see it (kv.RunView);
+// thread may be "" when unknown. A missing one is reported with how to
+// find the right id.
+func (c *client) run(ctx context.Context, thread, run string) (*protocol.Run, error) {
 	if err := protocol.CheckToken("run id", run); err != nil {
 		return nil, err
 	}
-	rec, _, err := c.stores.Runs.Get(ctx, c.tenant, run)
+	// The view: since protocol v2 a running run's record is pending, or
+	// missing until it ends, and its thread's lease says it runs.
+	rec, _, err := c.stores.RunView(ctx, c.tenant, thread, run)
 	if errors.Is(err, kv.ErrNotFound) {
-		return nil, fmt.Errorf("run %s not found in tenant %s: list a thread's runs with `natsagent runs --thread <thread>`", run, c.tenant)
+		if thread == "" {
+			return nil, fmt.Errorf("run %s not found in tenant %s (a run published without a submitter has no record until it ends: name its thread with --thread): list a thread's runs with `natsagent runs --thread <thread>`", run, c.tenant)
+		}
+		return nil, fmt.Errorf("run %s not found on thread %s in tenant %s: list a thread's runs with `natsagent runs --thread <thread>`", run, thread, c.tenant)
 	}
 	return rec, err
 }

@@ -129,3 +129,38 @@ func newWebhook(url string) *protocol.RunWebhook {
 	}
 	return &protocol.RunWebhook{URL: url, Status: protocol.WebhookPending}
 }
+
+// RunView reads run the way clients see it (protocol.RunView): its record
+// and, unless the record is terminal, its thread's record, which says
+// whether it runs or has just ended. thread may be "" when the caller does
+// not know it; a run without a record is then not found. The revision is
+// the record's (0 when it has none).
+func (s *Stores) RunView(ctx context.Context, tenant, thread, run string) (*protocol.Run, uint64, error) {
+	rec, rev, err := s.Runs.Get(ctx, tenant, run)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		rec = nil
+	case err != nil:
+		return nil, 0, err
+	case rec.Status.Terminal():
+		return rec, rev, nil
+	}
+	if rec != nil {
+		if thread != "" && rec.ThreadID != thread {
+			return rec, rev, nil
+		}
+		thread = rec.ThreadID
+	}
+	if thread == "" {
+		return nil, 0, ErrNotFound
+	}
+	th, _, err := s.Threads.Get(ctx, tenant, thread)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, 0, err
+	}
+	v := protocol.RunView(run, rec, th)
+	if v == nil {
+		return nil, 0, ErrNotFound
+	}
+	return v, rev, nil
+}
