@@ -224,12 +224,15 @@ func (c *client) run(ctx context.Context, thread, run string) (*protocol.Run, er
 	}
 	// The view: since protocol v2 a running run's record is pending, or
 	// missing until it ends, and its thread's lease says it runs.
-	rec, _, err := c.stores.RunView(ctx, c.tenant, thread, run)
+	var rec *protocol.Run
+	var err error
+	if thread == "" {
+		rec, err = c.stores.FindRunView(ctx, c.tenant, run)
+	} else {
+		rec, _, err = c.stores.RunView(ctx, c.tenant, thread, run)
+	}
 	if errors.Is(err, kv.ErrNotFound) {
-		if thread == "" {
-			return nil, fmt.Errorf("run %s not found in tenant %s (a run published without a submitter has no record until it ends: name its thread with --thread): list a thread's runs with `natsagent runs --thread <thread>`", run, c.tenant)
-		}
-		return nil, fmt.Errorf("run %s not found on thread %s in tenant %s: list a thread's runs with `natsagent runs --thread <thread>`", run, thread, c.tenant)
+		return nil, fmt.Errorf("run %s not found in tenant %s: list a thread's runs with `natsagent runs --thread <thread>`", run, c.tenant)
 	}
 	return rec, err
 }

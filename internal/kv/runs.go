@@ -164,3 +164,27 @@ func (s *Stores) RunView(ctx context.Context, tenant, thread, run string) (*prot
 	}
 	return v, rev, nil
 }
+
+// FindRunView is RunView for a caller that knows only the run's id (a
+// person at the CLI): a run without a record, one a plain publish sent
+// that has not ended, is looked for on the tenant's threads, whose lease
+// or last_run names it. That reads every thread record of the tenant, so
+// it serves a person's command, not a hot path.
+func (s *Stores) FindRunView(ctx context.Context, tenant, run string) (*protocol.Run, error) {
+	rec, _, err := s.RunView(ctx, tenant, "", run)
+	if !errors.Is(err, ErrNotFound) {
+		return rec, err
+	}
+	ths, err := List(ctx, s.Threads.kv, tenant+".*", func(t *protocol.Thread) bool {
+		return (t.Lease != nil && t.Lease.RunID == run) || (t.LastRun != nil && t.LastRun.RunID == run)
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, th := range ths {
+		if v := protocol.RunView(run, nil, th); v != nil {
+			return v, nil
+		}
+	}
+	return nil, ErrNotFound
+}

@@ -28,7 +28,7 @@ func TestCancelChecksTheRequestersAccount(t *testing.T) {
 	h.submit(request("t1", "r1", "hi"))
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if rec, _, err := h.stores.Runs.Get(context.Background(), "default", "r1"); err == nil && rec.Status == protocol.StatusRunning {
+		if rec, _, err := h.stores.RunView(context.Background(), "default", "t1", "r1"); err == nil && rec.Status == protocol.StatusRunning {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -43,10 +43,10 @@ type job struct {
 	lease     *leaseHandle // set while the run holds its thread
 	cancelRun context.CancelCauseFunc
 	// preempt's cause is middleware.ErrHandOff for a drain.
-	preempt   context.CancelCauseFunc
-	wake      chan struct{} // signalled to re-check a waiting run
-	rec       *protocol.Run // the run's record as read before it started (nil: none)
-	recRev    uint64
+	preempt context.CancelCauseFunc
+	wake    chan struct{} // signalled to re-check a waiting run
+	rec     *protocol.Run // the run's record as read before it started (nil: none)
+	recRev  uint64
 	// What the run's lease says of this attempt: the thread's head when
 	// the run first started, this attempt's start, the run's creation.
 	base      string
