@@ -320,6 +320,18 @@ func (w *Worker) handleMaxDeliveries(m *nats.Msg) {
 					if done, err := w.finishHeld(ctx, rec, th, *th.Lease, protocol.StatusError, reason, false); err != nil || done {
 						return err
 					}
+				} else if terr == nil && th.LastRun != nil && th.LastRun.RunID == req.RunID && th.LastRun.MsgSeq == adv.StreamSeq {
+					// It ended (its release carried last_run) and its
+					// record was not written: it ended as last_run says.
+					ended, err := writeEnded(ctx, w.stores.Runs, protocol.EndedRun(kv.NewRun(req, adv.StreamSeq, th.LastRun.CreatedAt), th.LastRun))
+					if errors.Is(err, errAlreadyFinished) {
+						ended, _, err = w.stores.Runs.GetLatest(ctx, tenant, req.RunID)
+					}
+					if err != nil {
+						return err
+					}
+					w.ended(ended)
+					return w.pub.EnsureFinished(ctx, ended)
 				}
 			}
 			switch {

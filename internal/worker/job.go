@@ -867,15 +867,23 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 	// release and the record, the next delivery of the request finds
 	// the summary on the thread and finishes the run from it
 	// (finishFromLastRun), without running it again.
-	relErr := j.settleWrite(ctx, func() error {
-		return lease.release(ctx, &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: errors.Is(out.Stopped, ErrRolledBack) || errors.Is(out.Stopped, ErrCancelRollback), head: head, title: title, usage: usage, last: lastRunOf(final)})
-	})
-	if relErr != nil && !errors.Is(relErr, agent.ErrLeaseLost) {
+	opts := &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: errors.Is(out.Stopped, ErrRolledBack) || errors.Is(out.Stopped, ErrCancelRollback), head: head, title: title, usage: usage, last: lastRunOf(final)}
+	relErr := j.settleWrite(ctx, func() error { return lease.release(ctx, opts) })
+	for try := 0; relErr != nil && ctx.Err() == nil; try++ {
 		// The write may have been stored without its answer reaching
-		// this worker: the thread says.
+		// this worker (a retry then finds the lease gone): the thread
+		// says. A write that failed for a passing reason (a leader
+		// election) is tried again a few times: handing the run back
+		// would have the next delivery run it again.
 		if th, _, err := w.stores.Threads.GetLatest(ctx, req.Tenant, req.ThreadID); err == nil && releasedBy(th, req.RunID, lease.epoch) {
 			relErr = nil
+			break
 		}
+		if errors.Is(relErr, agent.ErrLeaseLost) || try == 4 || j.isDrained() {
+			break
+		}
+		sleep(ctx, 250*time.Millisecond<<try)
+		relErr = j.settleWrite(ctx, func() error { return lease.release(ctx, opts) })
 	}
 	if errors.Is(relErr, agent.ErrLeaseLost) {
 		j.abandon("lease lost before the run's end was written")
