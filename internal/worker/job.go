@@ -993,16 +993,13 @@ func lastRunOf(rec *protocol.Run) *protocol.Run {
 	return &last
 }
 
-// messageSize is about the encoded size of m: its text and its tool calls.
+// messageSize is about the encoded size of m: its text, its tool calls
+// and its annotations, counted without encoding it (this runs at the end
+// of every run).
 func messageSize(m *model.Message) int {
-	n := len(m.Content)
+	n := len(m.Content) + 16*len(m.Meta)
 	for _, c := range m.ToolCalls {
 		n += len(c.Name) + len(c.Arguments) + len(c.ID)
-	}
-	if n <= lastRunSmall {
-		if b, err := json.Marshal(m); err == nil {
-			n = len(b)
-		}
 	}
 	return n
 }
