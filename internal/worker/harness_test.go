@@ -243,6 +243,16 @@ func (h *harness) run(tenant, run string) *protocol.Run {
 	return r
 }
 
+// view reads a run of a known thread as clients see it (kv.RunView).
+func (h *harness) view(tenant, thread, run string) *protocol.Run {
+	h.t.Helper()
+	r, _, err := h.stores.RunView(context.Background(), tenant, thread, run)
+	if err != nil {
+		h.t.Fatalf("get run %s: %v", run, err)
+	}
+	return r
+}
+
 func (h *harness) threadState(tenant, thread string) []model.Message {
 	h.t.Helper()
 	th, _, err := h.stores.Threads.Get(context.Background(), tenant, thread)
