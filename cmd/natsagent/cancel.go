@@ -55,7 +55,7 @@ the thread now); runs queued behind it keep their place.`, std)
 		}
 		*run = th.Lease.RunID
 	case *thread == "":
-		rec, err := c.run(ctx, *run)
+		rec, err := c.run(ctx, "", *run)
 		if err != nil {
 			return err
 		}

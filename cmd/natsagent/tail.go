@@ -66,7 +66,7 @@ from its record.`, std)
 }
 
 func tailRun(ctx context.Context, c *client, std stdio, f *clientFlags, run, thread string, from start) error {
-	rec, err := c.run(ctx, run)
+	rec, err := c.run(ctx, thread, run)
 	if err != nil {
 		return err
 	}

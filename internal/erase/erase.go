@@ -696,7 +696,8 @@ func (e *Eraser) DeleteRun(ctx context.Context, tenant, thread, run string) erro
 	if err := checkIDs(tenant, thread, run); err != nil {
 		return err
 	}
-	rec, _, err := e.stores.Runs.Get(ctx, tenant, run)
+	// The view: a running run's record is pending or missing (v2).
+	rec, _, err := e.stores.RunView(ctx, tenant, thread, run)
 	if errors.Is(err, kv.ErrNotFound) || (err == nil && rec.ThreadID != thread) {
 		return fmt.Errorf("run %s on thread %s: %w", run, thread, ErrNotFound)
 	}
@@ -728,11 +729,18 @@ func (e *Eraser) DeleteRun(ctx context.Context, tenant, thread, run string) erro
 		if err != nil {
 			return err
 		}
-		if th.LastRunID != run {
+		namesRun := th.LastRun != nil && th.LastRun.RunID == run
+		if th.LastRunID != run && !namesRun {
 			break
 		}
 		next := *th
-		next.LastRunID = ""
+		if next.LastRunID == run {
+			next.LastRunID = ""
+		}
+		if namesRun {
+			// The run's terminal summary (protocol v2) holds its output.
+			next.LastRun = nil
+		}
 		if _, err := e.stores.Threads.Put(ctx, &next, rev); err == nil {
 			break
 		} else if !errors.Is(err, kv.ErrConflict) {

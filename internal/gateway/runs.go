@@ -159,7 +159,7 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 func (s *Server) writeFinal(w http.ResponseWriter, r *http.Request, f *events.Feed, rec *protocol.Run) error {
 	// A server write timeout must not cut a long wait.
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
-	final, err := s.awaitFinished(r.Context(), f, rec.Tenant, rec.RunID)
+	final, err := s.awaitFinished(r.Context(), f, rec.Tenant, rec.ThreadID, rec.RunID)
 	if err != nil {
 		if r.Context().Err() != nil {
 			s.log.Debug("client left while waiting; the run goes on",
@@ -182,17 +182,43 @@ func (s *Server) runOf(r *http.Request, tenant string) (*protocol.Run, error) {
 	if err != nil {
 		return nil, err
 	}
-	rec, _, err := s.stores.Runs.Get(r.Context(), tenant, run)
+	rec, err := s.runView(r.Context(), tenant, thread, run)
+	if errors.Is(err, kv.ErrNotFound) {
+		return nil, errNotFound(fmt.Sprintf("run %s not found on thread %s", run, thread))
+	}
+	return rec, err
+}
+
+// runView reads run of thread as clients see it (protocol.RunView): since
+// protocol v2 a running run's record stays pending, or is missing until
+// the run ends, and its thread's lease says it runs. A run of another
+// thread is not found.
+func (s *Server) runView(ctx context.Context, tenant, thread, run string) (*protocol.Run, error) {
+	rec, _, err := s.stores.Runs.Get(ctx, tenant, run)
 	if errors.Is(err, kv.ErrNotFound) {
 		// Any replica answers Get, and one may not have a record created
 		// a moment ago (a client reading the run it just submitted): the
 		// leader decides.
-		rec, _, err = s.stores.Runs.GetLatest(r.Context(), tenant, run)
+		rec, _, err = s.stores.Runs.GetLatest(ctx, tenant, run)
 	}
-	if errors.Is(err, kv.ErrNotFound) || (err == nil && rec.ThreadID != thread) {
-		return nil, errNotFound(fmt.Sprintf("run %s not found on thread %s", run, thread))
+	switch {
+	case errors.Is(err, kv.ErrNotFound):
+		rec = nil
+	case err != nil:
+		return nil, err
+	case rec.ThreadID != thread:
+		return nil, kv.ErrNotFound
+	case rec.Status.Terminal():
+		return rec, nil
 	}
-	return rec, err
+	th, _, err := s.stores.Threads.Get(ctx, tenant, thread)
+	if err != nil && !errors.Is(err, kv.ErrNotFound) {
+		return nil, err
+	}
+	if v := protocol.RunView(run, rec, th); v != nil {
+		return v, nil
+	}
+	return nil, kv.ErrNotFound
 }
 
 // getRun: GET /threads/{thread_id}/runs/{run_id}.
@@ -332,10 +358,13 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, tenant string)
 	for _, id := range ids {
 		rec, _, err := s.stores.Runs.Get(r.Context(), tenant, id)
 		if errors.Is(err, kv.ErrNotFound) {
-			continue
+			rec, err = nil, nil
 		}
 		if err != nil {
 			return err
+		}
+		if rec = protocol.RunView(id, rec, th); rec == nil {
+			continue
 		}
 		if rec.ThreadID != th.ThreadID || (status != "" && rec.Status != status) {
 			continue

@@ -145,12 +145,15 @@ func (s *Server) busy(ctx context.Context, th *protocol.Thread) (bool, string, e
 	active := func(run string) (bool, error) {
 		r, _, err := s.stores.Runs.Get(ctx, th.Tenant, run)
 		if errors.Is(err, kv.ErrNotFound) {
-			return false, nil
+			r, err = nil, nil
 		}
 		if err != nil {
 			return false, err
 		}
-		return !r.Status.Terminal(), nil
+		// Since protocol v2 a running run may have no record yet: the
+		// lease says it runs, last_run that it ended.
+		v := protocol.RunView(run, r, th)
+		return v != nil && !v.Status.Terminal(), nil
 	}
 	if th.Lease != nil {
 		// A lease whose run finished is stale: a worker breaks it.

@@ -259,6 +259,18 @@ func appendThread(b []byte, t *Thread) ([]byte, bool) {
 		if l.HandedOver {
 			b = append(b, `,"handed_over":true`...)
 		}
+		if l.Attempt != 0 {
+			b = append(b, `,"attempt":`...)
+			b = strconv.AppendInt(b, int64(l.Attempt), 10)
+		}
+		b = appendOptString(b, `,"agent":`, l.Agent)
+		b = appendOptString(b, `,"base_checkpoint":`, l.BaseCheckpoint)
+		if l.CreatedAt != nil {
+			b = append(b, `,"created_at":`...)
+			if b, ok = appendTime(b, *l.CreatedAt); !ok {
+				return b, false
+			}
+		}
 		b = append(b, '}')
 	}
 	if len(t.Preempt) > 0 {
@@ -286,6 +298,12 @@ func appendThread(b []byte, t *Thread) ([]byte, bool) {
 	if len(t.RecentRuns) > 0 {
 		b = append(b, `,"recent_runs":`...)
 		b = appendStrings(b, t.RecentRuns)
+	}
+	if t.LastRun != nil {
+		b = append(b, `,"last_run":`...)
+		if b, ok = appendRun(b, t.LastRun); !ok {
+			return b, false
+		}
 	}
 	return append(b, '}'), true
 }

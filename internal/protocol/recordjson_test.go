@@ -281,9 +281,12 @@ func everydayRun(now time.Time, cached *int) *Run {
 func everydayThread(now time.Time) *Thread {
 	return &Thread{
 		ThreadID: "t1", Tenant: "default", CreatedAt: now, UpdatedAt: now, Status: ThreadBusy, Head: "cp1", Epoch: 4,
-		Lease:     &Lease{RunID: "r1", Worker: "w1", Epoch: 4, MsgSeq: 99, AcquiredAt: now, RenewedAt: now},
+		Lease: &Lease{RunID: "r1", Worker: "w1", Epoch: 4, MsgSeq: 99, AcquiredAt: now, RenewedAt: now,
+			Attempt: 1, Agent: "chatbot", BaseCheckpoint: "cp0", CreatedAt: &now},
 		Preempt:   []Preemption{{RunID: "r2", Strategy: StrategySteer}},
 		LastRunID: "r0", Owner: "alice",
+		LastRun: &Run{RunID: "r0", ThreadID: "t1", Tenant: "default", Agent: "chatbot", Status: StatusSuccess, Attempt: 1,
+			CreatedAt: now, StartedAt: &now, FinishedAt: &now, Worker: "w1", Epoch: 3, MsgSeq: 98, Seq: 3},
 	}
 }
 
