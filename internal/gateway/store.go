@@ -37,12 +37,21 @@ func viewItem(it *store.Item) itemView {
 	return itemView{Namespace: it.Namespace, Key: it.Key, Value: it.Value, CreatedAt: it.CreatedAt, UpdatedAt: it.UpdatedAt}
 }
 
-// openStore binds the store routes to the store bucket; without it they
-// answer 503.
+// openStore binds the store routes to the store bucket, searched from an
+// index the gateway keeps; without the bucket they answer 503.
 func (s *Server) openStore(ctx context.Context) error {
+	s.items = nil
 	st, err := store.Open(ctx, s.js, store.Config{Names: s.names, Embedder: s.cfg.Embedder, IndexFields: s.cfg.StoreIndexFields})
+	if err != nil {
+		return err
+	}
+	// The index follows the bucket for the gateway's life, as the thread
+	// index does.
+	if err := st.Index(context.WithoutCancel(ctx), s.log); err != nil {
+		return err
+	}
 	s.items = st
-	return err
+	return nil
 }
 
 func (s *Server) needStore() error {

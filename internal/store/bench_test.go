@@ -33,20 +33,23 @@ func (h hashEmbedder) Embed(_ context.Context, texts []string) ([][]float32, err
 }
 
 // BenchmarkSearch searches 10,000 items of one tenant: a filter with no
-// query, and a query ranked by meaning over 1536-dimension vectors (the
-// size of text-embedding-3-small).
+// query read from the bucket and from the index (what the gateway
+// uses), and a query ranked by meaning over 1536-dimension vectors (the
+// size of text-embedding-3-small) from the index.
 func BenchmarkSearch(b *testing.B) {
 	const n = 10_000
 	for _, c := range []struct {
-		name  string
-		emb   store.Config
-		query string
+		name    string
+		emb     store.Config
+		query   string
+		indexed bool
 	}{
-		{"filter", store.Config{}, ""},
-		{"semantic-1536", store.Config{Embedder: hashEmbedder{1536}}, "what does the user like"},
+		{"filter-bucket", store.Config{}, "", false},
+		{"filter-index", store.Config{}, "", true},
+		{"semantic-1536-index", store.Config{Embedder: hashEmbedder{1536}}, "what does the user like", true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			s, _ := open(b, c.emb)
+			s, _ := open(b, c.emb, c.indexed)
 			ctx := context.Background()
 			for i := range n {
 				if _, err := s.Put(ctx, "t", []string{"users", fmt.Sprint("u", i%50), "facts"}, fmt.Sprint("k", i),

@@ -86,15 +86,15 @@ func packUnit(v []float32) []byte {
 	return out
 }
 
-// dot is the dot product of a packed vector and q (0 when their sizes
-// differ: the embeddings model changed).
-func dot(packed []byte, q []float32) float64 {
-	if len(packed) != 4*len(q) {
+// dot is the dot product of two unit vectors, their cosine (0 when
+// their sizes differ: the embeddings model changed).
+func dot(v, q []float32) float64 {
+	if len(v) != len(q) {
 		return 0
 	}
 	var s float32
 	for i, x := range q {
-		s += math.Float32frombits(binary.LittleEndian.Uint32(packed[4*i:])) * x
+		s += v[i] * x
 	}
 	return float64(s)
 }
@@ -179,25 +179,25 @@ func (s *Store) Search(ctx context.Context, tenant string, opts SearchOptions) (
 		rev uint64
 	}
 	var hits []hit
-	err = s.each(ctx, f, func(e jetstream.KeyValueEntry) {
-		it, err := decodeItem(e.Value())
-		if err != nil || it.expired(now) || (opts.Allow != nil && !opts.Allow(it.Namespace)) || !matches(it.Value, filter) {
+	err = s.scan(ctx, tenant, f, func(c candidate) {
+		if c.item.expired(now) || (opts.Allow != nil && !opts.Allow(c.item.Namespace)) || !matches(c.item.Value, filter) {
 			return
 		}
-		h := hit{Result: Result{Item: it}, rev: e.Revision()}
+		it := *c.item
+		it.Vectors = nil
+		h := hit{Result: Result{Item: &it}, rev: c.rev}
 		switch {
 		case q != nil:
-			if len(it.Vectors) > 0 {
+			if len(c.vecs) > 0 {
 				best := math.Inf(-1)
-				for _, v := range it.Vectors {
-					best = max(best, dot(v.V, q))
+				for _, v := range c.vecs {
+					best = max(best, dot(v, q))
 				}
 				h.Score = &best
 			}
 		case needle != "" && !containsText(it.Value, needle):
 			return
 		}
-		h.Vectors = nil
 		hits = append(hits, h)
 	})
 	if err != nil {
@@ -241,6 +241,37 @@ func unpack(b []byte) []float32 {
 		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
 	}
 	return out
+}
+
+// candidate is an item a search considers, with its vectors unpacked.
+type candidate struct {
+	item *Item
+	rev  uint64
+	vecs [][]float32
+}
+
+// scan calls fn with every item of tenant under the key filter f: from
+// the index once it caught up, else read from the bucket. fn must not
+// change the item.
+func (s *Store) scan(ctx context.Context, tenant, f string, fn func(candidate)) error {
+	if s.ix != nil {
+		if err := s.ix.catchUp(ctx); err != nil {
+			return err
+		}
+		s.ix.each(tenant, f, func(_ string, e *entry) { fn(candidate{item: e.item, rev: e.rev, vecs: e.vecs}) })
+		return nil
+	}
+	return s.each(ctx, f, func(e jetstream.KeyValueEntry) {
+		it, err := decodeItem(e.Value())
+		if err != nil {
+			return
+		}
+		c := candidate{item: it, rev: e.Revision()}
+		for _, v := range it.Vectors {
+			c.vecs = append(c.vecs, unpack(v.V))
+		}
+		fn(c)
+	})
 }
 
 // each calls fn with every item under the key filter f.
@@ -404,7 +435,17 @@ func (s *Store) ListNamespaces(ctx context.Context, tenant string, opts Namespac
 		return nil, err
 	}
 	seen := map[string][]string{}
-	err = s.eachKey(ctx, f, func(k string) {
+	keys := s.eachKey
+	if s.ix != nil {
+		keys = func(ctx context.Context, f string, fn func(string)) error {
+			if err := s.ix.catchUp(ctx); err != nil {
+				return err
+			}
+			s.ix.each(tenant, f, func(k string, _ *entry) { fn(k) })
+			return nil
+		}
+	}
+	err = keys(ctx, f, func(k string) {
 		ns, _, err := parseKey(k)
 		if err != nil || len(ns) == 0 || len(ns) < len(opts.Suffix) || !slices.Equal(ns[len(ns)-len(opts.Suffix):], opts.Suffix) {
 			return

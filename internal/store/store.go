@@ -57,6 +57,7 @@ type Store struct {
 	kv     jetstream.KeyValue
 	stream jetstream.Stream
 	bucket string
+	ix     *index // nil: searches read the bucket (Index)
 }
 
 // Open binds a store to the store bucket, which must exist
@@ -316,21 +317,18 @@ func (s *Store) Delete(ctx context.Context, tenant string, namespace []string, k
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	return s.stream.Purge(ctx, jetstream.WithPurgeSubject("$KV."+s.bucket+"."+k))
+	return s.purge(ctx, k)
 }
 
 // PurgePrefix removes every item of tenant under namespace prefix (erasure
-// of a user's namespaces), leaving no marker.
+// of a user's namespaces, of a tenant with an empty prefix), leaving no
+// marker.
 func (s *Store) PurgePrefix(ctx context.Context, tenant string, prefix []string) error {
 	f, err := prefixFilter(tenant, prefix)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	return s.stream.Purge(ctx, jetstream.WithPurgeSubject("$KV."+s.bucket+"."+f))
+	return s.purge(ctx, f)
 }
 
 // Subject is the stream subject that holds every item of tenant under

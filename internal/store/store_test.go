@@ -19,7 +19,9 @@ import (
 	"github.com/natsagent/natsagent/internal/store"
 )
 
-func open(t testing.TB, cfg store.Config) (*store.Store, jetstream.JetStream) {
+// open provisions a deployment on an embedded server and opens its
+// store, with an index when indexed.
+func open(t testing.TB, cfg store.Config, indexed ...bool) (*store.Store, jetstream.JetStream) {
 	t.Helper()
 	srv := natstest.Start(t)
 	nc := srv.Connect()
@@ -33,6 +35,13 @@ func open(t testing.TB, cfg store.Config) (*store.Store, jetstream.JetStream) {
 	s, err := store.Open(context.Background(), js, cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(indexed) > 0 && indexed[0] {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		if err := s.Index(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return s, js
 }
@@ -134,8 +143,10 @@ func TestPutAtIsACompareAndSet(t *testing.T) {
 	}
 }
 
-func TestTTLExpiresAndRefreshes(t *testing.T) {
-	s, _ := open(t, store.Config{})
+func TestTTLExpiresAndRefreshes(t *testing.T) { bothModes(t, testTTLExpiresAndRefreshes) }
+
+func testTTLExpiresAndRefreshes(t *testing.T, indexed bool) {
+	s, _ := open(t, store.Config{}, indexed)
 	ctx := context.Background()
 	ns := []string{"cache"}
 	if _, err := s.Put(ctx, "t", ns, "short", map[string]any{"v": 1}, store.PutOptions{TTL: 2 * time.Second}); err != nil {
@@ -172,6 +183,13 @@ func TestTTLExpiresAndRefreshes(t *testing.T) {
 	}
 }
 
+// bothModes runs a test on a store reading the bucket and on one with an
+// index.
+func bothModes(t *testing.T, test func(*testing.T, bool)) {
+	t.Run("bucket", func(t *testing.T) { test(t, false) })
+	t.Run("index", func(t *testing.T) { test(t, true) })
+}
+
 func keys(res []store.Result) []string {
 	var out []string
 	for _, r := range res {
@@ -180,8 +198,10 @@ func keys(res []store.Result) []string {
 	return out
 }
 
-func TestSearchFiltersAndPages(t *testing.T) {
-	s, _ := open(t, store.Config{})
+func TestSearchFiltersAndPages(t *testing.T) { bothModes(t, testSearchFiltersAndPages) }
+
+func testSearchFiltersAndPages(t *testing.T, indexed bool) {
+	s, _ := open(t, store.Config{}, indexed)
 	ctx := context.Background()
 	for i := range 6 {
 		ns := []string{"docs", []string{"a", "b"}[i%2]}
@@ -230,8 +250,10 @@ func TestSearchFiltersAndPages(t *testing.T) {
 	}
 }
 
-func TestListNamespaces(t *testing.T) {
-	s, _ := open(t, store.Config{})
+func TestListNamespaces(t *testing.T) { bothModes(t, testListNamespaces) }
+
+func testListNamespaces(t *testing.T, indexed bool) {
+	s, _ := open(t, store.Config{}, indexed)
 	ctx := context.Background()
 	for _, ns := range [][]string{{"a", "x", "prefs"}, {"a", "y", "prefs"}, {"a", "y", "notes"}, {"b"}, {"a", "x", "prefs"}} {
 		if _, err := s.Put(ctx, "t", ns, "k", nil, store.PutOptions{}); err != nil {
@@ -271,13 +293,15 @@ func TestListNamespaces(t *testing.T) {
 	}
 }
 
-func TestSemanticSearch(t *testing.T) {
+func TestSemanticSearch(t *testing.T) { bothModes(t, testSemanticSearch) }
+
+func testSemanticSearch(t *testing.T, indexed bool) {
 	srv := openaitest.NewServer(t, nil)
 	emb, err := model.NewOpenAIEmbeddings(model.EmbeddingsConfig{BaseURL: srv.URL(), Model: "embed"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, _ := open(t, store.Config{Embedder: emb, IndexFields: []string{"text"}})
+	s, _ := open(t, store.Config{Embedder: emb, IndexFields: []string{"text"}}, indexed)
 	ctx := context.Background()
 	ns := []string{"facts"}
 	for k, text := range map[string]string{
@@ -316,5 +340,62 @@ func TestSemanticSearch(t *testing.T) {
 	food, _ := s.Search(ctx, "t", store.SearchOptions{Prefix: ns, Query: "pizza food", Limit: 1})
 	if len(food) != 1 || food[0].Key != "food" || *food[0].Score <= 0.3 {
 		t.Fatalf("pizza: %v", keys(food))
+	}
+}
+
+// Another process's index learns of puts through the watch and of
+// deletions (stream purges) through the removal notice.
+func TestIndexSeesOtherWritersAndRemovals(t *testing.T) {
+	a, js := open(t, store.Config{})
+	b, err := store.Open(context.Background(), js, store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := b.Index(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"k1", "k2"} {
+		if _, err := a.Put(ctx, "t", []string{"users", "alice", "x"}, k, map[string]any{"v": k}, store.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := a.Put(ctx, "t", []string{"users", "bob"}, "k", nil, store.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	found := func() []string {
+		res, err := b.Search(ctx, "t", store.SearchOptions{Limit: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := keys(res)
+		slices.Sort(got)
+		return got
+	}
+	if got := found(); !slices.Equal(got, []string{"users/alice/x:k1", "users/alice/x:k2", "users/bob:k"}) {
+		t.Fatalf("b's index: %v", got)
+	}
+	if err := a.Delete(ctx, "t", []string{"users", "alice", "x"}, "k1"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !slices.Equal(found(), []string{"users/alice/x:k2", "users/bob:k"}) {
+		if time.Now().After(deadline) {
+			t.Fatalf("b's index after a delete: %v", found())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := a.PurgePrefix(ctx, "t", []string{"users", "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	for !slices.Equal(found(), []string{"users/bob:k"}) {
+		if time.Now().After(deadline) {
+			t.Fatalf("b's index after a purge: %v", found())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, _, err := a.Get(ctx, "t", []string{"users", "alice", "x"}, "k2"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("purged item: %v", err)
 	}
 }
