@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/natsagent/natsagent/internal/memory"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/model/openaitest"
 )
@@ -257,5 +258,26 @@ func TestStoreSemanticSearch(t *testing.T) {
 	if len(s.Items) != 2 || s.Items[0].Key != "food" || s.Items[0].Score == nil || *s.Items[0].Score <= *s.Items[1].Score {
 		raw, _ := json.Marshal(s.Items)
 		t.Fatalf("ranking: %s", raw)
+	}
+}
+
+// TestLangGraphSDKStore runs the official SDK's store client against the
+// gateway (testdata/langgraph-sdk/store.mjs), and checks that the memory
+// notes alice edited through it are what the memory middleware reads.
+func TestLangGraphSDKStore(t *testing.T) {
+	e := newStoreEnv(t, true)
+	mem, err := memory.Open(t.Context(), e.js, memory.Config{Names: e.settings.Names})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mem.AppendNote(t.Context(), "acme", "alice", "Lives in Lyon"); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("ALICE_KEY", aliceKey)
+	t.Setenv("BOB_KEY", bobKey)
+	t.Setenv("CAROL_KEY", carolKey)
+	runSDKScript(t, e, "store.mjs", 8)
+	if notes, err := mem.Notes(t.Context(), "acme", "alice"); err != nil || notes != "- Lives in Paris" {
+		t.Fatalf("alice's notes after her edit through the SDK: %q %v", notes, err)
 	}
 }
