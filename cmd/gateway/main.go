@@ -26,8 +26,8 @@ import (
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/config"
 	"github.com/natsagent/natsagent/internal/gateway"
-	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/middleware"
+	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/policy"
 	"github.com/natsagent/natsagent/internal/worker"
 )
