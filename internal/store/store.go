@@ -257,6 +257,10 @@ func (s *Store) write(ctx context.Context, k string, it *Item, rev uint64) error
 	if err != nil {
 		return err
 	}
+	// A NATS message carries an item: its value, dates and vectors.
+	if limit := s.js.Conn().MaxPayload(); limit > 0 && int64(len(data)) > limit-1024 {
+		return fmt.Errorf("%w: the item takes %d bytes with its vectors, more than a NATS message carries (%d)", ErrInvalid, len(data), limit-1024)
+	}
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	if rev == 0 {

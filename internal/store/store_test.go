@@ -178,6 +178,17 @@ func testTTLExpiresAndRefreshes(t *testing.T, indexed bool) {
 	if len(res) != 1 || res[0].Key != "kept" {
 		t.Fatalf("search after expiry: %v", keys(res))
 	}
+	// An expired key (a marker left in its place) takes a new item.
+	if _, err := s.Put(ctx, "t", ns, "short", map[string]any{"v": 3}, store.PutOptions{}); err != nil {
+		t.Fatalf("put over an expired item: %v", err)
+	}
+	if it, _, err := s.Get(ctx, "t", ns, "short"); err != nil || it.Value["v"] != json.Number("3") {
+		t.Fatalf("the item put over an expired one: %+v %v", it, err)
+	}
+	big := map[string]any{"text": strings.Repeat("x", 1<<20)}
+	if _, err := s.Put(ctx, "t", ns, "big", big, store.PutOptions{}); !errors.Is(err, store.ErrInvalid) {
+		t.Fatalf("an item over the NATS payload: %v", err)
+	}
 	if _, err := s.Put(ctx, "t", ns, "x", nil, store.PutOptions{TTL: time.Millisecond}); !errors.Is(err, store.ErrInvalid) {
 		t.Fatalf("a TTL under a second: %v", err)
 	}
