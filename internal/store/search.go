@@ -227,8 +227,12 @@ func (s *Store) Search(ctx context.Context, tenant string, opts SearchOptions) (
 	hi := min(lo+opts.Limit, len(hits))
 	out := make([]Result, 0, hi-lo)
 	for _, h := range hits[lo:hi] {
-		if opts.Refresh {
-			s.refresh(ctx, tenant, h.Item, h.rev)
+		if opts.Refresh && h.TTL > 0 {
+			// The hit has no vectors; the refresh writes the whole item.
+			if full, rev, err := s.Get(ctx, tenant, h.Namespace, h.Key); err == nil && rev == h.rev {
+				s.refresh(ctx, tenant, full, rev)
+				h.ExpiresAt = full.ExpiresAt
+			}
 		}
 		out = append(out, h.Result)
 	}

@@ -352,6 +352,16 @@ func testSemanticSearch(t *testing.T, indexed bool) {
 	if len(food) != 1 || food[0].Key != "food" || *food[0].Score <= 0.3 {
 		t.Fatalf("pizza: %v", keys(food))
 	}
+	// A search that refreshes an item's TTL keeps its vectors.
+	if _, err := s.Put(ctx, "t", []string{"ttl"}, "k", map[string]any{"text": "pizza"}, store.PutOptions{TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		res, err := s.Search(ctx, "t", store.SearchOptions{Prefix: []string{"ttl"}, Query: "pizza", Limit: 1, Refresh: true})
+		if err != nil || len(res) != 1 || res[0].Score == nil || *res[0].Score < 0.99 {
+			t.Fatalf("refreshed item: %v %v", keys(res), err)
+		}
+	}
 }
 
 // Another process's index learns of puts through the watch and of
