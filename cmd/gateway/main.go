@@ -28,6 +28,7 @@ import (
 	"github.com/natsagent/natsagent/internal/config"
 	"github.com/natsagent/natsagent/internal/gateway"
 	"github.com/natsagent/natsagent/internal/middleware"
+	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/policy"
 	"github.com/natsagent/natsagent/internal/worker"
 )
@@ -184,7 +185,12 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	embedder, indexFields, err := storeEmbedder(cfg)
+	if err != nil {
+		return err
+	}
 	gw, err := gateway.New(ctx, nc, gateway.Config{Settings: settings, Graphs: graphs, MaxBodyBytes: cfg.Gateway.MaxBodyBytes, Logger: log, Limits: lim,
+		Embedder: embedder, StoreIndexFields: indexFields,
 		Files: app.QuotaFiles(workdirs, lim), MaxFileBytes: cfg.Files.MaxFileBytes, APIKeys: keys, JWT: bearer, Policy: pol,
 		Metrics: tel.Metrics, MetricsHandler: tel.InlineMetrics(), Traces: tel.TracerProvider, WebhookAllowPrivate: cfg.Webhooks.AllowPrivate})
 	if err != nil {
@@ -339,6 +345,27 @@ const drainTimeout = 10 * time.Second
 
 // gatewayGraphs lists the lead agent profiles the gateway serves as
 // LangGraph graphs (a subagent is started by a lead, not by a client).
+// storeEmbedder is the embeddings client of the store's semantic search
+// (store.index), nil when none is configured.
+func storeEmbedder(cfg config.Config) (model.Embedder, []string, error) {
+	ix := cfg.Store.Index
+	if ix == nil {
+		return nil, nil, nil
+	}
+	base, key := ix.BaseURL, ix.APIKey
+	if base == "" {
+		base = cfg.Model.BaseURL
+	}
+	if key == "" {
+		key = cfg.Model.APIKey
+	}
+	e, err := model.NewOpenAIEmbeddings(model.EmbeddingsConfig{BaseURL: base, APIKey: string(key), Model: ix.Model, Dimensions: ix.Dims})
+	if err != nil {
+		return nil, nil, fmt.Errorf("store.index: %w", err)
+	}
+	return e, ix.Fields, nil
+}
+
 func gatewayGraphs(cfg config.Config) ([]gateway.Graph, error) {
 	profiles, err := app.Profiles(cfg)
 	if err != nil {

@@ -46,6 +46,29 @@ type Config struct {
 	Webhooks Webhooks `yaml:"webhooks"`
 	// Crons configures what a cron tick fired late does.
 	Crons Crons `yaml:"crons"`
+	// Store configures the LangGraph store the gateway serves.
+	Store Store `yaml:"store"`
+}
+
+// Store configures the LangGraph store (internal/store).
+type Store struct {
+	// Index, when set, gives the store semantic search through an
+	// OpenAI-compatible /embeddings endpoint (LangGraph's store.index).
+	Index *StoreIndex `yaml:"index"`
+}
+
+// StoreIndex configures the store's embeddings.
+type StoreIndex struct {
+	// BaseURL and APIKey default to model.base_url and model.api_key.
+	BaseURL string `yaml:"base_url"`
+	APIKey  Secret `yaml:"api_key"`
+	// Model is the embeddings model, e.g. text-embedding-3-small.
+	Model string `yaml:"model"`
+	// Dims asks the model for vectors of this size (0: the model's own).
+	Dims int `yaml:"dims"`
+	// Fields are the value fields embedded when a put names none
+	// (default ["$"], the whole value).
+	Fields []string `yaml:"fields"`
 }
 
 // Crons configures cron ticks (internal/crons).
@@ -410,6 +433,19 @@ func (c *Config) problems() []string {
 		seen[a.Name] = true
 		if a.MaxSteps < 0 {
 			bad(path+".max_steps", "must not be negative")
+		}
+	}
+	if ix := c.Store.Index; ix != nil {
+		if strings.TrimSpace(ix.Model) == "" {
+			bad("store.index.model", "the embeddings model is required, for example text-embedding-3-small or nomic-embed-text")
+		}
+		if ix.Dims < 0 {
+			bad("store.index.dims", "must not be negative")
+		}
+		for _, f := range ix.Fields {
+			if f == "" {
+				bad("store.index.fields", "a field path is empty")
+			}
 		}
 	}
 	if !c.UsesDemoModel() && c.Model.Name == "" {
