@@ -49,6 +49,12 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		if err := decodeBody(r, &body); err != nil {
 			return err
 		}
+		// A run without input or command goes on from its checkpoint
+		// (continueRun decides where once the thread may be read).
+		cont := body.Input == nil && body.Command == nil
+		if cont {
+			body.Command = &runCommand{Goto: json.RawMessage(`"` + protocol.GotoModel + `"`)}
+		}
 		asst, err := s.runAssistant(r.Context(), tenant, &body)
 		if err != nil {
 			return err
@@ -89,7 +95,12 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 			}
 		}
 		forkCtx, cancelFork := context.WithTimeout(context.WithoutCancel(r.Context()), s.submitTimeout)
-		err = s.forkForRun(forkCtx, tenant, thread, body.RunID, &body.forkFields)
+		if cont {
+			err = s.continueRun(forkCtx, tenant, thread, req, &body.forkFields)
+		}
+		if err == nil {
+			err = s.forkForRun(forkCtx, tenant, thread, body.RunID, &body.forkFields)
+		}
 		cancelFork()
 		if err != nil {
 			return err
