@@ -306,7 +306,11 @@ func (g *threadGraph) snapshot(id string) langgraph.ThreadState {
 	if ok && id != "" {
 		snap.Parent, snap.CreatedAt, snap.Metadata = g.parentOf(d), d.Time, g.metadata(d)
 	}
-	snap.Settled = id == th.Head && th.Lease == nil
+	// An idle head written outside a run waits for input. A run's last
+	// checkpoint says what comes next from its last message, as
+	// LangGraph's does: after a run cancelled or failed before the model
+	// answered its input (or tool results), the model.
+	snap.Settled = id == th.Head && th.Lease == nil && (!ok || d.Source != "")
 	var open protocol.Interrupt
 	if ok, err := snap.State.Value(middleware.InterruptValue, &open); ok && err == nil {
 		snap.Interrupt = &open

@@ -155,9 +155,9 @@ type Snapshot struct {
 	State        *state.State
 	// Interrupt is the interrupt open at the checkpoint, if any.
 	Interrupt *protocol.Interrupt
-	// Settled says no step follows without new input: the thread's head
-	// when no run holds it. Other checkpoints say what comes next from
-	// their last message.
+	// Settled says no step follows without new input (the gateway: an
+	// idle head written outside a run). Other checkpoints say what comes
+	// next from their last message.
 	Settled bool
 	// Hidden names the values not shown in values.
 	Hidden []string
