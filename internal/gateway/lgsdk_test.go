@@ -64,7 +64,7 @@ func TestLangGraphSDKStream(t *testing.T) {
 	e := newEnvWith(t, nil, func(s *Server) { s.cfg.Files = wd.open })
 	e.startFileWorker(sdkModel(), wd, spawnTool{runs: e.stores.Runs})
 	e.do("POST", "/threads/kid/runs/wait", with(input("child work"), "run_id", "child1")).expect(t, http.StatusOK)
-	runSDKScript(t, e, "stream.mjs", 17)
+	runSDKScript(t, e, "stream.mjs", 18)
 }
 
 // TestLangGraphSDKAssistants runs testdata/langgraph-sdk/assistants.mjs:

@@ -70,10 +70,16 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 			}
 		}
 		var modes langgraph.Modes
-		if mode == modeStream {
+		if mode == modeStream || !isNull(body.StreamMode) {
 			if modes, err = body.modes(); err != nil {
 				return err
 			}
+		}
+		if !isNull(body.StreamMode) {
+			// A join that names no stream mode streams these.
+			req.StreamMode = modes.List()
+		}
+		if mode == modeStream {
 			nameInput(req)
 		}
 		if err := s.authorize(r, tenant, req); err != nil {
@@ -238,7 +244,9 @@ func (s *Server) joinRun(w http.ResponseWriter, r *http.Request, tenant string) 
 }
 
 // joinStream: GET /threads/{thread_id}/runs/{run_id}/stream, the run's
-// events after Last-Event-ID (or ?last_event_id=), then live ones.
+// events after Last-Event-ID (or ?last_event_id=), then live ones, in the
+// stream modes asked for, else those the run was created with, else
+// values.
 func (s *Server) joinStream(w http.ResponseWriter, r *http.Request, tenant string) error {
 	rec, err := s.runOf(r, tenant)
 	if err != nil {
@@ -251,6 +259,12 @@ func (s *Server) joinStream(w http.ResponseWriter, r *http.Request, tenant strin
 	modes, err := queryModes(r)
 	if err != nil {
 		return err
+	}
+	if _, named := r.URL.Query()["stream_mode"]; !named && len(rec.StreamMode) > 0 {
+		// LangGraph streams what the run was created to stream.
+		if m, err := langgraph.ParseModes(rec.StreamMode, modes.Subgraphs); err == nil {
+			modes = m
+		}
 	}
 	cancelOnLeave, err := boolQuery(r, "cancel_on_disconnect")
 	if err != nil {
