@@ -76,6 +76,15 @@ func (s *Server) loadGraph(ctx context.Context, th *protocol.Thread) (*threadGra
 			view[v.ID] = v
 		}
 	}
+	for _, d := range byID {
+		if d.At != "" && view[d.At] == nil {
+			// The step's delta is gone (retention): the checkpoint is
+			// shown on its stored parent, whose state it holds.
+			v := *view[d.ID]
+			v.Parent = d.Parent
+			view[d.ID] = &v
+		}
+	}
 	g.byID, g.raw = view, byID
 	eff := map[string]time.Time{}
 	// whole reports whether every ancestor of id is stored, and sets its

@@ -668,4 +668,25 @@ func TestLangGraphRegenerate(t *testing.T) {
 	if n := calls.Load(); n != 4 {
 		t.Fatalf("the model was called %d times, want 4", n)
 	}
+
+	// A checkpoint written on a step whose delta retention removed is
+	// shown on its stored parent.
+	ctx := context.Background()
+	th, _, err := e.stores.Threads.Get(ctx, "default", "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan := &kv.Delta{ID: "fork-orphan", Parent: th.Head, At: "e99-1" + stepMark + "0", Source: kv.SourceFork, Time: time.Now().UTC()}
+	if _, err := e.stores.Checkpoints.Put(ctx, "default", "t1", orphan); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.stores.Threads.Mutate(ctx, "default", "t1", func(t *protocol.Thread) error { t.Head = orphan.ID; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.state("/threads/t1/state"); got.id() != orphan.ID || got.ParentCheckpoint == nil || got.ParentCheckpoint.CheckpointID != th.Head {
+		t.Fatalf("a checkpoint on a removed step: %+v", got)
+	}
+	if h := e.history("t1", map[string]any{"limit": 3}); len(h) != 3 || h[1].id() != th.Head {
+		t.Fatalf("history past a removed step: %v", historyIDs(h))
+	}
 }
