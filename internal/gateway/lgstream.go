@@ -144,8 +144,8 @@ func (src *runSource) Start(ctx context.Context, attempt int, t time.Time) (*sta
 		return inputState(src.input), err
 	}
 	var own []*kv.Delta // the run's checkpoints, oldest first
-	for i := len(g.order) - 1; i >= 0; i-- {
-		if d := g.order[i]; d.RunID == src.run {
+	for i := len(g.stored) - 1; i >= 0; i-- {
+		if d := g.stored[i]; d.RunID == src.run {
 			own = append(own, d)
 		}
 	}
@@ -196,7 +196,7 @@ func (src *runSource) Final(ctx context.Context) (*state.State, error) {
 // since).
 func (g *threadGraph) stateAfter(run string) *state.State {
 	at := g.th.Head
-	for _, d := range g.order {
+	for _, d := range g.stored {
 		if d.RunID == run {
 			at = d.ID
 			break

@@ -49,6 +49,12 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		if err := decodeBody(r, &body); err != nil {
 			return err
 		}
+		// A run without input or command goes on from its checkpoint
+		// (continueRun decides where once the thread may be read).
+		cont := body.Input == nil && body.Command == nil
+		if cont {
+			body.Command = &runCommand{Goto: json.RawMessage(`"` + protocol.GotoModel + `"`)}
+		}
 		asst, err := s.runAssistant(r.Context(), tenant, &body)
 		if err != nil {
 			return err
@@ -64,10 +70,16 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 			}
 		}
 		var modes langgraph.Modes
-		if mode == modeStream {
+		if mode == modeStream || !isNull(body.StreamMode) {
 			if modes, err = body.modes(); err != nil {
 				return err
 			}
+		}
+		if !isNull(body.StreamMode) {
+			// A join that names no stream mode streams these.
+			req.StreamMode = modes.List()
+		}
+		if mode == modeStream {
 			nameInput(req)
 		}
 		if err := s.authorize(r, tenant, req); err != nil {
@@ -89,7 +101,12 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 			}
 		}
 		forkCtx, cancelFork := context.WithTimeout(context.WithoutCancel(r.Context()), s.submitTimeout)
-		err = s.forkForRun(forkCtx, tenant, thread, body.RunID, &body.forkFields)
+		if cont {
+			err = s.continueRun(forkCtx, tenant, thread, req, &body.forkFields)
+		}
+		if err == nil {
+			err = s.forkForRun(forkCtx, tenant, thread, body.RunID, &body.forkFields)
+		}
 		cancelFork()
 		if err != nil {
 			return err
@@ -253,7 +270,9 @@ func (s *Server) joinRun(w http.ResponseWriter, r *http.Request, tenant string) 
 }
 
 // joinStream: GET /threads/{thread_id}/runs/{run_id}/stream, the run's
-// events after Last-Event-ID (or ?last_event_id=), then live ones.
+// events after Last-Event-ID (or ?last_event_id=), then live ones, in the
+// stream modes asked for, else those the run was created with, else
+// values.
 func (s *Server) joinStream(w http.ResponseWriter, r *http.Request, tenant string) error {
 	rec, err := s.runOf(r, tenant)
 	if err != nil {
@@ -266,6 +285,12 @@ func (s *Server) joinStream(w http.ResponseWriter, r *http.Request, tenant strin
 	modes, err := queryModes(r)
 	if err != nil {
 		return err
+	}
+	if _, named := r.URL.Query()["stream_mode"]; !named && len(rec.StreamMode) > 0 {
+		// LangGraph streams what the run was created to stream.
+		if m, err := langgraph.ParseModes(rec.StreamMode, modes.Subgraphs); err == nil {
+			modes = m
+		}
 	}
 	cancelOnLeave, err := boolQuery(r, "cancel_on_disconnect")
 	if err != nil {

@@ -45,6 +45,12 @@ type Delta struct {
 	// on an earlier checkpoint: the branch left behind, which stays
 	// readable through it.
 	Replaced string `json:"replaced,omitempty"`
+	// At is set on a checkpoint written on a step the history derives
+	// inside a run's delta (the gateway's history shows one checkpoint per
+	// step, docs/protocol.md 3.7): Parent is that delta's parent, Update
+	// repeats the delta's changes up to the step, and history shows At as
+	// the parent.
+	At string `json:"at,omitempty"`
 }
 
 // Sources of checkpoints written outside a run.

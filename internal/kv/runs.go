@@ -120,6 +120,7 @@ func NewRun(req *protocol.RunRequest, msgSeq uint64, now time.Time) *protocol.Ru
 		Metadata:          req.Metadata,
 		MsgSeq:            msgSeq,
 		Webhook:           newWebhook(req.Webhook),
+		StreamMode:        req.StreamMode,
 	}
 }
 

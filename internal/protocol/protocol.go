@@ -94,6 +94,10 @@ type RunRequest struct {
 	// Webhook is a URL the final run record is POSTed to once the run
 	// ended (docs/protocol.md 3.4; internal/webhook).
 	Webhook string `json:"webhook,omitempty"`
+	// StreamMode is the LangGraph stream modes the run was created with
+	// (the gateway's stream_mode); a LangGraph join of its stream that
+	// names none streams these, as LangGraph does. Kept on the record.
+	StreamMode []string `json:"stream_mode,omitempty"`
 }
 
 // Principal is an authenticated caller: a user of one tenant with roles.
@@ -196,6 +200,8 @@ type Run struct {
 	FinishedEventID uint64 `json:"finished_event_id,omitempty"`
 	// Webhook is the delivery of the run's webhook, when it asked for one.
 	Webhook *RunWebhook `json:"webhook,omitempty"`
+	// StreamMode is the request's (RunRequest.StreamMode).
+	StreamMode []string `json:"stream_mode,omitempty"`
 }
 
 // RunWebhook is where a run's webhook delivery stands.

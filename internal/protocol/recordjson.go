@@ -210,6 +210,10 @@ func appendRun(b []byte, r *Run) ([]byte, bool) {
 			return b, false
 		}
 	}
+	if len(r.StreamMode) > 0 {
+		b = append(b, `,"stream_mode":`...)
+		b = appendStrings(b, r.StreamMode)
+	}
 	return append(b, '}'), true
 }
 
