@@ -85,6 +85,9 @@ type Config struct {
 	// WebhookAllowPrivate lets a run's webhook name a loopback or private
 	// address (config webhooks.allow_private); refused by default.
 	WebhookAllowPrivate bool
+	// MaxCronsPerTenant caps each tenant's crons (0:
+	// DefaultMaxCronsPerTenant); a create past it is answered 409.
+	MaxCronsPerTenant int
 	// Graphs are the deployment's lead agent profiles, served as
 	// LangGraph graphs and system assistants (assistants.go); none means
 	// the default agent alone.
@@ -103,18 +106,16 @@ type Server struct {
 	// bucket: the assistants routes answer 503, system assistants still
 	// serve.
 	assistants *kv.Assistants
-	// threadIndex serves thread search and count (threadindex.go).
-	threadIndex *threadIndex
-	pub         *events.Publisher
-	queue       *submit.Queue
-	runs        jetstream.Stream
-	events      jetstream.Stream
-	log         *zap.Logger
-	mux         *http.ServeMux
-	eraser      *erase.Eraser
-	crons       *crons.Store
-	auth        *authenticator // nil: no API keys, the API is open
-	tracer      trace.Tracer   // nil: the gateway does not trace
+	pub        *events.Publisher
+	queue      *submit.Queue
+	runs       jetstream.Stream
+	events     jetstream.Stream
+	log        *zap.Logger
+	mux        *http.ServeMux
+	eraser     *erase.Eraser
+	crons      *crons.Store
+	auth       *authenticator // nil: no API keys, the API is open
+	tracer     trace.Tracer   // nil: the gateway does not trace
 
 	// keepAlive is how long an SSE stream may stay silent before a
 	// comment is sent, so proxies do not close it.
@@ -188,13 +189,6 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Server, error) {
 	if s.assistants, err = kv.OpenAssistants(ctx, js, names); err != nil {
 		cfg.Logger.Warn("assistants are unavailable", zap.Error(err))
 		s.assistants = nil
-	}
-	threadsKV, err := js.KeyValue(ctx, names.ThreadsBucket())
-	if err != nil {
-		return nil, err
-	}
-	if s.threadIndex, err = newThreadIndex(ctx, nc, js, threadsKV, names, cfg.Logger); err != nil {
-		return nil, fmt.Errorf("index threads: %w", err)
 	}
 	s.eraser, err = erase.New(ctx, erase.Config{NC: nc, JS: js, Names: names, Stores: stores, Files: cfg.Files, Logger: cfg.Logger})
 	if err != nil {
