@@ -49,6 +49,7 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		if err := decodeBody(r, &body); err != nil {
 			return err
 		}
+		assistantID := body.AssistantID
 		asst, err := s.runAssistant(r.Context(), tenant, &body)
 		if err != nil {
 			return err
@@ -57,6 +58,7 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		if err != nil {
 			return err
 		}
+		tagged := threadTags(req.Agent, assistantID)
 		if asst != nil {
 			underRun(&req.Config, *asst)
 			if err := req.Validate(); err != nil {
@@ -127,7 +129,7 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 				due = t.Add(time.Second)
 			}
 		}
-		rec, err := s.submit(ctx, req, ifNotExists, due)
+		rec, err := s.submit(ctx, req, ifNotExists, due, tagged)
 		cancel()
 		if err != nil {
 			return err
