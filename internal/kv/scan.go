@@ -17,9 +17,8 @@ import (
 // stream holds each thread's record once, at the sequence of its last
 // write: the stream is already an index of every tenant's threads by last
 // write, kept by the server, with no second write to fall out of step and
-// nothing to heal. Recent reads it from the newest end; Scan reads it
-// all. Both read with batched direct gets filtered on the tenant's record
-// subjects ("$KV.<bucket>.<tenant>.*": not the run index keys below a
+// nothing to heal. Recent reads it from the newest end with batched
+// direct gets filtered on the tenant's record subjects ("$KV.<bucket>.<tenant>.*": not the run index keys below a
 // thread, not other tenants), so a search reads the records it needs,
 // not the bucket.
 
@@ -90,16 +89,25 @@ func (s *Threads) Recent(ctx context.Context, tenant string, want int, visit fun
 	}
 }
 
-// Scan calls visit with every thread record of a tenant, in write order.
+// Scan calls visit with every thread record of a tenant. It reads them
+// through a watch (List), not batched direct gets: the server counts what
+// is pending after each batch of a direct get, from its start to the
+// stream's end, which over a whole tenant grows with the square of its
+// threads.
 func (s *Threads) Scan(ctx context.Context, tenant string, visit func(*protocol.Thread)) error {
 	if !protocol.ValidToken(tenant) {
 		return nil
 	}
-	first, _, err := s.streamBounds(ctx)
+	all, err := s.List(ctx, tenant)
 	if err != nil {
 		return err
 	}
-	return s.readRange(ctx, s.recordFilter(tenant), first, 0, func(t *protocol.Thread, _ uint64) { visit(t) })
+	for _, t := range all {
+		if t.ThreadID != "" {
+			visit(t)
+		}
+	}
+	return nil
 }
 
 func (s *Threads) recordFilter(tenant string) string {
