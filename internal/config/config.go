@@ -81,6 +81,9 @@ type Crons struct {
 	// LateGrace is how late a tick may fire and still run under skip
 	// (default 30s).
 	LateGrace Duration `yaml:"late_grace"`
+	// MaxPerTenant caps each tenant's crons (default 100); the gateway
+	// answers 409 to a create past it.
+	MaxPerTenant int `yaml:"max_per_tenant"`
 }
 
 // Agent is an agent profile.
@@ -409,6 +412,9 @@ func (c *Config) problems() []string {
 	}
 	if c.Crons.LateGrace < 0 {
 		bad("crons.late_grace", "must not be negative")
+	}
+	if c.Crons.MaxPerTenant < 0 {
+		bad("crons.max_per_tenant", "must not be negative (0 takes the default, 100)")
 	}
 	validateModels(c.Models, bad)
 	c.MCP.validate(bad)

@@ -87,6 +87,9 @@ type Config struct {
 	// WebhookAllowPrivate lets a run's webhook name a loopback or private
 	// address (config webhooks.allow_private); refused by default.
 	WebhookAllowPrivate bool
+	// MaxCronsPerTenant caps each tenant's crons (0:
+	// DefaultMaxCronsPerTenant); a create past it is answered 409.
+	MaxCronsPerTenant int
 	// Graphs are the deployment's lead agent profiles, served as
 	// LangGraph graphs and system assistants (assistants.go); none means
 	// the default agent alone.
@@ -114,19 +117,17 @@ type Server struct {
 	assistants *kv.Assistants
 	// store is nil on a deployment provisioned before it had the store
 	// bucket: the store routes answer 503.
-	items *store.Store
-	// threadIndex serves thread search and count (threadindex.go).
-	threadIndex *threadIndex
-	pub         *events.Publisher
-	queue       *submit.Queue
-	runs        jetstream.Stream
-	events      jetstream.Stream
-	log         *zap.Logger
-	mux         *http.ServeMux
-	eraser      *erase.Eraser
-	crons       *crons.Store
-	auth        *authenticator // nil: no API keys, the API is open
-	tracer      trace.Tracer   // nil: the gateway does not trace
+	items  *store.Store
+	pub    *events.Publisher
+	queue  *submit.Queue
+	runs   jetstream.Stream
+	events jetstream.Stream
+	log    *zap.Logger
+	mux    *http.ServeMux
+	eraser *erase.Eraser
+	crons  *crons.Store
+	auth   *authenticator // nil: no API keys, the API is open
+	tracer trace.Tracer   // nil: the gateway does not trace
 
 	// keepAlive is how long an SSE stream may stay silent before a
 	// comment is sent, so proxies do not close it.
@@ -203,13 +204,6 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Server, error) {
 	}
 	if err := s.openStore(ctx); err != nil {
 		cfg.Logger.Warn("the store is unavailable", zap.Error(err))
-	}
-	threadsKV, err := js.KeyValue(ctx, names.ThreadsBucket())
-	if err != nil {
-		return nil, err
-	}
-	if s.threadIndex, err = newThreadIndex(ctx, nc, js, threadsKV, names, cfg.Logger); err != nil {
-		return nil, fmt.Errorf("index threads: %w", err)
 	}
 	s.eraser, err = erase.New(ctx, erase.Config{NC: nc, JS: js, Names: names, Stores: stores, Files: cfg.Files, Logger: cfg.Logger})
 	if err != nil {

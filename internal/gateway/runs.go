@@ -55,6 +55,7 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		if cont {
 			body.Command = &runCommand{Goto: json.RawMessage(`"` + protocol.GotoModel + `"`)}
 		}
+		assistantID := body.AssistantID
 		asst, err := s.runAssistant(r.Context(), tenant, &body)
 		if err != nil {
 			return err
@@ -63,6 +64,7 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		if err != nil {
 			return err
 		}
+		tagged := threadTags(req.Agent, assistantID)
 		if asst != nil {
 			underRun(&req.Config, *asst)
 			if err := req.Validate(); err != nil {
@@ -144,7 +146,7 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 				due = t.Add(time.Second)
 			}
 		}
-		rec, err := s.submit(ctx, req, ifNotExists, due)
+		rec, err := s.submit(ctx, req, ifNotExists, due, tagged)
 		cancel()
 		if err != nil {
 			return err
