@@ -52,6 +52,12 @@ type Delta struct {
 	// before the delta is written. The files at a checkpoint are the
 	// changes along its chain (FilesAt).
 	Files []files.Change `json:"files,omitempty"`
+	// At is set on a checkpoint written on a step the history derives
+	// inside a run's delta (the gateway's history shows one checkpoint per
+	// step, docs/protocol.md 3.7): Parent is that delta's parent, Update
+	// repeats the delta's changes up to the step, and history shows At as
+	// the parent.
+	At string `json:"at,omitempty"`
 }
 
 // FilesOf returns the files at the end of chain (oldest first).

@@ -94,6 +94,10 @@ type RunRequest struct {
 	// Webhook is a URL the final run record is POSTed to once the run
 	// ended (docs/protocol.md 3.4; internal/webhook).
 	Webhook string `json:"webhook,omitempty"`
+	// StreamMode is the LangGraph stream modes the run was created with
+	// (the gateway's stream_mode); a LangGraph join of its stream that
+	// names none streams these, as LangGraph does. Kept on the record.
+	StreamMode []string `json:"stream_mode,omitempty"`
 }
 
 // Principal is an authenticated caller: a user of one tenant with roles.
@@ -196,6 +200,8 @@ type Run struct {
 	FinishedEventID uint64 `json:"finished_event_id,omitempty"`
 	// Webhook is the delivery of the run's webhook, when it asked for one.
 	Webhook *RunWebhook `json:"webhook,omitempty"`
+	// StreamMode is the request's (RunRequest.StreamMode).
+	StreamMode []string `json:"stream_mode,omitempty"`
 }
 
 // RunWebhook is where a run's webhook delivery stands.
@@ -273,6 +279,12 @@ type Thread struct {
 	// that leaves the list gets its index key then (AddRecentRun). A
 	// thread's runs are the index keys plus this list.
 	RecentRuns []string `json:"recent_runs,omitempty"`
+	// LastRun is the terminal summary of the last run that released the
+	// thread (protocol v2): the write that gives the thread back carries
+	// it, before the run's terminal record is written. A run whose record
+	// is still pending or missing but whose id is here has ended; the
+	// next delivery of its request writes its record from this (RunView).
+	LastRun *Run `json:"last_run,omitempty"`
 }
 
 // ThreadRecentRuns bounds Thread.RecentRuns.
@@ -307,6 +319,19 @@ type Lease struct {
 	// request back (a worker shutting down): the next delivery takes the
 	// run over at once instead of waiting for the lease to lapse.
 	HandedOver bool `json:"handed_over,omitempty"`
+	// What a running run's record carried in protocol v1 (since v2 no
+	// record is written when a run starts: the lease says it runs). Its
+	// start is AcquiredAt.
+	//
+	// Attempt counts the run's starts, this one included.
+	Attempt int `json:"attempt,omitempty"`
+	// Agent is the run's agent profile.
+	Agent string `json:"agent,omitempty"`
+	// BaseCheckpoint is the thread's head when the run first started; a
+	// rollback returns the thread to it.
+	BaseCheckpoint string `json:"base_checkpoint,omitempty"`
+	// CreatedAt is when the run was first seen (the record's created_at).
+	CreatedAt *time.Time `json:"created_at,omitempty"`
 }
 
 // Preemption is a pending steer or rollback.

@@ -346,6 +346,8 @@ type releaseOpts struct {
 	// totals in the same write (the thread's usage bucket entry before
 	// protocol v2).
 	usage *protocol.RunUsage
+	// last, when set, is the run's terminal summary (Thread.LastRun).
+	last *protocol.Run
 }
 
 // release gives the thread back. A rollback also returns the thread's head
@@ -373,8 +375,21 @@ func (l *leaseHandle) release(ctx context.Context, o *releaseOpts) error {
 		if u := o.usage; u != nil {
 			applyThreadUsage(t, u)
 		}
+		if o.last != nil {
+			t.LastRun = o.last
+		}
 		return nil
 	})
+}
+
+// held is the lease as this run last wrote it.
+func (l *leaseHandle) held() protocol.Lease {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.th.Lease == nil {
+		return protocol.Lease{RunID: l.run, Epoch: l.epoch}
+	}
+	return *l.th.Lease
 }
 
 // applyThreadUsage sets a run's total in the thread record's usage. The
