@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -27,6 +28,7 @@ import (
 	"github.com/natsagent/natsagent/internal/config"
 	"github.com/natsagent/natsagent/internal/gateway"
 	"github.com/natsagent/natsagent/internal/middleware"
+	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/policy"
 	"github.com/natsagent/natsagent/internal/worker"
 )
@@ -183,9 +185,15 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	embedder, indexFields, err := storeEmbedder(cfg)
+	if err != nil {
+		return err
+	}
 	gw, err := gateway.New(ctx, nc, gateway.Config{Settings: settings, Graphs: graphs, MaxBodyBytes: cfg.Gateway.MaxBodyBytes, Logger: log, Limits: lim,
+		Embedder: embedder, StoreIndexFields: indexFields,
 		Files: app.QuotaFiles(workdirs, lim), MaxFileBytes: cfg.Files.MaxFileBytes, APIKeys: keys, JWT: bearer, Policy: pol,
-		Metrics: tel.Metrics, MetricsHandler: tel.InlineMetrics(), Traces: tel.TracerProvider, WebhookAllowPrivate: cfg.Webhooks.AllowPrivate})
+		Metrics: tel.Metrics, MetricsHandler: tel.InlineMetrics(), Traces: tel.TracerProvider, WebhookAllowPrivate: cfg.Webhooks.AllowPrivate,
+		MaxCronsPerTenant: cfg.Crons.MaxPerTenant})
 	if err != nil {
 		return err
 	}
@@ -209,7 +217,7 @@ func run() error {
 		zap.Bool("dev", o.dev), zap.Int("api_keys", len(keys)), zap.Bool("jwt", bearer != nil))
 	warnIfOpen(log, ln.Addr(), cfg.Gateway.Authenticated())
 	if o.dev {
-		fmt.Fprintf(os.Stderr, "\nOpen the console at http://%s/console/ or try it from a shell:\n  curl -N http://%s/threads/demo/runs/stream -H 'Content-Type: application/json' \\\n    -d '{\"input\":{\"messages\":[{\"role\":\"user\",\"content\":\"What time is it?\"}]}}'\n\n", ln.Addr(), ln.Addr())
+		devHint(os.Stderr, log, flags.Console && app.StderrIsTerminal(), ln.Addr())
 	}
 
 	select {
@@ -314,6 +322,19 @@ func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config
 	return nil
 }
 
+// devHint tells a person where to start: as a few lines of text when the
+// logs are for a person at a terminal, else as one log line, so a JSON
+// log stays one JSON object a line and a piped log stays greppable.
+func devHint(w io.Writer, log *zap.Logger, text bool, addr net.Addr) {
+	console := "http://" + addr.String() + "/console/"
+	curl := "curl -N http://" + addr.String() + "/threads/demo/runs/stream -H 'Content-Type: application/json' -d '{\"input\":{\"messages\":[{\"role\":\"user\",\"content\":\"What time is it?\"}]}}'"
+	if !text {
+		log.Info("try it", zap.String("console", console), zap.String("curl", curl))
+		return
+	}
+	fmt.Fprintf(w, "\nOpen the console at %s or try it from a shell:\n  %s\n\n", console, curl)
+}
+
 func isSet(fs *flag.FlagSet, name string) bool {
 	set := false
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
@@ -325,6 +346,27 @@ const drainTimeout = 10 * time.Second
 
 // gatewayGraphs lists the lead agent profiles the gateway serves as
 // LangGraph graphs (a subagent is started by a lead, not by a client).
+// storeEmbedder is the embeddings client of the store's semantic search
+// (store.index), nil when none is configured.
+func storeEmbedder(cfg config.Config) (model.Embedder, []string, error) {
+	ix := cfg.Store.Index
+	if ix == nil {
+		return nil, nil, nil
+	}
+	base, key := ix.BaseURL, ix.APIKey
+	if base == "" {
+		base = cfg.Model.BaseURL
+	}
+	if key == "" {
+		key = cfg.Model.APIKey
+	}
+	e, err := model.NewOpenAIEmbeddings(model.EmbeddingsConfig{BaseURL: base, APIKey: string(key), Model: ix.Model, Dimensions: ix.Dims})
+	if err != nil {
+		return nil, nil, fmt.Errorf("store.index: %w", err)
+	}
+	return e, ix.Fields, nil
+}
+
 func gatewayGraphs(cfg config.Config) ([]gateway.Graph, error) {
 	profiles, err := app.Profiles(cfg)
 	if err != nil {

@@ -17,14 +17,15 @@ import (
 const cancelTimeout = 30 * time.Second
 
 func runCancel(ctx context.Context, args []string, std stdio) error {
-	fs := newFlagSet("cancel", "--run <run> [flags]", `
+	fs := newFlagSet("cancel", "--run <run> | --thread <thread> [flags]", `
 Cancels a run, pending or running, the way the gateway does: a NATS request to the run's cancel
 subject, served by the workers. A pending run is recorded cancelled at once; a running one is
 stopped (its model and tool calls too) and the answer comes when it has ended. A finished run
-cannot be cancelled.`, std)
+cannot be cancelled. With --thread alone it cancels the thread's active run (the one holding
+the thread now); runs queued behind it keep their place.`, std)
 	f := addClientFlags(fs)
 	run := fs.String("run", "", "the run to cancel (also accepted as the only argument)")
-	thread := fs.String("thread", "", "the run's thread (default: read from its record; needed for a run published without one)")
+	thread := fs.String("thread", "", "the run's thread; alone, cancel the thread's active run")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return parseErr(err)
@@ -35,22 +36,34 @@ cannot be cancelled.`, std)
 	if len(pos) > 0 {
 		return usageErr(std, "cancel", "unexpected argument %q", pos[0])
 	}
-	if *run == "" {
-		return usageErr(std, "cancel", "name the run to cancel with --run")
+	if *run == "" && *thread == "" {
+		return usageErr(std, "cancel", "name the run to cancel with --run, or its thread with --thread")
 	}
 	c, err := f.connect(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.close()
-	if *thread == "" {
-		rec, err := c.run(ctx, *run)
+	switch {
+	case *run == "":
+		th, _, err := c.thread(ctx, *thread)
+		if err != nil {
+			return err
+		}
+		if th.Lease == nil || th.Lease.RunID == "" {
+			return fmt.Errorf("thread %s has no active run (status %s): list its runs with natsagent runs --thread %s%s", *thread, th.Status, *thread, tenantFlag(c))
+		}
+		*run = th.Lease.RunID
+	case *thread == "":
+		rec, err := c.run(ctx, "", *run)
 		if err != nil {
 			return err
 		}
 		*thread = rec.ThreadID
-	} else if err := protocol.CheckToken("--thread", *thread); err != nil {
-		return err
+	default:
+		if err := protocol.CheckToken("--thread", *thread); err != nil {
+			return err
+		}
 	}
 	reply, err := c.cancel(ctx, *thread, *run)
 	if err != nil {

@@ -162,7 +162,7 @@ func (e *cliEnv) waitStatus(run string, want protocol.Status) *protocol.Run {
 	e.t.Helper()
 	var rec *protocol.Run
 	testdeploy.WaitFor(e.t, 10*time.Second, fmt.Sprintf("run %s %s", run, want), func() bool {
-		r, _, err := e.stores.Runs.Get(context.Background(), protocol.DefaultTenant, run)
+		r, err := e.stores.FindRunView(context.Background(), protocol.DefaultTenant, run)
 		rec = r
 		return err == nil && r.Status == want
 	})

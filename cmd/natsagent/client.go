@@ -215,13 +215,22 @@ func displayURLs(urls string) string {
 	return strings.Join(parts, ",")
 }
 
-// run reads a run record of the client's tenant; a missing one is
-// reported with how to find the right id.
-func (c *client) run(ctx context.Context, run string) (*protocol.Run, error) {
+// run reads a run of the client's tenant as clients see it (kv.RunView);
+// thread may be "" when unknown. A missing one is reported with how to
+// find the right id.
+func (c *client) run(ctx context.Context, thread, run string) (*protocol.Run, error) {
 	if err := protocol.CheckToken("run id", run); err != nil {
 		return nil, err
 	}
-	rec, _, err := c.stores.Runs.Get(ctx, c.tenant, run)
+	// The view: since protocol v2 a running run's record is pending, or
+	// missing until it ends, and its thread's lease says it runs.
+	var rec *protocol.Run
+	var err error
+	if thread == "" {
+		rec, err = c.stores.FindRunView(ctx, c.tenant, run)
+	} else {
+		rec, _, err = c.stores.RunView(ctx, c.tenant, thread, run)
+	}
 	if errors.Is(err, kv.ErrNotFound) {
 		return nil, fmt.Errorf("run %s not found in tenant %s: list a thread's runs with `natsagent runs --thread <thread>`", run, c.tenant)
 	}
@@ -268,6 +277,7 @@ func newFlagSet(name, synopsis, about string, std stdio) *flag.FlagSet {
 	fs.Usage = func() {
 		fmt.Fprintf(std.err, "Usage: natsagent %s %s\n\n", name, synopsis)
 		fmt.Fprintln(std.err, strings.TrimSpace(about))
+		writeExamples(std.err, name)
 		fmt.Fprintln(std.err)
 		fmt.Fprintln(std.err, "Flags:")
 		fs.PrintDefaults()

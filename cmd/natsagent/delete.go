@@ -131,8 +131,7 @@ func (c *client) deleteRequest(ctx context.Context, subject string, cancelFirst 
 func runUsers(ctx context.Context, args []string, std stdio) error {
 	if len(args) == 0 || args[0] != "erase" {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-			fmt.Fprintln(std.out, "Usage: natsagent users erase --tenant <tenant> --user <user> [flags]")
-			return nil
+			return runUsers(ctx, []string{"erase", "-h"}, std)
 		}
 		return usageErr(std, "users", "the only subcommand is erase: natsagent users erase --tenant <tenant> --user <user>")
 	}

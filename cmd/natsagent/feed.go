@@ -67,7 +67,7 @@ func (c *client) followRun(ctx context.Context, f *events.Follow, r *renderer, r
 		case ctx.Err() != nil:
 			return nil, errDetached
 		case errors.Is(err, context.DeadlineExceeded):
-			rec, _, err := c.stores.Runs.Get(ctx, c.tenant, run)
+			rec, _, err := c.stores.RunView(ctx, c.tenant, "", run)
 			if err != nil || !rec.Status.Terminal() {
 				continue
 			}

@@ -44,6 +44,7 @@ func jwtUsage(w io.Writer) {
 	fmt.Fprintln(w, "Changes are written to --dir; a server sees them once pushed (push, or --server on the command) when its")
 	fmt.Fprintln(w, "resolver is full, or after server-config is rendered again and the server reloaded when it is MEMORY.")
 	fmt.Fprintln(w, "docs/operations.md, \"NATS JWT mode\", walks through it.")
+	writeExamples(w, "jwt")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Commands:")
 	fmt.Fprintf(w, "  %-14s %s\n", "init", "create the operator, SYS with user sys, AGENT with users gateway and worker")

@@ -118,7 +118,7 @@ func usage(w io.Writer) {
 		}
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Run `natsagent help <command>` for a command's flags.")
+	fmt.Fprintln(w, "Run `natsagent help <command>` (or `natsagent <command> -h`) for what a command does, its flags and examples.")
 }
 
 func runBench(ctx context.Context, args []string, std stdio) error {
@@ -134,6 +134,7 @@ func runBench(ctx context.Context, args []string, std stdio) error {
 		fmt.Fprintln(std.err, "measured on the same server, with the CPU time and the stored messages per run of every window, and the")
 		fmt.Fprintln(std.err, "burst beside the raw ceiling of natsagent's own write set (plain nats.go calls, same stages and")
 		fmt.Fprintln(std.err, "concurrency). Every asset it creates has its own prefix and is deleted afterwards.")
+		writeExamples(std.err, "bench")
 		fmt.Fprintln(std.err)
 		fmt.Fprintln(std.err, "Flags:")
 		fs.PrintDefaults()

@@ -63,7 +63,7 @@ func resume(ctx context.Context, c *client, std stdio, f *resumeFlags, w *waitin
 		return err
 	}
 	req := &protocol.RunRequest{ThreadID: w.thread.ThreadID, Command: &protocol.Command{Resume: raw}}
-	if rec, _, err := c.stores.Runs.Get(ctx, c.tenant, w.open.RunID); err == nil {
+	if rec, _, err := c.stores.RunView(ctx, c.tenant, w.thread.ThreadID, w.open.RunID); err == nil {
 		req.Agent = rec.Agent
 	}
 	return launch(ctx, c, std, f.runFlags, req)

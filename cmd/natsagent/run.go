@@ -20,11 +20,13 @@ type runFlags struct {
 	*clientFlags
 	detach bool
 	runID  string
+	modes  *modesFlag
 }
 
 func addRunFlags(fs *flag.FlagSet) *runFlags {
 	f := &runFlags{clientFlags: addClientFlags(fs)}
 	fs.BoolVar(&f.detach, "detach", false, "only submit: print the run id (the run record with --json) and exit")
+	f.modes = addModesFlag(fs)
 	fs.StringVar(&f.runID, "run-id", "", "the run's id (default: a new random one); submitting the same id again follows the existing run instead of starting another")
 	return f
 }
@@ -34,6 +36,9 @@ func runRun(ctx context.Context, args []string, std stdio) error {
 Submits a run and streams its answer as it arrives: text as the model writes it, each tool call as
 "▸ name(args)" with its result status under it, and a final line with the run's status and stop
 reason. The message is the arguments joined by spaces, or stdin when there are none (or "-").
+
+With --stream-mode the run is printed as the gateway streams it to a LangGraph client (its SSE
+events, or one {"event","data"} line each with --json) instead.
 
 The exit status is 1 when the run ends error, cancelled, timeout or rejected, 0 when it succeeds,
 waits for a person (interrupted) or was steered. Ctrl-C detaches and leaves the run going; the
@@ -113,12 +118,15 @@ func launch(ctx context.Context, c *client, std stdio, f *runFlags, req *protoco
 	} else if err := protocol.CheckToken("--run-id", req.RunID); err != nil {
 		return err
 	}
+	modes, translate, err := f.modes.modes()
+	if err != nil {
+		return usageErr(std, "run", "%v", err)
+	}
 	var fd *events.Follow
 	if !f.detach {
 		if err := protocol.CheckToken("thread id", req.ThreadID); err != nil {
 			return err
 		}
-		var err error
 		fd, err = c.openFollow(ctx, c.names.RunEvents(req.Tenant, req.ThreadID, req.RunID), start{all: true})
 		if err != nil {
 			return fmt.Errorf("read the run's events: %w", err)
@@ -141,6 +149,13 @@ func launch(ctx context.Context, c *client, std stdio, f *runFlags, req *protoco
 	}
 	if !f.json {
 		fmt.Fprintln(std.err, detachHint(c, rec))
+	}
+	if translate {
+		var input []model.Message
+		if req.Input != nil && !existing {
+			input = req.Input.Messages
+		}
+		return followModes(ctx, c, std, f.clientFlags, fd, rec, modes, input)
 	}
 	return follow(ctx, c, std, f.clientFlags, fd, rec)
 }

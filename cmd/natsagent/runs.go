@@ -53,7 +53,7 @@ waited for a worker and its thread, and how long it ran. --json prints the run r
 	}
 	runs := []*protocol.Run{}
 	for _, id := range ids {
-		rec, _, err := c.stores.Runs.Get(ctx, c.tenant, id)
+		rec, _, err := c.stores.RunView(ctx, c.tenant, *thread, id)
 		if errors.Is(err, kv.ErrNotFound) {
 			continue
 		}

@@ -22,8 +22,14 @@ var errSoakFailed = errors.New("runs were lost, duplicated or overlapped, or an 
 // runSoak runs natsagent under faults on embedded servers on loopback and
 // audits every submitted run (internal/soak).
 func runSoak(ctx context.Context, args []string, std stdio) error {
-	fs := flag.NewFlagSet("soak", flag.ContinueOnError)
-	fs.SetOutput(std.err)
+	fs := newFlagSet("soak", "[flags]", `
+Runs natsagent under faults on embedded NATS servers on loopback (one server, or a 3-node
+cluster with --cluster), submitting runs over the HTTP API of an in-process gateway to
+in-process workers with an offline model, then audits every submitted run: each must end exactly
+once, none may be lost, duplicated or run beside another run of its thread. Faults: node (a
+cluster node shut down and restarted), worker (a worker's connection cut mid-run) and model (503,
+429 and cut streams).
+The summary goes to stdout, progress to stderr; the exit status is 1 when the audit failed.`, std)
 	runs := fs.Int("runs", 300, "runs to submit, two per thread")
 	duration := fs.Duration("duration", 60*time.Second, "bound on the whole soak; runs are submitted over its first half")
 	stall := fs.Duration("stall", 0, "go on past --duration while runs keep finishing, until none finished for this long (0: end at --duration)")
@@ -34,6 +40,7 @@ func runSoak(ctx context.Context, args []string, std stdio) error {
 	faultEvery := fs.Duration("fault-every", 4*time.Second, "pause between node and worker faults")
 	modelRate := fs.Float64("model-fault-rate", 0.05, "share of model calls failing with 503, 429 or a truncated stream (with the model fault)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
+	asJSON := fs.Bool("json", false, "print the audit as one JSON object (ok, counts, the runs of each finding) instead of the summary")
 	logLevel := fs.String("log", "", "write the gateway's and workers' logs at this level (debug, info, warn, error) to stderr as JSON lines (default: none)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -82,7 +89,13 @@ func runSoak(ctx context.Context, args []string, std stdio) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprint(std.out, res.Summary())
+	if *asJSON {
+		if err := writeJSON(std.out, res.Report()); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprint(std.out, res.Summary())
+	}
 	if !res.OK() {
 		return errSoakFailed
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -41,4 +42,26 @@ func TestSoakOnOneServer(t *testing.T) {
 		t.Errorf("no header on stderr:\n%s", errOut)
 	}
 	t.Logf("\n%s%s", errOut, out)
+}
+
+// --json prints the audit as one object a machine reads: counts, and the
+// runs of each finding as lists (empty when clean).
+func TestSoakJSON(t *testing.T) {
+	code, out, errOut := runCLI("soak", "--runs", "6", "--duration", "20s", "--stall", "10s", "--workers", "1", "--quiet", "--json")
+	if code != 0 {
+		t.Fatalf("soak: exit %d\n%s\n%s", code, out, errOut)
+	}
+	var rep map[string]any
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("stdout is not one JSON object: %v\n%s", err, out)
+	}
+	if rep["ok"] != true || rep["submitted"] != float64(6) || rep["succeeded"] != float64(6) {
+		t.Errorf("report %v", rep)
+	}
+	if lost, ok := rep["lost"].([]any); !ok || len(lost) != 0 {
+		t.Errorf("lost %v, want an empty list", rep["lost"])
+	}
+	if _, ok := rep["faults_injected"].(map[string]any); !ok {
+		t.Errorf("faults_injected %v", rep["faults_injected"])
+	}
 }

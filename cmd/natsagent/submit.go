@@ -46,7 +46,7 @@ func (c *client) submit(ctx context.Context, req *protocol.RunRequest) (rec *pro
 		return nil, false, fmt.Errorf("run request is %d bytes, over the deployment's limit of %d bytes (nats.max_request_bytes); put large content in files and reference it", len(data), c.maxRequest)
 	}
 
-	rec, _, err = c.stores.Runs.Get(ctx, req.Tenant, req.RunID)
+	rec, _, err = c.stores.RunView(ctx, req.Tenant, req.ThreadID, req.RunID)
 	switch {
 	case err == nil:
 		if rec.ThreadID != req.ThreadID {

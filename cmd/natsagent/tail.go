@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsagent/natsagent/internal/events"
+	"github.com/natsagent/natsagent/internal/langgraph"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -21,12 +22,16 @@ A run is shown from its first event (or from --since) until it finishes; the exi
 says how it ended, as for natsagent run. A thread is followed until Ctrl-C: new events only, or
 every retained event with --from-start, or those since --since. Events are kept for the
 deployment's nats.events_max_age (24 h by default); a finished run whose events expired is shown
-from its record.`, std)
+from its record.
+
+With --stream-mode (and --run) the run is printed from its start as the gateway streams it to a
+LangGraph client: its SSE events, or one {"event","data"} line each with --json.`, std)
 	f := addClientFlags(fs)
 	run := fs.String("run", "", "the run to follow")
 	thread := fs.String("thread", "", "the thread to follow (with --run: the run's thread, checked)")
 	fromStart := fs.Bool("from-start", false, "a thread: replay every retained event first")
 	since := fs.String("since", "", "start with the events since a duration ago (10m) or a time (RFC 3339)")
+	sm := addModesFlag(fs)
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return parseErr(err)
@@ -36,6 +41,13 @@ from its record.`, std)
 	}
 	if *run == "" && *thread == "" {
 		return usageErr(std, "tail", "name the run to follow with --run or the thread with --thread")
+	}
+	modes, translate, err := sm.modes()
+	if err != nil {
+		return usageErr(std, "tail", "%v", err)
+	}
+	if translate && (*run == "" || *since != "") {
+		return usageErr(std, "tail", "--stream-mode translates one run from its start: name it with --run, without --since")
 	}
 	from := start{all: *fromStart}
 	if *since != "" {
@@ -49,7 +61,7 @@ from its record.`, std)
 	}
 	defer c.close()
 	if *run != "" {
-		return tailRun(ctx, c, std, f, *run, *thread, from)
+		return tailRun(ctx, c, std, f, *run, *thread, from, modes, translate)
 	}
 	if _, _, err := c.thread(ctx, *thread); err != nil {
 		return err
@@ -65,8 +77,8 @@ from its record.`, std)
 	return c.followThread(ctx, fd, newRenderer(std.out, styleFor(std), f.json, true))
 }
 
-func tailRun(ctx context.Context, c *client, std stdio, f *clientFlags, run, thread string, from start) error {
-	rec, err := c.run(ctx, run)
+func tailRun(ctx context.Context, c *client, std stdio, f *clientFlags, run, thread string, from start, modes langgraph.Modes, translate bool) error {
+	rec, err := c.run(ctx, thread, run)
 	if err != nil {
 		return err
 	}
@@ -76,7 +88,7 @@ func tailRun(ctx context.Context, c *client, std stdio, f *clientFlags, run, thr
 	if from.since.IsZero() {
 		from.all = true
 	}
-	if rec.Status.Terminal() {
+	if rec.Status.Terminal() && !translate {
 		// Events expired: the record tells how the run ended.
 		_, err := c.events.GetLastMsgForSubject(ctx, c.names.EventSubject(c.tenant, rec.ThreadID, run, protocol.KindLifecycle))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -99,6 +111,9 @@ func tailRun(ctx context.Context, c *client, std stdio, f *clientFlags, run, thr
 		return fmt.Errorf("read the run's events: %w", err)
 	}
 	defer fd.Close()
+	if translate {
+		return followModes(ctx, c, std, f, fd, rec, modes, nil)
+	}
 	return follow(ctx, c, std, f, fd, rec)
 }
 

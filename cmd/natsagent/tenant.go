@@ -26,6 +26,7 @@ func runTenant(_ context.Context, args []string, std stdio) error {
 		fmt.Fprintln(std.err, "live events from the service account AGENT, with one user whose password nats-server reads from")
 		fmt.Fprintln(std.err, "the environment; adding a tenant that is there changes nothing. Reload nats-server afterwards")
 		fmt.Fprintln(std.err, "(nats-server --signal reload). docs/operations.md, \"Security\", describes the layout.")
+		writeExamples(std.err, "tenant")
 	}
 	if len(args) == 0 {
 		usage()

@@ -82,7 +82,7 @@ final. --json prints the stored record.`, std)
 // for a run that ended before protocol v2), else zero, as the gateway
 // answers.
 func (c *client) runUsage(ctx context.Context, run string) (*protocol.RunUsage, error) {
-	rec, err := c.run(ctx, run)
+	rec, err := c.run(ctx, "", run)
 	if err != nil {
 		return nil, err
 	}

@@ -255,7 +255,23 @@ func stopCause(ctx, preempt context.Context) error {
 	return nil
 }
 
+// execute runs the whole loop. It and the functions it calls while the
+// model answers (agentLoop, modelStep, callChain and the chain) are kept
+// to small frames, their work done in helpers that have returned by then:
+// a run spends most of its life waiting there, and its goroutine's stack
+// is sized by the deepest point it reached (operations.md, "Memory").
 func (l *loop) execute(ctx context.Context) Outcome {
+	l.stageInput()
+	out, done := l.agentLoop(ctx)
+	if !done {
+		return out
+	}
+	return l.finish(ctx, out)
+}
+
+// stageInput stages a command's update and the run's input, marked as
+// this run's.
+func (l *loop) stageInput() {
 	if len(l.Input) > 0 || (l.rt.Resume == nil && l.Goto != protocol.GotoTools && (!l.Update.Empty() || l.Goto != "")) {
 		// New input, or a command that is no resume: the waiting
 		// interrupt is settled as not answered.
@@ -285,11 +301,10 @@ func (l *loop) execute(ctx context.Context) Outcome {
 		}
 		l.stage(state.Update{Messages: in})
 	}
+}
 
-	out, done := l.agentLoop(ctx)
-	if !done {
-		return out
-	}
+// finish runs the after-agent hooks of a run that ended on its own.
+func (l *loop) finish(ctx context.Context, out Outcome) Outcome {
 	res, err := l.Chain.RunHooks(ctx, middleware.HookAfterAgent, l.rt, l.st)
 	l.keep(res.Update)
 	if err != nil {
@@ -306,152 +321,187 @@ func (l *loop) execute(ctx context.Context) Outcome {
 }
 
 // agentLoop runs before-agent hooks and the model/tool loop. done is false
-// when the run stopped and after-agent hooks must not run.
-func (l *loop) agentLoop(ctx context.Context) (Outcome, bool) {
+// when the run stopped and after-agent hooks must not run. Each step's
+// work is in beforeStep and afterStep, so only the model call's own
+// frames stay on the stack while the model answers.
+func (l *loop) agentLoop(ctx context.Context) (out Outcome, done bool) {
+	modelCall, out, done, stop := l.begin(ctx)
+	if stop {
+		return out, done
+	}
+	jumps := 0
+	for {
+		var req *middleware.ModelRequest
+		if req, out, done, stop = l.beforeStep(ctx, &jumps); stop {
+			return out, done
+		}
+		if req == nil {
+			continue
+		}
+		msgID := newID("msg")
+		l.rt.Step++
+		resp, usage, err := l.modelStep(ctx, modelCall, msgID, req)
+		if out, done, stop = l.afterStep(ctx, msgID, resp, usage, err); stop {
+			return out, done
+		}
+		jumps = 0
+	}
+}
+
+// begin runs the before-agent hooks and what a command asks for before
+// the first model call, and composes the model call chain. stop is set
+// when the run ends here (done as for agentLoop).
+func (l *loop) begin(ctx context.Context) (modelCall middleware.ModelHandler, out Outcome, done, stop bool) {
 	res, err := l.Chain.RunHooks(ctx, middleware.HookBeforeAgent, l.rt, l.st)
 	l.keep(res.Update)
 	if err != nil {
-		return l.failed(ctx, err), false
+		return nil, l.failed(ctx, err), false, true
 	}
 	if res.Interrupt != nil {
-		return l.paused(res.Interrupt), false
+		return nil, l.paused(res.Interrupt), false, true
 	}
 	if l.rt.Resume != nil {
 		var open protocol.Interrupt
 		if ok, _ := l.st.Value(middleware.InterruptValue, &open); ok {
-			return l.failed(ctx, fmt.Errorf("the resume did not answer the %s the thread waits for: no middleware of this agent handles it", open.Kind)), false
+			return nil, l.failed(ctx, fmt.Errorf("the resume did not answer the %s the thread waits for: no middleware of this agent handles it", open.Kind)), false, true
 		}
 	}
-	modelCall := l.Chain.ModelCall(l.rt, l.callModel)
+	modelCall = l.Chain.ModelCall(l.rt, l.callModel)
 	jump := res.Jump
 	if jump == middleware.JumpNone && l.Goto == protocol.GotoTools {
 		jump = middleware.JumpTools
 	}
 	switch jump {
 	case middleware.JumpEnd:
-		return Outcome{Status: protocol.StatusSuccess, StopReason: res.StopReason}, true
+		return nil, Outcome{Status: protocol.StatusSuccess, StopReason: res.StopReason}, true, true
 	case middleware.JumpTools:
 		// A resumed approval: the calls a person let through run now.
 		if i := middleware.LastAssistant(l.st); i >= 0 {
 			last := l.st.Messages[i]
 			if calls := l.unanswered(&last); len(calls) > 0 {
 				if out, stop := l.runTools(ctx, l.toolHandler(), calls); stop {
-					return out, false
+					return nil, out, false, true
 				}
 			}
 		}
 	}
-	jumps := 0
-	for {
-		// Recovery: a redelivered run continues where its last checkpoint
-		// left it. Tool calls this run asked for and that have no result
-		// yet run now; a final answer already given ends the run.
-		if last := l.lastOwn(); last != nil && last.Role == model.RoleAssistant {
-			if calls := l.unanswered(last); len(calls) > 0 {
-				if out, stop := l.runTools(ctx, l.toolHandler(), calls); stop {
-					return out, false
-				}
-				continue
-			}
-			if len(last.ToolCalls) == 0 && l.isLast(last.ID) {
-				return Outcome{Status: protocol.StatusSuccess}, true
-			}
-		}
+	return modelCall, Outcome{}, false, false
+}
 
-		// Safe boundary before a model call.
-		if cause := stopCause(ctx, l.Preempt); cause != nil {
-			return l.stopped(ctx, cause), false
-		}
-		if l.MaxSteps > 0 && l.rt.Step >= l.MaxSteps {
-			return Outcome{Status: protocol.StatusSuccess, StopReason: protocol.StopMaxSteps}, true
-		}
-		res, err := l.Chain.RunHooks(ctx, middleware.HookBeforeModel, l.rt, l.st)
-		l.keep(res.Update)
-		if err != nil {
-			return l.failed(ctx, err), false
-		}
-		if res.Interrupt != nil {
-			return l.paused(res.Interrupt), false
-		}
-		switch res.Jump {
-		case middleware.JumpEnd:
-			return Outcome{Status: protocol.StatusSuccess, StopReason: res.StopReason}, true
-		case middleware.JumpModel:
-			if jumps++; jumps > 100 {
-				return l.failed(ctx, errors.New("middleware sent the run back to the model 100 times without a model call")), false
+// beforeStep does what comes before a model call: it returns the call's
+// request, or nil to go round the loop again (tool calls recovered, a
+// hook sent the run back to the model); stop is set when the run ends.
+func (l *loop) beforeStep(ctx context.Context, jumps *int) (req *middleware.ModelRequest, out Outcome, done, stop bool) {
+	// Recovery: a redelivered run continues where its last checkpoint
+	// left it. Tool calls this run asked for and that have no result
+	// yet run now; a final answer already given ends the run.
+	if last := l.lastOwn(); last != nil && last.Role == model.RoleAssistant {
+		if calls := l.unanswered(last); len(calls) > 0 {
+			if out, stop := l.runTools(ctx, l.toolHandler(), calls); stop {
+				return nil, out, false, true
 			}
-			continue
+			return nil, Outcome{}, false, false
 		}
+		if len(last.ToolCalls) == 0 && l.isLast(last.ID) {
+			return nil, Outcome{Status: protocol.StatusSuccess}, true, true
+		}
+	}
 
-		msgID := newID("msg")
-		req := &middleware.ModelRequest{
-			System: l.System,
-			// The state's own messages, capped so that an append by a
-			// wrapper copies instead of writing into state: no copy per
-			// call (see ModelRequest.Messages).
-			Messages:  l.st.Messages[:len(l.st.Messages):len(l.st.Messages)],
-			Tools:     l.rt.Tools.Specs(),
-			Model:     l.Model,
-			ModelName: l.ModelName,
-			State:     l.st,
+	// Safe boundary before a model call.
+	if cause := stopCause(ctx, l.Preempt); cause != nil {
+		return nil, l.stopped(ctx, cause), false, true
+	}
+	if l.MaxSteps > 0 && l.rt.Step >= l.MaxSteps {
+		return nil, Outcome{Status: protocol.StatusSuccess, StopReason: protocol.StopMaxSteps}, true, true
+	}
+	res, err := l.Chain.RunHooks(ctx, middleware.HookBeforeModel, l.rt, l.st)
+	l.keep(res.Update)
+	if err != nil {
+		return nil, l.failed(ctx, err), false, true
+	}
+	if res.Interrupt != nil {
+		return nil, l.paused(res.Interrupt), false, true
+	}
+	switch res.Jump {
+	case middleware.JumpEnd:
+		return nil, Outcome{Status: protocol.StatusSuccess, StopReason: res.StopReason}, true, true
+	case middleware.JumpModel:
+		if *jumps++; *jumps > 100 {
+			return nil, l.failed(ctx, errors.New("middleware sent the run back to the model 100 times without a model call")), false, true
 		}
-		l.rt.Step++
-		resp, usage, err := l.modelStep(ctx, modelCall, msgID, req)
-		if err != nil {
-			return l.failed(ctx, err), false
-		}
-		if resp == nil || resp.Response == nil {
-			return l.failed(ctx, errors.New("model call returned no response")), false
-		}
-		jumps = 0
-		msg := resp.Response.Message.Clone()
-		msg.Role = model.RoleAssistant
-		msg.ID = msgID
-		if msg.Meta == nil {
-			msg.Meta = map[string]any{}
-		}
-		if resp.Response.FinishReason != "" {
-			msg.Meta["finish_reason"] = resp.Response.FinishReason
-		}
-		middleware.SetUsage(&msg, usage)
-		msg = l.mark(msg)
-		l.stage(resp.Update)
-		l.stage(state.Update{Messages: []model.Message{msg}})
+		return nil, Outcome{}, false, false
+	}
+	return &middleware.ModelRequest{
+		System: l.System,
+		// The state's own messages, capped so that an append by a
+		// wrapper copies instead of writing into state: no copy per
+		// call (see ModelRequest.Messages).
+		Messages:  l.st.Messages[:len(l.st.Messages):len(l.st.Messages)],
+		Tools:     l.rt.Tools.Specs(),
+		Model:     l.Model,
+		ModelName: l.ModelName,
+		State:     l.st,
+	}, Outcome{}, false, false
+}
 
-		res, err = l.Chain.RunHooks(ctx, middleware.HookAfterModel, l.rt, l.st)
-		l.keep(res.Update)
-		if err != nil {
-			return l.failed(ctx, err), false
-		}
-		if res.Interrupt != nil {
-			if final := l.message(msgID); final != nil {
-				l.Host.Emit(protocol.EventMessageCompleted, middleware.CompletedMessage(final, usage, l.rt.Step))
-			}
-			return l.paused(res.Interrupt), false
-		}
-		// Published after the after-model hooks, so a client sees the
-		// message as it is stored: without tool calls a guard stripped.
-		final := l.message(msgID)
-		if final != nil {
+// afterStep takes a model call's result into the state, runs the
+// after-model hooks and the tool calls asked for; stop is set when the
+// run ends (done as for agentLoop), else the loop goes on.
+func (l *loop) afterStep(ctx context.Context, msgID string, resp *middleware.ModelResponse, usage middleware.Usage, err error) (out Outcome, done, stop bool) {
+	if err != nil {
+		return l.failed(ctx, err), false, true
+	}
+	if resp == nil || resp.Response == nil {
+		return l.failed(ctx, errors.New("model call returned no response")), false, true
+	}
+	msg := resp.Response.Message.Clone()
+	msg.Role = model.RoleAssistant
+	msg.ID = msgID
+	if msg.Meta == nil {
+		msg.Meta = map[string]any{}
+	}
+	if resp.Response.FinishReason != "" {
+		msg.Meta["finish_reason"] = resp.Response.FinishReason
+	}
+	middleware.SetUsage(&msg, usage)
+	msg = l.mark(msg)
+	l.stage(resp.Update)
+	l.stage(state.Update{Messages: []model.Message{msg}})
+
+	res, err := l.Chain.RunHooks(ctx, middleware.HookAfterModel, l.rt, l.st)
+	l.keep(res.Update)
+	if err != nil {
+		return l.failed(ctx, err), false, true
+	}
+	if res.Interrupt != nil {
+		if final := l.message(msgID); final != nil {
 			l.Host.Emit(protocol.EventMessageCompleted, middleware.CompletedMessage(final, usage, l.rt.Step))
 		}
-		switch {
-		case res.Jump == middleware.JumpEnd:
-			return Outcome{Status: protocol.StatusSuccess, StopReason: res.StopReason}, true
-		case res.Jump != middleware.JumpModel && (final == nil || len(final.ToolCalls) == 0):
-			// A final answer: its checkpoint goes with the run's end.
-			return Outcome{Status: protocol.StatusSuccess}, true
-		}
-		if err := l.flush(ctx); err != nil {
-			return l.failed(ctx, err), false
-		}
-		if res.Jump == middleware.JumpModel {
-			continue
-		}
-		if out, stop := l.runTools(ctx, l.toolHandler(), l.unanswered(final)); stop {
-			return out, false
-		}
+		return l.paused(res.Interrupt), false, true
 	}
+	// Published after the after-model hooks, so a client sees the
+	// message as it is stored: without tool calls a guard stripped.
+	final := l.message(msgID)
+	if final != nil {
+		l.Host.Emit(protocol.EventMessageCompleted, middleware.CompletedMessage(final, usage, l.rt.Step))
+	}
+	switch {
+	case res.Jump == middleware.JumpEnd:
+		return Outcome{Status: protocol.StatusSuccess, StopReason: res.StopReason}, true, true
+	case res.Jump != middleware.JumpModel && (final == nil || len(final.ToolCalls) == 0):
+		// A final answer: its checkpoint goes with the run's end.
+		return Outcome{Status: protocol.StatusSuccess}, true, true
+	}
+	if err := l.flush(ctx); err != nil {
+		return l.failed(ctx, err), false, true
+	}
+	if res.Jump == middleware.JumpModel {
+		return Outcome{}, false, false
+	}
+	if out, stop := l.runTools(ctx, l.toolHandler(), l.unanswered(final)); stop {
+		return out, false, true
+	}
+	return Outcome{}, false, false
 }
 
 // callModel is the innermost model handler: it calls the provider and

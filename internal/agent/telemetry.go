@@ -20,15 +20,11 @@ import (
 // span and into the token counters. Without a recording run span no span
 // is made.
 func (l *loop) modelStep(ctx context.Context, chain middleware.ModelHandler, msgID string, req *middleware.ModelRequest) (*middleware.ModelResponse, middleware.Usage, error) {
+	// The span's work is in startModelSpan and endModelSpan: this frame
+	// stays on the stack while the model answers, so it is kept small.
 	span := trace.SpanFromContext(ctx)
 	if span.IsRecording() {
-		ctx, span = telemetry.StartChild(ctx, "chat "+req.ModelName, trace.WithSpanKind(trace.SpanKindClient),
-			trace.WithAttributes(
-				telemetry.AttrGenAIOperation.String("chat"),
-				telemetry.AttrGenAIRequestModel.String(req.ModelName),
-				telemetry.AttrAgent.String(l.rt.Agent),
-				telemetry.AttrStep.Int(l.rt.Step),
-			))
+		ctx, span = l.startModelSpan(ctx, req)
 		defer span.End()
 	}
 	resp, err := l.callChain(ctx, chain, msgID, req)
@@ -40,27 +36,43 @@ func (l *loop) modelStep(ctx context.Context, chain middleware.ModelHandler, msg
 		}
 	}
 	if span.IsRecording() {
-		switch {
-		case err != nil:
-			span.SetStatus(codes.Error, clip(err.Error(), 500))
-		case resp == nil || resp.Response == nil:
-			span.SetStatus(codes.Error, "no response")
-		default:
-			attrs := []attribute.KeyValue{
-				telemetry.AttrGenAIInputTokens.Int(u.Input),
-				telemetry.AttrGenAIOutputTokens.Int(u.Output),
-				telemetry.AttrApprox.Bool(u.Approximate),
-			}
-			if r := resp.Response; r.Model != "" {
-				attrs = append(attrs, telemetry.AttrGenAIResponseMod.String(r.Model))
-			}
-			if r := resp.Response; r.FinishReason != "" {
-				attrs = append(attrs, telemetry.AttrGenAIFinish.StringSlice([]string{r.FinishReason}))
-			}
-			span.SetAttributes(attrs...)
-		}
+		endModelSpan(span, resp, &u, err)
 	}
 	return resp, u, err
+}
+
+// startModelSpan starts a model call's "chat" span under the run's.
+func (l *loop) startModelSpan(ctx context.Context, req *middleware.ModelRequest) (context.Context, trace.Span) {
+	return telemetry.StartChild(ctx, "chat "+req.ModelName, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(
+			telemetry.AttrGenAIOperation.String("chat"),
+			telemetry.AttrGenAIRequestModel.String(req.ModelName),
+			telemetry.AttrAgent.String(l.rt.Agent),
+			telemetry.AttrStep.Int(l.rt.Step),
+		))
+}
+
+// endModelSpan records a model call's outcome on its span.
+func endModelSpan(span trace.Span, resp *middleware.ModelResponse, u *middleware.Usage, err error) {
+	switch {
+	case err != nil:
+		span.SetStatus(codes.Error, clip(err.Error(), 500))
+	case resp == nil || resp.Response == nil:
+		span.SetStatus(codes.Error, "no response")
+	default:
+		attrs := []attribute.KeyValue{
+			telemetry.AttrGenAIInputTokens.Int(u.Input),
+			telemetry.AttrGenAIOutputTokens.Int(u.Output),
+			telemetry.AttrApprox.Bool(u.Approximate),
+		}
+		if r := resp.Response; r.Model != "" {
+			attrs = append(attrs, telemetry.AttrGenAIResponseMod.String(r.Model))
+		}
+		if r := resp.Response; r.FinishReason != "" {
+			attrs = append(attrs, telemetry.AttrGenAIFinish.StringSlice([]string{r.FinishReason}))
+		}
+		span.SetAttributes(attrs...)
+	}
 }
 
 // usageModel is the model a call's tokens are counted under: the one its

@@ -7,6 +7,8 @@ package app
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"maps"
 	"os"
 	"time"
 
@@ -84,14 +86,40 @@ func Agents(cfg config.Config, m model.Model, opts ...AgentsOption) (*agent.Agen
 	if err != nil {
 		return nil, err
 	}
+	windows := cfg.ContextWindows()
+	if cfg.UsesDemoModel() {
+		if _, set := windows[model.DemoModelName]; !set {
+			windows = maps.Clone(windows)
+			if windows == nil {
+				windows = make(map[string]int, 1)
+			}
+			windows[model.DemoModelName] = model.DemoContextWindow
+		}
+	}
 	return agent.NewAgentsWith(agent.Resources{Model: m, Tools: b.registry, Memory: b.memory, Source: b.source,
-		ContextWindows: cfg.ContextWindows(), ToolPolicy: pol.ToolFilter}, b.profiles...)
+		ContextWindows: windows, ToolPolicy: pol.ToolFilter}, b.profiles...)
+}
+
+// DemoSubagent is the subagent profile a deployment on the demo model
+// adds when it configures none, so "subagent" in a message shows a
+// subagent run offline.
+const DemoSubagent = "helper"
+
+func demoSubagent() agent.Profile {
+	return agent.Profile{
+		Name:         DemoSubagent,
+		Description:  "Demo subagent (offline demo model only): looks up the current time.",
+		SystemPrompt: "You are a subagent. Do the task you are given and answer with the result.",
+		Model:        model.DemoModelName,
+		Tools:        []string{"current_time"},
+		Kind:         middleware.KindSubagent,
+	}
 }
 
 // Profiles converts the configured agents into profiles.
 func Profiles(cfg config.Config) ([]agent.Profile, error) {
 	var out []agent.Profile
-	hasChatbot := false
+	hasChatbot, hasSubagent := false, false
 	for i, a := range cfg.Agents {
 		chain, err := chainConfig(a.Middleware)
 		if err != nil {
@@ -109,18 +137,31 @@ func Profiles(cfg config.Config) ([]agent.Profile, error) {
 			Middleware:   chain,
 		}
 		if p.Model == "" {
-			p.Model = cfg.Model.Name
+			p.Model = modelName(cfg)
 		}
 		hasChatbot = hasChatbot || a.Name == protocol.DefaultAgent
+		hasSubagent = hasSubagent || a.Kind == middleware.KindSubagent
 		out = append(out, p)
+	}
+	if cfg.UsesDemoModel() && !hasSubagent {
+		out = append(out, demoSubagent())
 	}
 	if !hasChatbot {
 		p := agent.Chatbot()
-		p.Model = cfg.Model.Name
+		p.Model = modelName(cfg)
 		p.Tools = chatbotTools(cfg, p.Tools)
 		out = append(out, p)
 	}
 	return out, nil
+}
+
+// modelName is the model a profile without one uses: the configured
+// model, or the demo model's name (which gives it DemoContextWindow).
+func modelName(cfg config.Config) string {
+	if cfg.UsesDemoModel() {
+		return model.DemoModelName
+	}
+	return cfg.Model.Name
 }
 
 // chainConfig converts YAML middleware settings into the chain's JSON form.
@@ -163,8 +204,14 @@ func Connect(cfg config.Config, name string) (*nats.Conn, error) {
 	return nc, nil
 }
 
-// Logger builds a zap logger: JSON lines, or a console format for humans.
+// Logger builds a zap logger on stderr: JSON lines, or a console format
+// for humans, coloured only when stderr is a terminal (a file or a pipe
+// gets plain text a grep can read).
 func Logger(console, debug bool) *zap.Logger {
+	return newLogger(os.Stderr, console, console && StderrIsTerminal(), debug)
+}
+
+func newLogger(w io.Writer, console, colour, debug bool) *zap.Logger {
 	level := zap.NewAtomicLevelAt(zap.InfoLevel)
 	if debug {
 		level.SetLevel(zap.DebugLevel)
@@ -173,10 +220,20 @@ func Logger(console, debug bool) *zap.Logger {
 	encCfg.EncodeTime = zapcore.ISO8601TimeEncoder
 	var enc zapcore.Encoder
 	if console {
-		encCfg.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		encCfg.EncodeLevel = zapcore.CapitalLevelEncoder
+		if colour {
+			encCfg.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		}
 		enc = zapcore.NewConsoleEncoder(encCfg)
 	} else {
 		enc = zapcore.NewJSONEncoder(encCfg)
 	}
-	return zap.New(zapcore.NewCore(enc, zapcore.Lock(os.Stderr), level))
+	return zap.New(zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), level))
+}
+
+// StderrIsTerminal reports whether stderr is a terminal (a character
+// device), not a file or a pipe.
+func StderrIsTerminal() bool {
+	st, err := os.Stderr.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }

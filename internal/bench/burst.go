@@ -94,6 +94,11 @@ func runBurst(ctx context.Context, e *env, s *scenarioRun) error {
 			s.add(Row{Key: fmt.Sprintf("burst.c%d.vs_ceiling", top), Metric: "throughput against the raw ceiling of its write set, " + label, Value: r.Value, Unit: unitRunsPerSec}.withBaseline(ceil.throughput, unitRunsPerSec))
 		case r.Key == fmt.Sprintf("burst.c%d.cpu_per_run", top) && ceil.cpuPerRun > 0:
 			s.add(Row{Key: fmt.Sprintf("burst.c%d.cpu_vs_ceiling", top), Metric: "CPU per run against the raw ceiling of its write set, " + label, Value: r.Value, Unit: unitMicros}.withBaseline(ceil.cpuPerRun, unitMicros))
+			s.add(Row{Key: fmt.Sprintf("burst.c%d.cpu_over_ceiling", top), Metric: "CPU per run of natsagent's own code (burst − raw ceiling), " + label, Value: r.Value - ceil.cpuPerRun, Unit: unitMicros})
+			if ceil.cpuPerRun > burstTargetCPU {
+				s.note("the raw ceiling of the write set alone took %.0f µs of CPU a run, above the %.0f µs target: no natsagent code meets that target on this machine with this write set (the throughput half needs %s runs/s; the ceiling made %s)",
+					ceil.cpuPerRun, float64(burstTargetCPU), group(burstTargetRate), group(ceil.throughput))
+			}
 		}
 	}
 	return nil
@@ -201,15 +206,30 @@ func burstLevel(ctx context.Context, e *env, s *scenarioRun, c int, base float64
 	checkStatuses(s, fmt.Sprintf("concurrency %d", c), oc, protocol.StatusSuccess)
 	rows := runRows(fmt.Sprintf("burst.c%d", c), fmt.Sprintf("c=%d", c), oc, !done, true)
 	thr := Row{Key: fmt.Sprintf("burst.c%d.throughput", c), Metric: fmt.Sprintf("throughput, concurrency %d", c), Value: oc.throughput(), Unit: unitRunsPerSec}.withBaseline(base, unitMsgPerSec)
+	costRows := used.rowsFor(s, oc, fmt.Sprintf("burst.c%d", c), fmt.Sprintf("c=%d", c), "run", oc.finished)
 	if top {
-		thr = thr.atLeast(7500, "≥ 7,500 runs/s")
+		thr = thr.atLeast(burstTargetRate, "≥ 7,500 runs/s")
+		for _, r := range costRows {
+			if r.Key == fmt.Sprintf("burst.c%d.cpu_per_run", c) {
+				// Issue 16's target is either: the CPU figure is the one
+				// a shared machine does not move.
+				ok := r.Value <= burstTargetCPU || thr.Value >= burstTargetRate
+				thr.OK, thr.Target = &ok, "≥ 7,500 runs/s or ≤ 267 µs CPU/run"
+			}
+		}
 	}
-	rows = append(append([]Row{thr}, used.rowsFor(s, oc, fmt.Sprintf("burst.c%d", c), fmt.Sprintf("c=%d", c), "run", oc.finished)...), rows...)
+	rows = append(append([]Row{thr}, costRows...), rows...)
 	if n := d.publishErrors(); n > 0 {
 		rows = append(rows, Row{Key: fmt.Sprintf("burst.c%d.publish_errors", c), Metric: "failed publishes, c=" + fmt.Sprint(c), Value: float64(n), Unit: unitCount}.atMost(0, "0"))
 	}
 	return rows, !done, nil
 }
+
+// Issue 16's burst target at the largest concurrency: either figure.
+const (
+	burstTargetRate = 7500 // runs/s
+	burstTargetCPU  = 267  // µs of CPU per run, whole process
+)
 
 // runRows are the latency percentiles and the lost and duplicated counts
 // of a set of runs. p90 is included when withP90 is set. When the time ran

@@ -253,7 +253,7 @@ func (d *deployment) deleteAssets() {
 	for _, s := range []string{n.RunsStream(), n.EventsStream(), n.DLQStream(), n.JobsStream()} {
 		_ = d.e.js.DeleteStream(ctx, s)
 	}
-	for _, b := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket(), n.MemoryBucket(), n.LimitsBucket(), n.AssistantsBucket(), n.CronsBucket()} {
+	for _, b := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket(), n.MemoryBucket(), n.LimitsBucket(), n.AssistantsBucket(), n.CronsBucket(), n.StoreBucket()} {
 		_ = d.e.js.DeleteKeyValue(ctx, b)
 	}
 	_ = d.e.js.DeleteObjectStore(ctx, n.FilesBucket())

@@ -87,8 +87,8 @@ func runLatency(ctx context.Context, e *env, s *scenarioRun) error {
 	}
 	checkStatuses(s, "idle", oc, "success")
 	rows := runRows("latency.idle", "idle", oc, false, true)
-	rows[0] = rows[0].withBaseline(rt50, unitMillis).atMost(1, "≤ 1 ms")
-	rows[2] = rows[2].withBaseline(rt99, unitMillis).atMost(3, "≤ 3 ms")
+	rows[0] = rows[0].withBaseline(rt50, unitMillis).atMost(0.5, "≤ 0.5 ms")
+	rows[2] = rows[2].withBaseline(rt99, unitMillis).atMost(1.5, "≤ 1.5 ms")
 	for _, r := range append(rows, used.rowsFor(s, oc, "latency.idle", "idle", "run", oc.finished)...) {
 		s.add(r)
 	}
@@ -128,7 +128,7 @@ func runLatency(ctx context.Context, e *env, s *scenarioRun) error {
 	label := fmt.Sprintf("%s/s", group(float64(cfg.PacedRate)))
 	rows = runRows("latency.paced", label, oc, !done, true)
 	rows[0] = rows[0].withBaseline(rt50, unitMillis)
-	rows[2] = rows[2].withBaseline(rt99, unitMillis).atMost(5, "≤ 5 ms")
+	rows[2] = rows[2].withBaseline(rt99, unitMillis).atMost(3, "≤ 3 ms")
 	for _, r := range append(rows, used.rowsFor(s, oc, "latency.paced", label, "run", oc.finished)...) {
 		s.add(r)
 	}

@@ -90,7 +90,7 @@ func runMemory(ctx context.Context, e *env, s *scenarioRun) error {
 	if rssErr == nil && rssErr2 == nil {
 		s.add(Row{Key: "memory.rss_idle", Metric: "worker process RSS, idle", Value: idleRSS, Unit: unitKiB})
 		s.add(Row{Key: "memory.rss_loaded", Metric: fmt.Sprintf("worker process RSS, %s runs in flight", group(float64(n))), Value: loadedRSS, Unit: unitKiB})
-		s.add(Row{Key: "memory.rss_per_run", Metric: "RSS per in-flight run", Value: (loadedRSS - idleRSS) / per, Unit: unitKiB}.atMost(64, "≤ 64 KiB"))
+		s.add(Row{Key: "memory.rss_per_run", Metric: "RSS per in-flight run", Value: (loadedRSS - idleRSS) / per, Unit: unitKiB}.atMost(32, "≤ 32 KiB"))
 	} else {
 		s.note("RSS not available: %v", firstErr(rssErr, rssErr2))
 	}

@@ -60,6 +60,11 @@ func (n Names) CronsBucket() string       { return n.bucket("crons") }
 // (LangGraph assistants), under "<tenant>.<assistant>".
 func (n Names) AssistantsBucket() string { return n.bucket("assistants") }
 
+// StoreBucket holds the LangGraph store's items (internal/store), under
+// "<tenant>.<namespace labels>.<key>", each label and the key encoded
+// by store.EncodeLabel.
+func (n Names) StoreBucket() string { return n.bucket("store") }
+
 // RunSubject is where a run request for a thread is published.
 func (n Names) RunSubject(tenant, thread string) string {
 	return n.Prefix + ".runs." + tenant + "." + thread

@@ -122,7 +122,7 @@ func FuzzSubjectTokens(f *testing.F) {
 		if got := strings.Split(Key(tenant, run), "."); !slices.Equal(got, []string{tenant, run}) {
 			t.Fatalf("key of %q %q has tokens %q", tenant, run, got)
 		}
-		for _, name := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket(), n.FilesBucket(), n.MemoryBucket(), n.CronsBucket(),
+		for _, name := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket(), n.FilesBucket(), n.MemoryBucket(), n.CronsBucket(), n.StoreBucket(),
 			n.RunsStream(), n.EventsStream(), n.DLQStream(), n.JobsStream()} {
 			if !protocol.ValidToken(name) {
 				t.Fatalf("asset name %q is not a plain name", name)

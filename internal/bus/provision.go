@@ -247,7 +247,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, s Settings) error {
 	}); err != nil {
 		return err
 	}
-	for _, b := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket(), n.MemoryBucket(), n.LimitsBucket(), n.AssistantsBucket(), n.CronsBucket()} {
+	for _, b := range []string{n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket(), n.MemoryBucket(), n.LimitsBucket(), n.AssistantsBucket(), n.CronsBucket(), n.StoreBucket()} {
 		cfg := jetstream.KeyValueConfig{
 			Bucket:   b,
 			History:  1,
@@ -255,7 +255,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, s Settings) error {
 			Replicas: s.Replicas,
 		}
 		switch b {
-		case n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket():
+		case n.RunsBucket(), n.ThreadsBucket(), n.CheckpointsBucket(), n.UsageBucket(), n.StoreBucket():
 			cfg.LimitMarkerTTL = KVMarkerTTL
 		}
 		if err := ensureBucket(ctx, js, cfg); err != nil {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"strings"
 	"time"
 
@@ -45,6 +46,29 @@ type Config struct {
 	Webhooks Webhooks `yaml:"webhooks"`
 	// Crons configures what a cron tick fired late does.
 	Crons Crons `yaml:"crons"`
+	// Store configures the LangGraph store the gateway serves.
+	Store Store `yaml:"store"`
+}
+
+// Store configures the LangGraph store (internal/store).
+type Store struct {
+	// Index, when set, gives the store semantic search through an
+	// OpenAI-compatible /embeddings endpoint (LangGraph's store.index).
+	Index *StoreIndex `yaml:"index"`
+}
+
+// StoreIndex configures the store's embeddings.
+type StoreIndex struct {
+	// BaseURL and APIKey default to model.base_url and model.api_key.
+	BaseURL string `yaml:"base_url"`
+	APIKey  Secret `yaml:"api_key"`
+	// Model is the embeddings model, e.g. text-embedding-3-small.
+	Model string `yaml:"model"`
+	// Dims asks the model for vectors of this size (0: the model's own).
+	Dims int `yaml:"dims"`
+	// Fields are the value fields embedded when a put names none
+	// (default ["$"], the whole value).
+	Fields []string `yaml:"fields"`
 }
 
 // Crons configures cron ticks (internal/crons).
@@ -57,6 +81,9 @@ type Crons struct {
 	// LateGrace is how late a tick may fire and still run under skip
 	// (default 30s).
 	LateGrace Duration `yaml:"late_grace"`
+	// MaxPerTenant caps each tenant's crons (default 100); the gateway
+	// answers 409 to a create past it.
+	MaxPerTenant int `yaml:"max_per_tenant"`
 }
 
 // Agent is an agent profile.
@@ -242,7 +269,9 @@ func Default() Config {
 }
 
 // Load reads the YAML file at path (none when path is ""), over the
-// defaults, then applies the environment. Unknown fields are errors.
+// defaults, then applies the environment. Unknown keys and values of the
+// wrong kind are errors; every mistake of the file and of the result is
+// reported at once, each with its path.
 func Load(path string) (Config, error) {
 	if path == "" {
 		return Parse(nil, "")
@@ -258,15 +287,42 @@ func Load(path string) (Config, error) {
 // errors.
 func Parse(data []byte, name string) (Config, error) {
 	cfg := Default()
+	var problems []string
 	if len(data) > 0 {
-		dec := yaml.NewDecoder(bytes.NewReader(data))
-		dec.KnownFields(true)
-		if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		var err error
+		if problems, err = decode(data, &cfg); err != nil {
 			return cfg, fmt.Errorf("config %s: %w", name, err)
 		}
 	}
 	cfg.applyEnv(os.Getenv)
-	return cfg, cfg.Validate()
+	problems = append(problems, cfg.problems()...)
+	if len(problems) > 0 {
+		return cfg, invalid(problems)
+	}
+	return cfg, nil
+}
+
+// decode decodes a YAML file into cfg, leaving out (and returning) what
+// does not fit it; err is a file that is not YAML at all.
+func decode(data []byte, cfg *Config) (problems []string, err error) {
+	var doc yaml.Node
+	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	problems = checkTree(&doc, reflect.TypeFor[Config]())
+	if err := doc.Decode(cfg); err != nil {
+		// checkTree removed every value that does not fit; one left is
+		// a bug of the check, reported rather than lost.
+		problems = append(problems, err.Error())
+	}
+	return problems, nil
+}
+
+func invalid(problems []string) error {
+	return errors.New("invalid configuration:\n  " + strings.Join(problems, "\n  "))
 }
 
 // Environment variables that override the file.
@@ -302,6 +358,14 @@ func (c *Config) UsesDemoModel() bool {
 
 // Validate checks the configuration; errors name the field's path.
 func (c *Config) Validate() error {
+	if p := c.problems(); len(p) > 0 {
+		return invalid(p)
+	}
+	return nil
+}
+
+// problems lists what is wrong with the configuration, each with its path.
+func (c *Config) problems() []string {
 	var errs []string
 	bad := func(path, format string, args ...any) {
 		errs = append(errs, path+": "+fmt.Sprintf(format, args...))
@@ -359,6 +423,9 @@ func (c *Config) Validate() error {
 	if c.Crons.LateGrace < 0 {
 		bad("crons.late_grace", "must not be negative")
 	}
+	if c.Crons.MaxPerTenant < 0 {
+		bad("crons.max_per_tenant", "must not be negative (0 takes the default, 100)")
+	}
 	validateModels(c.Models, bad)
 	c.MCP.validate(bad)
 	c.Files.validate(bad)
@@ -384,13 +451,23 @@ func (c *Config) Validate() error {
 			bad(path+".max_steps", "must not be negative")
 		}
 	}
+	if ix := c.Store.Index; ix != nil {
+		if strings.TrimSpace(ix.Model) == "" {
+			bad("store.index.model", "the embeddings model is required, for example text-embedding-3-small or nomic-embed-text")
+		}
+		if ix.Dims < 0 {
+			bad("store.index.dims", "must not be negative")
+		}
+		for _, f := range ix.Fields {
+			if f == "" {
+				bad("store.index.fields", "a field path is empty")
+			}
+		}
+	}
 	if !c.UsesDemoModel() && c.Model.Name == "" {
 		bad("model.name", "a model endpoint is configured (%s or %s) but no model name: set %s (or model.name) to the model your endpoint serves, for example gpt-4o-mini or qwen2.5:7b", EnvBaseURL, EnvAPIKey, EnvModel)
 	}
-	if len(errs) > 0 {
-		return errors.New("invalid configuration:\n  " + strings.Join(errs, "\n  "))
-	}
-	return nil
+	return errs
 }
 
 // String renders the effective configuration as YAML with secrets masked.

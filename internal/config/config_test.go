@@ -103,6 +103,8 @@ func TestLoadRejectsBadFieldsWithTheirPath(t *testing.T) {
 		"models:\n  - name: m\n    context_windw: 8192\n":                                         "context_windw",
 		"nats:\n  events_max_age: 1m\n  duplicate_window: 10m\n":                                  "nats.duplicate_window: 10m0s is longer than nats.events_max_age 1m0s",
 		"nats:\n  events_max_age: 50ms\n":                                                         "nats.events_max_age: must be at least 100ms",
+		"store:\n  index:\n    dims: 256\n":                                                       "store.index.model",
+		"store:\n  index:\n    model: m\n    dims: -1\n":                                          "store.index.dims",
 		"crons:\n  missed_ticks: replay\n":                                                        "crons.missed_ticks",
 		"crons:\n  late_grace: -1s\n":                                                             "crons.late_grace",
 	}

@@ -16,6 +16,8 @@
 //     runs, and T.thread.H;
 //   - checkpoints bucket T.H.<checkpoint>;
 //   - memory bucket: the distillation cursors T.<user>.cursor.H;
+//     (a user's store items, T.users.<user>.> and T.memories.<user>.>
+//     in the store bucket, go with EraseUser);
 //   - streams: events P.events.T.H.>, queued requests P.runs.T.H, dead
 //     letters P.dlq.runs.T.H, compaction jobs P.jobs.compact.T.H, memory
 //     jobs (scheduled: P.schedules.jobs.memory.T.<user>.H; due: on
@@ -65,6 +67,7 @@ import (
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/store"
 )
 
 // Errors callers test with errors.Is.
@@ -134,6 +137,8 @@ type Eraser struct {
 	// assistants is nil on a deployment without the assistants bucket.
 	assistants *kv.Assistants
 	crons      *crons.Store
+	// items is nil on a deployment without the store bucket.
+	items *store.Store
 }
 
 // New binds an Eraser to the deployment's streams and buckets, which must
@@ -196,6 +201,12 @@ func New(ctx context.Context, cfg Config) (*Eraser, error) {
 		}
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, fmt.Errorf("erase: open stream %s: %w", kvStream(n.AssistantsBucket()), err)
+	}
+	// The store bucket is absent on a deployment provisioned before it.
+	if items, err := store.Open(ctx, cfg.JS, store.Config{Names: n}); err == nil {
+		e.items = items
+	} else if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("erase: %w", err)
 	}
 	return e, nil
 }
@@ -696,7 +707,8 @@ func (e *Eraser) DeleteRun(ctx context.Context, tenant, thread, run string) erro
 	if err := checkIDs(tenant, thread, run); err != nil {
 		return err
 	}
-	rec, _, err := e.stores.Runs.Get(ctx, tenant, run)
+	// The view: a running run's record is pending or missing (v2).
+	rec, _, err := e.stores.RunView(ctx, tenant, thread, run)
 	if errors.Is(err, kv.ErrNotFound) || (err == nil && rec.ThreadID != thread) {
 		return fmt.Errorf("run %s on thread %s: %w", run, thread, ErrNotFound)
 	}
@@ -728,11 +740,18 @@ func (e *Eraser) DeleteRun(ctx context.Context, tenant, thread, run string) erro
 		if err != nil {
 			return err
 		}
-		if th.LastRunID != run {
+		namesRun := th.LastRun != nil && th.LastRun.RunID == run
+		if th.LastRunID != run && !namesRun {
 			break
 		}
 		next := *th
-		next.LastRunID = ""
+		if next.LastRunID == run {
+			next.LastRunID = ""
+		}
+		if namesRun {
+			// The run's terminal summary (protocol v2) holds its output.
+			next.LastRun = nil
+		}
 		if _, err := e.stores.Threads.Put(ctx, &next, rev); err == nil {
 			break
 		} else if !errors.Is(err, kv.ErrConflict) {
@@ -783,7 +802,8 @@ type UserErased struct {
 
 // EraseUser removes everything of one user of a tenant: the threads the
 // user owns (DeleteThreads, with opts), their memory (notes, facts,
-// distillation cursors) and their memory jobs, queued or dead-lettered.
+// distillation cursors), their memory jobs, queued or dead-lettered, and
+// their store items (namespaces ["users", user] and ["memories", user]).
 // Threads created without an owner (an open gateway) are shared by the
 // tenant and stay. Without opts.Cancel, a busy thread refuses the erasure
 // with a *BusyError before anything is deleted; a failure half way is
@@ -830,6 +850,16 @@ func (e *Eraser) EraseUser(ctx context.Context, tenant, user string, opts Thread
 	}
 	if err := e.eraseAssistants(ctx, tenant, user); err != nil {
 		return out, err
+	}
+	if e.items != nil {
+		// The user's own store namespaces (store.UserPrefixes), their
+		// memory among them; items in shared namespaces stay, as threads
+		// created without an owner do.
+		for _, p := range store.UserPrefixes {
+			if err := e.items.PurgePrefix(ctx, tenant, []string{p, user}); err != nil {
+				return out, fmt.Errorf("erase store items under %s/%s: %w", p, user, err)
+			}
+		}
 	}
 	e.log.Info("user erased", zap.String("tenant", tenant), zap.String("user", user), zap.Int("threads", len(out.Threads)))
 	return out, nil

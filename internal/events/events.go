@@ -123,12 +123,18 @@ func appendString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
+// encodeData is the JSON of an event's data. The lifecycle events' data,
+// written at least twice a run, is encoded by hand
+// (protocol.AppendEventDataJSON, the bytes encoding/json writes).
 func encodeData(data any) (json.RawMessage, error) {
 	switch d := data.(type) {
 	case nil:
 		return nil, nil
 	case json.RawMessage:
 		return d, nil
+	}
+	if b, ok := protocol.AppendEventDataJSON(make([]byte, 0, 128), data); ok {
+		return b, nil
 	}
 	return json.Marshal(data)
 }

@@ -508,13 +508,15 @@ func TestObjectStore_SharedAcrossConnections(t *testing.T) {
 		t.Errorf("worker 1 still reads a removed file: %v", err)
 	}
 
-	// The layout is the documented one: the object under
-	// "<tenant>/<thread><path>", the index entry under its hashed key.
-	if data, err := s1.GetBytes(ctx, "default/h1/notes/b.md"); err != nil || string(data) != "from worker 2" {
-		t.Errorf("object default/h1/notes/b.md = %q, %v", data, err)
+	// The layout is the documented one: the content under
+	// "<tenant>/<thread>//sha256/<hash>", the index entry under its
+	// hashed key, naming the hash.
+	hash := files.ContentHash([]byte("from worker 2"))
+	if data, err := s1.GetBytes(ctx, "default/h1//sha256/"+hash); err != nil || string(data) != "from worker 2" {
+		t.Errorf("object default/h1//sha256/%s = %q, %v", hash, data, err)
 	}
 	e, err := i1.Get(ctx, files.IndexKey("default", "h1", "/notes/b.md"))
-	if err != nil || !strings.Contains(string(e.Value()), `"path":"/notes/b.md"`) {
+	if err != nil || !strings.Contains(string(e.Value()), `"path":"/notes/b.md"`) || !strings.Contains(string(e.Value()), hash) {
 		t.Errorf("index entry: %v", err)
 	}
 	if k := files.IndexKey("default", "h1", "/x"); !strings.HasPrefix(k, "default.h1.file.") || len(k) != len("default.h1.file.")+32 {

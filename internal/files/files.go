@@ -35,6 +35,9 @@ type Info struct {
 	Size    int64     `json:"size"`
 	IsDir   bool      `json:"is_dir,omitempty"`
 	ModTime time.Time `json:"mod_time"`
+	// Hash is the SHA-256 of the content (hex) where the backend keeps
+	// content by hash (Versioned); empty otherwise.
+	Hash string `json:"sha256,omitempty"`
 }
 
 // Workdir is a thread's files. Every path is cleaned with Clean first;

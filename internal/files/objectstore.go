@@ -24,6 +24,17 @@ import (
 // index entry, a remove deletes the entry first and then the object, so a
 // crash in between leaves at worst an unlisted object, never a listed file
 // without content.
+//
+// Content is stored once per thread under its SHA-256,
+// "<tenant>/<thread>//sha256/<hex>" (a cleaned path never starts with
+// "/", so no file's name can be one), and the index entry names the hash:
+// checkpoints record which content each path had (Versioned), and two
+// paths or two checkpoints with the same content share one object. A
+// remove or an overwrite deletes only the index entry; the content stays
+// for the checkpoints that name it until a sweep collects what nothing
+// names (Collect). Files written before content was kept by hash are
+// read from their path object, and that object goes when they are
+// written again or removed.
 type ObjectStore struct {
 	store          jetstream.ObjectStore
 	index          jetstream.KeyValue
@@ -33,7 +44,8 @@ type ObjectStore struct {
 
 // NewObjectStore returns the workdir of one thread. store is the files
 // bucket (bus.Names.FilesBucket), index the threads bucket
-// (bus.Names.ThreadsBucket). Objects are named "<tenant>/<thread><path>".
+// (bus.Names.ThreadsBucket). Content objects are named
+// "<tenant>/<thread>//sha256/<hex>" (ContentObject).
 func NewObjectStore(store jetstream.ObjectStore, index jetstream.KeyValue, tenant, thread string, opts ...Option) Workdir {
 	if err := checkScope("tenant", tenant); err != nil {
 		return Unavailable(err)
@@ -53,6 +65,17 @@ func IndexKey(tenant, thread, p string) string {
 
 func (o *ObjectStore) object(p string) string { return o.tenant + "/" + o.thread + p }
 func (o *ObjectStore) key(p string) string    { return IndexKey(o.tenant, o.thread, p) }
+
+// content is the object that holds content by its hash.
+func (o *ObjectStore) content(hash string) string {
+	return ContentObject(o.tenant, o.thread, hash)
+}
+
+// ContentObject is the name of the object holding a thread's content by
+// hash.
+func ContentObject(tenant, thread, hash string) string {
+	return tenant + "/" + thread + "//sha256/" + hash
+}
 
 // opTimeout bounds one request to the object store or its index (a whole
 // file's transfer, or the index scan). A run's context has the run's
@@ -128,14 +151,22 @@ func (o *ObjectStore) Read(ctx context.Context, p string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, ok, err := o.entry(ctx, p); err != nil {
+	i, ok, err := o.entry(ctx, p)
+	if err != nil {
 		return nil, err
 	} else if !ok {
 		return nil, o.missing(ctx, p)
 	}
+	name := o.object(p)
+	if i.Hash != "" {
+		if !validHash(i.Hash) {
+			return nil, fmt.Errorf("%s: %w", p, ErrNotFound)
+		}
+		name = o.content(i.Hash)
+	}
 	getCtx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	data, err := o.store.GetBytes(getCtx, o.object(p))
+	data, err := o.store.GetBytes(getCtx, name)
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		// Removed between the index read and now.
 		return nil, fmt.Errorf("%s: %w", p, ErrNotFound)
@@ -165,23 +196,42 @@ func (o *ObjectStore) Write(ctx context.Context, p string, data []byte) error {
 	if _, isDir := children(p, all); isDir {
 		return fmt.Errorf("%s: %w", p, ErrIsDir)
 	}
-	for _, d := range ancestors(p) {
-		for _, f := range all {
+	var old *Info
+	for _, f := range all {
+		for _, d := range ancestors(p) {
 			if f.Path == d {
 				return fmt.Errorf("%s: %w", d, ErrNotDir)
 			}
 		}
+		if f.Path == p {
+			old = &f
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	if _, err := o.store.PutBytes(ctx, o.object(p), data); err != nil {
+	hash := ContentHash(data)
+	if err := o.putContent(ctx, hash, data); err != nil {
 		return fmt.Errorf("write %s: %w", p, err)
 	}
-	entry, _ := json.Marshal(Info{Path: p, Size: int64(len(data)), ModTime: time.Now().UTC()})
+	entry, _ := json.Marshal(Info{Path: p, Size: int64(len(data)), ModTime: time.Now().UTC(), Hash: hash})
 	if _, err := o.index.Put(ctx, o.key(p), entry); err != nil {
 		return fmt.Errorf("index %s: %w", p, bus.MarkStoreFull(o.index.Bucket(), err))
 	}
+	if old != nil && old.Hash == "" {
+		// Its content was stored under its path before content was kept
+		// by hash; nothing else names that object.
+		_ = o.store.Delete(ctx, o.object(p))
+	}
 	return nil
+}
+
+// putContent stores content under its hash. Content already stored is
+// stored again (as every write stored its file before): that makes it
+// new to a collection that listed it as unnamed (Collect), which then
+// leaves it alone.
+func (o *ObjectStore) putContent(ctx context.Context, hash string, data []byte) error {
+	_, err := o.store.PutBytes(ctx, o.content(hash), data)
+	return err
 }
 
 // Stat implements Workdir.
@@ -259,7 +309,8 @@ func (o *ObjectStore) Remove(ctx context.Context, p string) error {
 	if err != nil {
 		return err
 	}
-	if _, ok, err := o.entry(ctx, p); err != nil {
+	i, ok, err := o.entry(ctx, p)
+	if err != nil {
 		return err
 	} else if !ok {
 		return o.missing(ctx, p)
@@ -268,6 +319,10 @@ func (o *ObjectStore) Remove(ctx context.Context, p string) error {
 	defer cancel()
 	if err := o.index.Delete(ctx, o.key(p)); err != nil {
 		return fmt.Errorf("remove %s from the index: %w", p, err)
+	}
+	if i.Hash != "" {
+		// The content may be named by a checkpoint or another path.
+		return nil
 	}
 	if err := o.store.Delete(ctx, o.object(p)); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
 		return fmt.Errorf("remove %s: %w", p, err)

@@ -594,14 +594,24 @@ func (s *Server) searchAssistants(w http.ResponseWriter, r *http.Request, tenant
 }
 
 // writePage answers one page of a LangGraph search: items are the views
-// from offset on, total how many matched. X-Pagination-Next names the next
+// from offset on, total how many matched (negative when the search did not
+// read far enough to know: no X-Pagination-Total). X-Pagination-Next names the next
 // page's offset while there is one (the SDK's includePagination reads it);
 // sel, when set, keeps the fields it names.
 func writePage[T any](w http.ResponseWriter, offset int, items []T, total int, sel []string) {
-	if offset+len(items) < total {
-		w.Header().Set("X-Pagination-Next", fmt.Sprint(offset+len(items)))
+	switch {
+	case total < 0:
+		// Unknown (a thread search that read only the newest threads):
+		// a next page may follow if this one is full.
+		if len(items) > 0 {
+			w.Header().Set("X-Pagination-Next", fmt.Sprint(offset+len(items)))
+		}
+	default:
+		if offset+len(items) < total {
+			w.Header().Set("X-Pagination-Next", fmt.Sprint(offset+len(items)))
+		}
+		w.Header().Set("X-Pagination-Total", fmt.Sprint(total))
 	}
-	w.Header().Set("X-Pagination-Total", fmt.Sprint(total))
 	if len(sel) == 0 {
 		writeJSON(w, http.StatusOK, items)
 		return

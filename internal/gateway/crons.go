@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -205,7 +206,19 @@ func (s *Server) createCron(onThread bool) tenantHandler {
 			return err
 		}
 		ctx := r.Context()
-		if _, err := s.crons.Put(ctx, rec, 0); err != nil {
+		// The tenant's creates take turns, so two cannot both take the
+		// last place under the cap.
+		err = s.crons.WithTenantLock(ctx, tenant, func() error {
+			if err := s.underCronCap(ctx, tenant); err != nil {
+				return err
+			}
+			_, err := s.crons.Put(ctx, rec, 0)
+			return err
+		})
+		if errors.Is(err, crons.ErrBusy) {
+			return errUnavailable("the tenant's crons are busy; try again", err)
+		}
+		if err != nil {
 			return err
 		}
 		if err := s.crons.Schedule(ctx, rec); err != nil {
@@ -215,6 +228,33 @@ func (s *Server) createCron(onThread bool) tenantHandler {
 		writeJSON(w, http.StatusOK, rec.View(time.Now()))
 		return nil
 	}
+}
+
+// DefaultMaxCronsPerTenant is how many crons a tenant may have when
+// Config.MaxCronsPerTenant sets no number.
+const DefaultMaxCronsPerTenant = 100
+
+// maxCrons is the deployment's cap on a tenant's crons.
+func (s *Server) maxCrons() int {
+	if s.cfg.MaxCronsPerTenant > 0 {
+		return s.cfg.MaxCronsPerTenant
+	}
+	return DefaultMaxCronsPerTenant
+}
+
+// underCronCap refuses a cron past the tenant's cap with a 409. It reads
+// the tenant's crons by their key prefix ("<tenant>."), never the
+// deployment's; the cap bounds what it reads.
+func (s *Server) underCronCap(ctx context.Context, tenant string) error {
+	all, err := s.crons.List(ctx, tenant)
+	if err != nil {
+		return err
+	}
+	if limit := s.maxCrons(); len(all) >= limit {
+		return &apiError{status: http.StatusConflict, code: protocol.CodeConflict, field: "cron",
+			msg: fmt.Sprintf("tenant %s has %d crons, the most this deployment allows (crons.max_per_tenant); delete one before creating another", tenant, len(all))}
+	}
+	return nil
 }
 
 // cronOf reads the cron named in the path, if the request may use it

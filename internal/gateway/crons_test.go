@@ -371,3 +371,62 @@ func TestLangGraphSDKCrons(t *testing.T) {
 	e.startCronWorker()
 	runSDKScript(t, e, "crons.mjs", 5)
 }
+
+// TestCronCapPerTenant: a tenant has at most MaxCronsPerTenant crons; a
+// create past it is a 409 naming the setting, other tenants are not
+// affected, a deletion makes room, and creates racing for the last slots
+// leave the tenant at the cap, never past it.
+func TestCronCapPerTenant(t *testing.T) {
+	e := newEnvWith(t, nil, func(s *Server) { s.cfg.MaxCronsPerTenant = 3 })
+	create := func(tenant string) response {
+		return e.do("POST", "/runs/crons", with(input("x"), "schedule", "0 9 * * *", "enabled", false), "X-Tenant", tenant)
+	}
+	count := func(tenant string) int {
+		t.Helper()
+		var n int
+		e.do("POST", "/runs/crons/count", map[string]any{}, "X-Tenant", tenant).expect(t, http.StatusOK).decode(t, &n)
+		return n
+	}
+	var first crons.Cron
+	create("capped").expect(t, http.StatusOK).decode(t, &first)
+	create("capped").expect(t, http.StatusOK)
+	create("capped").expect(t, http.StatusOK)
+	er := create("capped").expect(t, http.StatusConflict).apiError(t)
+	if !strings.Contains(er.Message, "crons.max_per_tenant") || er.Field != "cron" {
+		t.Fatalf("the refusal does not say what to do: %+v", er)
+	}
+	if n := count("capped"); n != 3 {
+		t.Fatalf("tenant capped has %d crons after a refused create", n)
+	}
+	create("free").expect(t, http.StatusOK)
+	e.do("DELETE", "/runs/crons/"+first.CronID, nil, "X-Tenant", "capped").expect(t, http.StatusNoContent)
+	create("capped").expect(t, http.StatusOK)
+
+	// Eight creates race for a fresh tenant's three slots.
+	results := make(chan int, 8)
+	for range 8 {
+		go func() {
+			resp, err := e.http.Client().Post(e.http.URL+"/runs/crons", "application/json",
+				strings.NewReader(`{"schedule": "0 9 * * *", "enabled": false, "input": {"messages": [{"role": "user", "content": "x"}]}}`))
+			if err != nil {
+				results <- 0
+				return
+			}
+			resp.Body.Close()
+			results <- resp.StatusCode
+		}()
+	}
+	ok := 0
+	for range 8 {
+		switch code := <-results; code {
+		case http.StatusOK:
+			ok++
+		case http.StatusConflict:
+		default:
+			t.Fatalf("a racing create answered %d", code)
+		}
+	}
+	if n := count("default"); ok < 1 || ok > 3 || n != ok {
+		t.Fatalf("racing creates: %d succeeded, the tenant holds %d crons (cap 3)", ok, n)
+	}
+}

@@ -126,7 +126,7 @@ func waitStatus(t *testing.T, e *env, run string, want protocol.Status) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		rec, _, err := e.stores.Runs.Get(context.Background(), "default", run)
+		rec, err := e.stores.FindRunView(context.Background(), "default", run)
 		if err == nil && rec.Status == want {
 			return
 		}

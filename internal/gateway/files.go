@@ -91,6 +91,8 @@ func fileError(p string, err error) error {
 		return errInvalid("path", err.Error())
 	case errors.Is(err, files.ErrNotFound):
 		return errNotFound(fmt.Sprintf("file %s not found", p))
+	case errors.Is(err, files.ErrContentMissing):
+		return errNotFound(fmt.Sprintf("the content of file %s is no longer stored", p))
 	case errors.Is(err, files.ErrIsDir):
 		return errConflict(fmt.Sprintf("%s is a directory; GET .../files lists the thread's files", p))
 	case errors.Is(err, files.ErrNotDir):
@@ -103,8 +105,20 @@ func fileError(p string, err error) error {
 	return err
 }
 
-// listFiles: GET /threads/{thread_id}/files.
+// listFiles: GET /threads/{thread_id}/files; with ?checkpoint_id= the
+// files as that checkpoint had them.
 func (s *Server) listFiles(w http.ResponseWriter, r *http.Request, tenant string) error {
+	if m, _, ok, err := s.filesAtCheckpoint(r, tenant); ok || err != nil {
+		if err != nil {
+			return err
+		}
+		out := []fileView{}
+		for _, i := range m.Infos() {
+			out = append(out, viewFile(i))
+		}
+		writeJSON(w, http.StatusOK, out)
+		return nil
+	}
 	wd, err := s.workdir(r, tenant)
 	if err != nil {
 		return err
@@ -136,8 +150,18 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request, tenant string) 
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), fileTimeout)
 	defer cancel()
-	data, err := wd.Read(ctx, p)
-	if err != nil {
+	var data []byte
+	if m, v, ok, err := s.filesAtCheckpoint(r, tenant); err != nil {
+		return err
+	} else if ok {
+		i, found := m[p]
+		if !found {
+			return errNotFound(fmt.Sprintf("file %s not found at checkpoint %s", p, r.URL.Query().Get("checkpoint_id")))
+		}
+		if data, err = v.ReadContent(ctx, i.Hash); err != nil {
+			return fileError(p, err)
+		}
+	} else if data, err = wd.Read(ctx, p); err != nil {
 		return fileError(p, err)
 	}
 	ctype := mime.TypeByExtension(path.Ext(p))

@@ -34,8 +34,10 @@ import (
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/limits"
 	"github.com/natsagent/natsagent/internal/metrics"
+	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/policy"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/store"
 	"github.com/natsagent/natsagent/internal/submit"
 	"github.com/natsagent/natsagent/internal/telemetry"
 )
@@ -85,10 +87,20 @@ type Config struct {
 	// WebhookAllowPrivate lets a run's webhook name a loopback or private
 	// address (config webhooks.allow_private); refused by default.
 	WebhookAllowPrivate bool
+	// MaxCronsPerTenant caps each tenant's crons (0:
+	// DefaultMaxCronsPerTenant); a create past it is answered 409.
+	MaxCronsPerTenant int
 	// Graphs are the deployment's lead agent profiles, served as
 	// LangGraph graphs and system assistants (assistants.go); none means
 	// the default agent alone.
 	Graphs []Graph
+	// Embedder, when set, gives the store semantic search: items carry
+	// vectors of their indexed fields and a search query is ranked by
+	// cosine (store.go); nil: a query is a substring match.
+	Embedder model.Embedder
+	// StoreIndexFields are the fields embedded when a put names none
+	// (default ["$"], the whole value).
+	StoreIndexFields []string
 }
 
 // Server serves the HTTP API. It keeps no state of its own: any number of
@@ -103,18 +115,19 @@ type Server struct {
 	// bucket: the assistants routes answer 503, system assistants still
 	// serve.
 	assistants *kv.Assistants
-	// threadIndex serves thread search and count (threadindex.go).
-	threadIndex *threadIndex
-	pub         *events.Publisher
-	queue       *submit.Queue
-	runs        jetstream.Stream
-	events      jetstream.Stream
-	log         *zap.Logger
-	mux         *http.ServeMux
-	eraser      *erase.Eraser
-	crons       *crons.Store
-	auth        *authenticator // nil: no API keys, the API is open
-	tracer      trace.Tracer   // nil: the gateway does not trace
+	// store is nil on a deployment provisioned before it had the store
+	// bucket: the store routes answer 503.
+	items  *store.Store
+	pub    *events.Publisher
+	queue  *submit.Queue
+	runs   jetstream.Stream
+	events jetstream.Stream
+	log    *zap.Logger
+	mux    *http.ServeMux
+	eraser *erase.Eraser
+	crons  *crons.Store
+	auth   *authenticator // nil: no API keys, the API is open
+	tracer trace.Tracer   // nil: the gateway does not trace
 
 	// keepAlive is how long an SSE stream may stay silent before a
 	// comment is sent, so proxies do not close it.
@@ -189,12 +202,8 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Server, error) {
 		cfg.Logger.Warn("assistants are unavailable", zap.Error(err))
 		s.assistants = nil
 	}
-	threadsKV, err := js.KeyValue(ctx, names.ThreadsBucket())
-	if err != nil {
-		return nil, err
-	}
-	if s.threadIndex, err = newThreadIndex(ctx, nc, js, threadsKV, names, cfg.Logger); err != nil {
-		return nil, fmt.Errorf("index threads: %w", err)
+	if err := s.openStore(ctx); err != nil {
+		cfg.Logger.Warn("the store is unavailable", zap.Error(err))
 	}
 	s.eraser, err = erase.New(ctx, erase.Config{NC: nc, JS: js, Names: names, Stores: stores, Files: cfg.Files, Logger: cfg.Logger})
 	if err != nil {
@@ -264,6 +273,12 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /assistants/{assistant_id}/graph", s.tenanted(s.assistantGraph))
 	m.HandleFunc("GET /assistants/{assistant_id}/subgraphs", s.tenanted(s.assistantSubgraphs))
 	m.HandleFunc("GET /assistants/{assistant_id}/subgraphs/{namespace}", s.tenanted(s.assistantSubgraphs))
+
+	m.HandleFunc("PUT /store/items", s.tenanted(s.putItem))
+	m.HandleFunc("GET /store/items", s.tenanted(s.getItem))
+	m.HandleFunc("DELETE /store/items", s.tenanted(s.deleteItem))
+	m.HandleFunc("POST /store/items/search", s.tenanted(s.searchItems))
+	m.HandleFunc("POST /store/namespaces", s.tenanted(s.listNamespaces))
 
 	m.HandleFunc("POST /runs", s.tenanted(s.createRun(modeBackground, true)))
 	m.HandleFunc("POST /runs/stream", s.tenanted(s.createRun(modeStream, true)))

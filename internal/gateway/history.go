@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/langgraph"
+	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
 )
@@ -16,12 +18,23 @@ import (
 // threadGraph is a thread's checkpoints as history shows them: the chain
 // from the head and the branches time travel left behind (reached through
 // Delta.Replaced), newest first. Rolled-back runs and writes of a lost
-// lease are on no branch and stay out. It is built from the stored deltas
-// on each read: nothing is cached, and storage stays one delta per step.
+// lease are on no branch and stay out. A run's delta that holds several
+// steps (its input, a model response, tool results) is shown as one
+// checkpoint per step, as LangGraph stores one per super-step: the steps
+// before the last are derived on each read (steps), never stored. It is
+// built from the stored deltas on each read: nothing is cached, and
+// storage stays one delta per write.
 type threadGraph struct {
-	th    *protocol.Thread
+	th *protocol.Thread
+	// byID holds the checkpoints as history shows them: the derived steps
+	// and the stored deltas (a split one holding its last step only).
 	byID  map[string]*kv.Delta
-	order []*kv.Delta // newest first, stored checkpoints only
+	order []*kv.Delta // newest first, as byID holds them
+	// stored are the stored deltas on the history, newest first, as
+	// written.
+	stored []*kv.Delta
+	// raw holds every stored delta by id, on the history or not.
+	raw   map[string]*kv.Delta
 	depth map[string]int
 	// input is the thread's input checkpoint (nil without checkpoints).
 	input *kv.Delta
@@ -56,7 +69,22 @@ func (s *Server) loadGraph(ctx context.Context, th *protocol.Thread) (*threadGra
 	if _, err := s.stores.Checkpoints.Chain(ctx, th.Tenant, th.ThreadID, th.Head, byID); err != nil {
 		return nil, err
 	}
-	g.byID = byID
+	view := make(map[string]*kv.Delta, len(byID))
+	for _, d := range byID {
+		for _, v := range steps(d) {
+			view[v.ID] = v
+		}
+	}
+	for _, d := range byID {
+		if d.At != "" && view[d.At] == nil {
+			// The step's delta is gone (retention): the checkpoint is
+			// shown on its stored parent, whose state it holds.
+			v := *view[d.ID]
+			v.Parent = d.Parent
+			view[d.ID] = &v
+		}
+	}
+	g.byID, g.raw = view, byID
 	eff := map[string]time.Time{}
 	// whole reports whether every ancestor of id is stored, and sets its
 	// depth and its order time: never before its parent's, nor before the
@@ -66,8 +94,8 @@ func (s *Server) loadGraph(ctx context.Context, th *protocol.Thread) (*threadGra
 		if _, ok := g.depth[id]; ok {
 			return true
 		}
-		d, ok := byID[id]
-		if !ok || seen > len(byID) {
+		d, ok := view[id]
+		if !ok || seen > len(view) {
 			return false
 		}
 		t, depth := d.Time, 0
@@ -92,7 +120,7 @@ func (s *Server) loadGraph(ctx context.Context, th *protocol.Thread) (*threadGra
 			continue
 		}
 		reached[id] = true
-		d := byID[id]
+		d := view[id]
 		g.order = append(g.order, d)
 		if d.Parent != "" {
 			todo = append(todo, d.Parent)
@@ -110,11 +138,119 @@ func (s *Server) loadGraph(ctx context.Context, th *protocol.Thread) (*threadGra
 		}
 		return cmp.Compare(b.ID, a.ID)
 	})
+	for _, d := range g.order {
+		if sd, ok := byID[d.ID]; ok {
+			g.stored = append(g.stored, sd)
+		}
+	}
 	if n := len(g.order); n > 0 {
 		g.input = &kv.Delta{ID: inputCheckpoint, Source: sourceInput, Time: g.order[n-1].Time}
 		g.depth[inputCheckpoint] = -1
 	}
 	return g, nil
+}
+
+// stepMark joins a run delta's id and the index of a step derived inside
+// it ("e3-1_s0"): stored ids never hold it.
+const stepMark = "_s"
+
+// steps returns a stored delta as history shows it. A run's delta whose
+// messages span several LangGraph steps (input, then each model response,
+// then each batch of tool results: a change of node) is cut into one
+// checkpoint per step; the last keeps the delta's id, the others are
+// derived ("<id>_s<k>"), each the parent of the next. Applied in order
+// they make the delta's state: removals and cleared values go with the
+// first step (they happen before the step's model call: a summary, a
+// settled interrupt), values set with the last. Writes outside a run are
+// one step each; one written on a derived step (At) is shown on it.
+func steps(d *kv.Delta) []*kv.Delta {
+	v := *d
+	if d.At != "" {
+		v.Parent = d.At
+	}
+	if d.Source != "" {
+		return []*kv.Delta{&v}
+	}
+	segs := segments(d.Update.Messages)
+	if len(segs) < 2 {
+		return []*kv.Delta{&v}
+	}
+	out := make([]*kv.Delta, 0, len(segs))
+	parent := d.Parent
+	var set map[string]json.RawMessage
+	for k, seg := range segs[:len(segs)-1] {
+		u := state.Update{Messages: seg}
+		if k == 0 {
+			u.Remove = d.Update.Remove
+			for key, val := range d.Update.Values {
+				if isNull(val) {
+					if u.Values == nil {
+						u.Values = map[string]json.RawMessage{}
+					}
+					u.Values[key] = val
+					continue
+				}
+				if set == nil {
+					set = map[string]json.RawMessage{}
+				}
+				set[key] = val
+			}
+		}
+		s := &kv.Delta{ID: d.ID + stepMark + strconv.Itoa(k), Parent: parent, RunID: d.RunID, Step: d.Step, Time: d.Time, Update: u}
+		out = append(out, s)
+		parent = s.ID
+	}
+	v.Parent, v.Update = parent, state.Update{Messages: segs[len(segs)-1], Values: set}
+	return append(out, &v)
+}
+
+// segments cuts a delta's messages where the node that wrote them
+// changes: input (user and system messages), model, tools.
+func segments(ms []model.Message) [][]model.Message {
+	var out [][]model.Message
+	start := 0
+	for i := 1; i <= len(ms); i++ {
+		if i == len(ms) || node(ms[i].Role) != node(ms[i-1].Role) {
+			out = append(out, ms[start:i:i])
+			start = i
+		}
+	}
+	return out
+}
+
+func node(role string) string {
+	switch role {
+	case model.RoleAssistant:
+		return langgraph.NodeModel
+	case model.RoleTool:
+		return langgraph.NodeTools
+	}
+	return "input"
+}
+
+// storedBase is where a checkpoint written on id goes: on id itself, or,
+// for a derived step, on the parent of the delta the step is part of,
+// repeating the delta's changes up to the step (prefix); step reports
+// the latter.
+func (g *threadGraph) storedBase(id string) (parent string, prefix state.Update, step bool) {
+	var path []*kv.Delta
+	cur := id
+	for cur != "" && cur != inputCheckpoint && g.isStep(cur) {
+		d := g.byID[cur]
+		path = append(path, d)
+		cur = d.Parent
+	}
+	for i := len(path) - 1; i >= 0; i-- {
+		prefix.Merge(path[i].Update)
+	}
+	return cur, prefix, len(path) > 0
+}
+
+// isStep reports whether id is a step derived inside a stored delta.
+func (g *threadGraph) isStep(id string) bool {
+	_, shown := g.byID[id]
+	_, stored := g.raw[id]
+	return shown && !stored
 }
 
 // history is what a thread's history lists, newest first: the stored
@@ -178,7 +314,11 @@ func (g *threadGraph) snapshot(id string) langgraph.ThreadState {
 	if ok && id != "" {
 		snap.Parent, snap.CreatedAt, snap.Metadata = g.parentOf(d), d.Time, g.metadata(d)
 	}
-	snap.Settled = id == th.Head && th.Lease == nil
+	// An idle head written outside a run waits for input. A run's last
+	// checkpoint says what comes next from its last message, as
+	// LangGraph's does: after a run cancelled or failed before the model
+	// answered its input (or tool results), the model.
+	snap.Settled = id == th.Head && th.Lease == nil && (!ok || d.Source != "")
 	var open protocol.Interrupt
 	if ok, err := snap.State.Value(protocol.InterruptValue, &open); ok && err == nil {
 		snap.Interrupt = &open

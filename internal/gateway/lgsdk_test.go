@@ -22,7 +22,8 @@ import (
 const sdkDir = "testdata/langgraph-sdk"
 
 // sdkModel echoes the last message, asks a clarification for a message
-// containing "ask me", and fails for one containing "break".
+// containing "ask me", fails for one containing "break", and streams a
+// long answer slowly (ten seconds) for one starting "slow".
 func sdkModel() *model.Scripted {
 	return model.NewScripted(func(_ int, req *model.Request) model.Reply {
 		last := req.Messages[len(req.Messages)-1]
@@ -32,6 +33,8 @@ func sdkModel() *model.Scripted {
 		case last.Role == model.RoleUser && strings.Contains(last.Content, "ask me"):
 			return model.Reply{ToolCalls: []model.ToolCall{{ID: "q1", Name: "ask_clarification",
 				Arguments: `{"question":"Which city?","type":"missing_info"}`}}}
+		case last.Role == model.RoleUser && strings.HasPrefix(last.Content, "slow"):
+			return model.Reply{Text: strings.Repeat("tick ", 200), Pieces: 200, PieceDelay: 50 * time.Millisecond}
 		case strings.Contains(last.Content, "break"):
 			return model.Reply{Err: errors.New("the model is broken")}
 		case last.Role == model.RoleTool:
@@ -43,12 +46,13 @@ func sdkModel() *model.Scripted {
 
 // TestLangGraphSDK runs the official LangGraph JS SDK against the gateway
 // (testdata/langgraph-sdk/state.mjs): values, state, history, time travel,
-// interrupts, as a LangGraph client sees them. Without node or the
+// interrupts, a run cancelled before the model answered, as a LangGraph
+// client sees them. Without node or the
 // installed SDK it skips, unless NATSAGENT_LANGGRAPH_TESTS=1 (CI), where it
 // fails.
 func TestLangGraphSDK(t *testing.T) {
 	e := newEnv(t, sdkModel())
-	runSDKScript(t, e, "state.mjs", 12)
+	runSDKScript(t, e, "state.mjs", 13)
 }
 
 // TestLangGraphSDKStream runs testdata/langgraph-sdk/stream.mjs: one check
@@ -60,7 +64,7 @@ func TestLangGraphSDKStream(t *testing.T) {
 	e := newEnvWith(t, nil, func(s *Server) { s.cfg.Files = wd.open })
 	e.startFileWorker(sdkModel(), wd, spawnTool{runs: e.stores.Runs})
 	e.do("POST", "/threads/kid/runs/wait", with(input("child work"), "run_id", "child1")).expect(t, http.StatusOK)
-	runSDKScript(t, e, "stream.mjs", 17)
+	runSDKScript(t, e, "stream.mjs", 18)
 }
 
 // TestLangGraphSDKAssistants runs testdata/langgraph-sdk/assistants.mjs:

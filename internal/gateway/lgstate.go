@@ -440,6 +440,7 @@ var errTimeTravelMoved = errors.New("thread moved")
 // head forks the thread: d records the head it replaces, so that branch
 // stays in the history.
 func (s *Server) timeTravel(ctx context.Context, th *protocol.Thread, ref checkpointRef, field string, d *kv.Delta, title string) error {
+	own := d.Update
 	for attempt := 0; ; attempt++ {
 		if th.Status == protocol.ThreadDeleting {
 			return errDeleting(th.ThreadID)
@@ -465,15 +466,21 @@ func (s *Server) timeTravel(ctx context.Context, th *protocol.Thread, ref checkp
 				return err
 			}
 		}
-		d.Parent, d.Time, d.Replaced = base, time.Now().UTC(), ""
+		d.Parent, d.Time, d.Replaced, d.At, d.Update = base, time.Now().UTC(), "", "", own
 		if base == inputCheckpoint {
 			d.Parent = "" // the thread starts over: a new root
+		} else if parent, prefix, step := g.storedBase(base); step {
+			// A step inside a run's delta: the checkpoint is stored on
+			// the delta's parent with the delta's changes up to the step,
+			// so a worker loads it by parents alone.
+			prefix.Merge(own)
+			d.Parent, d.At, d.Update = parent, base, prefix
 		}
 		if base != th.Head {
 			d.Replaced = th.Head
 		}
 		after := g.stateAt(base).Clone()
-		after.Apply(d.Update)
+		after.Apply(own)
 		status := protocol.ThreadIdle
 		if ok, _ := after.Value(protocol.InterruptValue, &protocol.Interrupt{}); ok {
 			status = protocol.ThreadInterrupted
@@ -487,6 +494,18 @@ func (s *Server) timeTravel(ctx context.Context, th *protocol.Thread, ref checkp
 				!t.CreatedAt.Equal(created) {
 				return errTimeTravelMoved
 			}
+			switch {
+			case base == head:
+				// On the head: the same files (a state update records
+				// none), shown already.
+				if t.FilesAt == head && head != "" {
+					t.FilesAt = d.ID
+				}
+			case t.FilesAt == "":
+				// The workdir shows the old head's files until they are
+				// checked out (syncFiles, or the next run).
+				t.FilesAt = t.Head
+			}
 			t.Head, t.Status = d.ID, status
 			if title != "" {
 				t.Title = title
@@ -497,6 +516,7 @@ func (s *Server) timeTravel(ctx context.Context, th *protocol.Thread, ref checkp
 			if err == nil {
 				s.log.Info("thread state written", zap.String("tenant", th.Tenant), zap.String("thread_id", th.ThreadID),
 					zap.String("checkpoint", d.ID), zap.String("source", d.Source), zap.String("parent", d.Parent), zap.String("replaced", d.Replaced))
+				s.syncFiles(ctx, th.Tenant, th.ThreadID)
 			}
 			return err
 		}
@@ -563,6 +583,48 @@ func (s *Server) forkForRun(ctx context.Context, tenant, thread, runID string, f
 		return nil
 	}
 	return s.timeTravel(ctx, th, ref, field, &kv.Delta{ID: "fork-" + newID(), Source: kv.SourceFork}, "")
+}
+
+// continueRun sets the command of a run sent without input or command, as
+// LangGraph runs a graph with input null from a checkpoint (useStream's
+// regenerate: submit(undefined, {checkpoint})): the step that comes next
+// at the checkpoint named (else the head) runs, the model after input or
+// tool results (command.goto model), the tools after a response with
+// tool calls (command.goto tools). A checkpoint waiting for a person, one
+// that ends with the agent's answer, and a thread without checkpoints have
+// nothing to go on with: 400 naming input.
+func (s *Server) continueRun(ctx context.Context, tenant, thread string, req *protocol.RunRequest, f *forkFields) error {
+	th, _, err := s.stores.Threads.Get(ctx, tenant, thread)
+	if errors.Is(err, kv.ErrNotFound) || (err == nil && th.Head == "") {
+		return errInvalid("input", "input is required (or command to resume an interrupted thread): the thread has no checkpoint to go on from")
+	}
+	if err != nil {
+		return err
+	}
+	g, err := s.loadGraph(ctx, th)
+	if err != nil {
+		return err
+	}
+	id := th.Head
+	ref, field, named, err := f.ref()
+	if err != nil {
+		return err
+	}
+	if named {
+		if id, err = g.resolve(field, ref); err != nil {
+			return err
+		}
+	}
+	st := g.stateAt(id)
+	if ok, _ := st.Value(protocol.InterruptValue, &protocol.Interrupt{}); ok {
+		return errInvalid("input", fmt.Sprintf("checkpoint %s waits for a person: answer with command.resume, or send input", id))
+	}
+	node := langgraph.NextNode(st.Messages)
+	if node == "" {
+		return errInvalid("input", fmt.Sprintf("input is required: checkpoint %s ends with the agent's answer, so a run without input has nothing to do", id))
+	}
+	req.Command.Goto = node
+	return nil
 }
 
 // runResult is what runs.wait and runs.join answer, as LangGraph does:
@@ -699,7 +761,7 @@ func (s *Server) copyThread(w http.ResponseWriter, r *http.Request, tenant strin
 		}
 		return err
 	}
-	s.log.Info("thread copied", zap.String("tenant", tenant), zap.String("thread_id", th.ThreadID), zap.String("copy", cp.ThreadID), zap.Int("checkpoints", len(g.order)))
+	s.log.Info("thread copied", zap.String("tenant", tenant), zap.String("thread_id", th.ThreadID), zap.String("copy", cp.ThreadID), zap.Int("checkpoints", len(g.stored)))
 	writeJSON(w, http.StatusOK, viewThread(cp))
 	return nil
 }
@@ -707,8 +769,12 @@ func (s *Server) copyThread(w http.ResponseWriter, r *http.Request, tenant strin
 // copyHistory writes the history of g under the thread cp and moves cp's
 // head to the original's.
 func (s *Server) copyHistory(ctx context.Context, g *threadGraph, cp *protocol.Thread) error {
-	for _, d := range g.order {
-		if _, err := s.stores.Checkpoints.Put(ctx, cp.Tenant, cp.ThreadID, d); err != nil {
+	for _, d := range g.stored {
+		// The workdir is not copied: the copy's checkpoints name no files
+		// (their content is the original's, under its thread).
+		d := *d
+		d.Files = nil
+		if _, err := s.stores.Checkpoints.Put(ctx, cp.Tenant, cp.ThreadID, &d); err != nil {
 			return err
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/langgraph"
+	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
@@ -501,5 +503,190 @@ func BenchmarkHistory1000(b *testing.B) {
 			}
 			b.ReportMetric(float64(size)/1e6, "MB/response")
 		})
+	}
+}
+
+// History shows one checkpoint per LangGraph step, derived from a run's
+// delta: the input, then each model response and each batch of tool
+// results, each the parent of the next; applied in order they make the
+// delta's state, removals and cleared values first, values set last.
+func TestHistorySteps(t *testing.T) {
+	msg := func(id, role string) model.Message { return model.Message{ID: id, Role: role, Content: id} }
+	d := &kv.Delta{ID: "e1-2", Parent: "e1-1", RunID: "r1", Step: 2, Time: time.Now(), Update: state.Update{
+		Messages: []model.Message{msg("h1", model.RoleUser), msg("a1", model.RoleAssistant), msg("t1", model.RoleTool), msg("t2", model.RoleTool), msg("a2", model.RoleAssistant)},
+		Remove:   []string{"old"},
+		Values:   map[string]json.RawMessage{"title": json.RawMessage(`"T"`), middleware.InterruptValue: json.RawMessage("null")},
+	}}
+	got := steps(d)
+	var ids, parents, msgs []string
+	for _, s := range got {
+		ids, parents = append(ids, s.ID), append(parents, s.Parent)
+		var m []string
+		for _, x := range s.Update.Messages {
+			m = append(m, x.ID)
+		}
+		msgs = append(msgs, strings.Join(m, "+"))
+	}
+	if want := []string{"e1-2_s0", "e1-2_s1", "e1-2_s2", "e1-2"}; fmt.Sprint(ids) != fmt.Sprint(want) {
+		t.Fatalf("steps %v, want %v", ids, want)
+	}
+	if want := []string{"e1-1", "e1-2_s0", "e1-2_s1", "e1-2_s2"}; fmt.Sprint(parents) != fmt.Sprint(want) {
+		t.Fatalf("parents %v, want %v", parents, want)
+	}
+	if want := []string{"h1", "a1", "t1+t2", "a2"}; fmt.Sprint(msgs) != fmt.Sprint(want) {
+		t.Fatalf("messages per step %v, want %v", msgs, want)
+	}
+	if len(got[0].Update.Remove) != 1 || string(got[0].Update.Values[middleware.InterruptValue]) != "null" || got[0].Update.Values["title"] != nil ||
+		string(got[3].Update.Values["title"]) != `"T"` || got[3].Update.Remove != nil {
+		t.Fatalf("removals and cleared values go first, values set last: %+v / %+v", got[0].Update, got[3].Update)
+	}
+	// In order they make the delta's state.
+	base := func() *state.State {
+		st := &state.State{Values: map[string]json.RawMessage{middleware.InterruptValue: json.RawMessage(`{}`)}}
+		st.Apply(state.Update{Messages: []model.Message{msg("old", model.RoleUser)}})
+		return st
+	}
+	whole, stepped := base(), base()
+	whole.Apply(d.Update)
+	for _, s := range got {
+		stepped.Apply(s.Update)
+	}
+	a, _ := json.Marshal(whole)
+	b, _ := json.Marshal(stepped)
+	if string(a) != string(b) {
+		t.Fatalf("the steps make %s, the delta %s", b, a)
+	}
+	if d.Update.Messages[0].ID != "h1" || len(d.Update.Messages) != 5 {
+		t.Fatal("steps changed the stored delta")
+	}
+	// Writes outside a run are one step; one written on a step is shown
+	// on it.
+	f := &kv.Delta{ID: "fork-x", Parent: "e1-1", At: "e1-2_s0", Source: kv.SourceFork, Update: state.Update{Messages: []model.Message{msg("h1", model.RoleUser)}}}
+	if s := steps(f); len(s) != 1 || s[0].Parent != "e1-2_s0" || f.Parent != "e1-1" {
+		t.Fatalf("a fork on a step is shown as %+v", s)
+	}
+	if s := steps(&kv.Delta{ID: "e1-3", Update: state.Update{Messages: []model.Message{msg("a3", model.RoleAssistant)}}}); len(s) != 1 || s[0].ID != "e1-3" {
+		t.Fatalf("a one-step delta is shown as %+v", s)
+	}
+}
+
+// Regenerating an answer as useStream does: a run without input from the
+// parent of the checkpoint that first shows the answer (the step with the
+// question) calls the model again on a new branch; the old answer stays on
+// the old branch. A state update on a step forks there too; a run without
+// input at an answer is 400.
+func TestLangGraphRegenerate(t *testing.T) {
+	var calls atomic.Int32
+	e := newEnv(t, model.NewScripted(func(_ int, req *model.Request) model.Reply {
+		n := calls.Add(1)
+		return model.Reply{Text: fmt.Sprintf("answer %d to %s", n, req.Messages[len(req.Messages)-1].Content)}
+	}))
+	e.do("POST", "/threads/t1/runs/wait", with(input("first"), "run_id", "r1")).expect(t, http.StatusOK)
+	e.do("POST", "/threads/t1/runs/wait", with(input("second"), "run_id", "r2")).expect(t, http.StatusOK)
+	head := e.state("/threads/t1/state")
+	hist := e.history("t1", map[string]any{"limit": 100})
+	// input, then per run: the question, then the answer.
+	if len(hist) != 5 || hist[0].id() != head.id() || hist[4].id() != inputCheckpoint {
+		t.Fatalf("history %v: want the head, a step per question and answer, the input checkpoint", historyIDs(hist))
+	}
+	for i := 0; i+1 < len(hist); i++ {
+		if hist[i].ParentCheckpoint == nil || hist[i].ParentCheckpoint.CheckpointID != hist[i+1].id() {
+			t.Fatalf("history %v is not one chain at %d", historyIDs(hist), i)
+		}
+		if got := hist[i].Metadata["step"]; got != float64(len(hist)-2-i) {
+			t.Fatalf("entry %d has step %v, want %d", i, got, len(hist)-2-i)
+		}
+	}
+	question := hist[1]
+	if question.transcript() != "human:first,ai:answer 1 to first,human:second" || fmt.Sprint(question.Next) != "[model]" ||
+		question.Metadata["run_id"] != "r2" || question.Metadata["source"] != "loop" {
+		t.Fatalf("the question's step: %s next %v metadata %v", question.transcript(), question.Next, question.Metadata)
+	}
+	if at := e.state("/threads/t1/state/" + question.id()); at.transcript() != question.transcript() || at.ParentCheckpoint.CheckpointID != hist[2].id() {
+		t.Fatalf("state at the question's step %s", at.transcript())
+	}
+
+	// Regenerate the second answer.
+	var values struct {
+		Messages []langgraph.Input `json:"messages"`
+	}
+	e.do("POST", "/threads/t1/runs/wait", map[string]any{"run_id": "r3", "checkpoint": map[string]any{"checkpoint_id": question.id()}}).
+		expect(t, http.StatusOK).decode(t, &values)
+	again := e.state("/threads/t1/state")
+	if got := again.transcript(); got != "human:first,ai:answer 1 to first,human:second,ai:answer 3 to second" {
+		t.Fatalf("after regenerating: %s", got)
+	}
+	if len(values.Messages) != 4 {
+		t.Fatalf("runs.wait answered %d messages", len(values.Messages))
+	}
+	hist = e.history("t1", map[string]any{"limit": 100})
+	children := map[string][]string{}
+	for _, s := range hist {
+		if s.ParentCheckpoint != nil {
+			children[s.ParentCheckpoint.CheckpointID] = append(children[s.ParentCheckpoint.CheckpointID], s.id())
+		}
+	}
+	if kids := children[question.id()]; len(kids) != 2 || !slices.Contains(kids, head.id()) {
+		t.Fatalf("the question's step has children %v: want the old answer %s and the new branch", kids, head.id())
+	}
+	if old := e.state("/threads/t1/state/" + head.id()); old.transcript() != head.transcript() {
+		t.Fatalf("the old answer's branch reads %s", old.transcript())
+	}
+	// The worker loaded the fork by its stored parent: one question, not two.
+	if n := strings.Count(again.transcript(), "human:second"); n != 1 {
+		t.Fatalf("the regenerated branch holds the question %d times", n)
+	}
+
+	// A state update on a step forks there.
+	first := ""
+	for _, s := range hist {
+		if s.transcript() == "human:first" {
+			first = s.id()
+		}
+	}
+	if first == "" || !strings.Contains(first, stepMark) {
+		t.Fatalf("no derived step with the first question alone in %v", historyIDs(hist))
+	}
+	e.do("POST", "/threads/t1/state", map[string]any{"checkpoint_id": first, "values": map[string]any{"messages": []any{map[string]any{"type": "ai", "content": "edited", "id": "ed1"}}}}).expect(t, http.StatusOK)
+	if got := e.state("/threads/t1/state"); got.transcript() != "human:first,ai:edited" || got.ParentCheckpoint.CheckpointID != first {
+		t.Fatalf("update on a step: %s, parent %v", got.transcript(), got.ParentCheckpoint)
+	}
+	// The worker goes on from it.
+	e.do("POST", "/threads/t1/runs/wait", with(input("third"), "run_id", "r4")).expect(t, http.StatusOK)
+	if got := e.state("/threads/t1/state").transcript(); got != "human:first,ai:edited,human:third,ai:answer 4 to third" {
+		t.Fatalf("a run after the update: %s", got)
+	}
+
+	// Nothing to go on with.
+	if err := e.do("POST", "/threads/t1/runs", map[string]any{}).expect(t, http.StatusBadRequest).apiError(t); err.Field != "input" {
+		t.Fatalf("a run without input at an answer: %+v", err)
+	}
+	if err := e.do("POST", "/threads/none/runs", map[string]any{}).expect(t, http.StatusBadRequest).apiError(t); err.Field != "input" {
+		t.Fatalf("a run without input on a new thread: %+v", err)
+	}
+	e.do("POST", "/threads/t1/runs", map[string]any{"checkpoint_id": "e999-1_s0"}).expect(t, http.StatusNotFound)
+	if n := calls.Load(); n != 4 {
+		t.Fatalf("the model was called %d times, want 4", n)
+	}
+
+	// A checkpoint written on a step whose delta retention removed is
+	// shown on its stored parent.
+	ctx := context.Background()
+	th, _, err := e.stores.Threads.Get(ctx, "default", "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan := &kv.Delta{ID: "fork-orphan", Parent: th.Head, At: "e99-1" + stepMark + "0", Source: kv.SourceFork, Time: time.Now().UTC()}
+	if _, err := e.stores.Checkpoints.Put(ctx, "default", "t1", orphan); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.stores.Threads.Mutate(ctx, "default", "t1", func(t *protocol.Thread) error { t.Head = orphan.ID; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.state("/threads/t1/state"); got.id() != orphan.ID || got.ParentCheckpoint == nil || got.ParentCheckpoint.CheckpointID != th.Head {
+		t.Fatalf("a checkpoint on a removed step: %+v", got)
+	}
+	if h := e.history("t1", map[string]any{"limit": 3}); len(h) != 3 || h[1].id() != th.Head {
+		t.Fatalf("history past a removed step: %v", historyIDs(h))
 	}
 }

@@ -133,7 +133,8 @@ func (src *runSource) graph(ctx context.Context) (*threadGraph, error) {
 // checkpoint once saved, else as submitted); a later one at the run's
 // newest checkpoint saved before it started (t).
 func (src *runSource) Start(ctx context.Context, attempt int, t time.Time) (*state.State, error) {
-	rec, _, err := src.s.stores.Runs.Get(ctx, src.tenant, src.run)
+	// The view: a running run's base checkpoint is on its lease (v2).
+	rec, err := src.s.runView(ctx, src.tenant, src.thread, src.run)
 	if err != nil {
 		return inputState(src.input), err
 	}
@@ -142,8 +143,8 @@ func (src *runSource) Start(ctx context.Context, attempt int, t time.Time) (*sta
 		return inputState(src.input), err
 	}
 	var own []*kv.Delta // the run's checkpoints, oldest first
-	for i := len(g.order) - 1; i >= 0; i-- {
-		if d := g.order[i]; d.RunID == src.run {
+	for i := len(g.stored) - 1; i >= 0; i-- {
+		if d := g.stored[i]; d.RunID == src.run {
 			own = append(own, d)
 		}
 	}
@@ -194,7 +195,7 @@ func (src *runSource) Final(ctx context.Context) (*state.State, error) {
 // since).
 func (g *threadGraph) stateAfter(run string) *state.State {
 	at := g.th.Head
-	for _, d := range g.order {
+	for _, d := range g.stored {
 		if d.RunID == run {
 			at = d.ID
 			break
@@ -384,7 +385,7 @@ func (s *Server) followChild(ctx context.Context, parent *protocol.Run, c langgr
 	if !protocol.ValidToken(c.RunID) || !protocol.ValidToken(c.ThreadID) {
 		return
 	}
-	rec, _, err := s.stores.Runs.Get(ctx, tenant, c.RunID)
+	rec, err := s.runView(ctx, tenant, c.ThreadID, c.RunID)
 	if err != nil || rec.ThreadID != c.ThreadID || rec.Parent == nil ||
 		*rec.Parent != (protocol.Parent{RunID: parent.RunID, ThreadID: parent.ThreadID, ToolCallID: c.ToolCallID}) {
 		log.Debug("subagent.started names no child run of this one", zap.Error(err))

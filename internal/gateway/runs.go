@@ -49,6 +49,13 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		if err := decodeBody(r, &body); err != nil {
 			return err
 		}
+		// A run without input or command goes on from its checkpoint
+		// (continueRun decides where once the thread may be read).
+		cont := body.Input == nil && body.Command == nil
+		if cont {
+			body.Command = &runCommand{Goto: json.RawMessage(`"` + protocol.GotoModel + `"`)}
+		}
+		assistantID := body.AssistantID
 		asst, err := s.runAssistant(r.Context(), tenant, &body)
 		if err != nil {
 			return err
@@ -57,6 +64,7 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		if err != nil {
 			return err
 		}
+		tagged := threadTags(req.Agent, assistantID)
 		if asst != nil {
 			underRun(&req.Config, *asst)
 			if err := req.Validate(); err != nil {
@@ -64,10 +72,16 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 			}
 		}
 		var modes langgraph.Modes
-		if mode == modeStream {
+		if mode == modeStream || !isNull(body.StreamMode) {
 			if modes, err = body.modes(); err != nil {
 				return err
 			}
+		}
+		if !isNull(body.StreamMode) {
+			// A join that names no stream mode streams these.
+			req.StreamMode = modes.List()
+		}
+		if mode == modeStream {
 			nameInput(req)
 		}
 		if err := s.authorize(r, tenant, req); err != nil {
@@ -89,7 +103,12 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 			}
 		}
 		forkCtx, cancelFork := context.WithTimeout(context.WithoutCancel(r.Context()), s.submitTimeout)
-		err = s.forkForRun(forkCtx, tenant, thread, body.RunID, &body.forkFields)
+		if cont {
+			err = s.continueRun(forkCtx, tenant, thread, req, &body.forkFields)
+		}
+		if err == nil {
+			err = s.forkForRun(forkCtx, tenant, thread, body.RunID, &body.forkFields)
+		}
 		cancelFork()
 		if err != nil {
 			return err
@@ -127,7 +146,7 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 				due = t.Add(time.Second)
 			}
 		}
-		rec, err := s.submit(ctx, req, ifNotExists, due)
+		rec, err := s.submit(ctx, req, ifNotExists, due, tagged)
 		cancel()
 		if err != nil {
 			return err
@@ -159,7 +178,7 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 func (s *Server) writeFinal(w http.ResponseWriter, r *http.Request, f *events.Feed, rec *protocol.Run) error {
 	// A server write timeout must not cut a long wait.
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
-	final, err := s.awaitFinished(r.Context(), f, rec.Tenant, rec.RunID)
+	final, err := s.awaitFinished(r.Context(), f, rec.Tenant, rec.ThreadID, rec.RunID)
 	if err != nil {
 		if r.Context().Err() != nil {
 			s.log.Debug("client left while waiting; the run goes on",
@@ -182,17 +201,43 @@ func (s *Server) runOf(r *http.Request, tenant string) (*protocol.Run, error) {
 	if err != nil {
 		return nil, err
 	}
-	rec, _, err := s.stores.Runs.Get(r.Context(), tenant, run)
+	rec, err := s.runView(r.Context(), tenant, thread, run)
+	if errors.Is(err, kv.ErrNotFound) {
+		return nil, errNotFound(fmt.Sprintf("run %s not found on thread %s", run, thread))
+	}
+	return rec, err
+}
+
+// runView reads run of thread as clients see it (protocol.RunView): since
+// protocol v2 a running run's record stays pending, or is missing until
+// the run ends, and its thread's lease says it runs. A run of another
+// thread is not found.
+func (s *Server) runView(ctx context.Context, tenant, thread, run string) (*protocol.Run, error) {
+	rec, _, err := s.stores.Runs.Get(ctx, tenant, run)
 	if errors.Is(err, kv.ErrNotFound) {
 		// Any replica answers Get, and one may not have a record created
 		// a moment ago (a client reading the run it just submitted): the
 		// leader decides.
-		rec, _, err = s.stores.Runs.GetLatest(r.Context(), tenant, run)
+		rec, _, err = s.stores.Runs.GetLatest(ctx, tenant, run)
 	}
-	if errors.Is(err, kv.ErrNotFound) || (err == nil && rec.ThreadID != thread) {
-		return nil, errNotFound(fmt.Sprintf("run %s not found on thread %s", run, thread))
+	switch {
+	case errors.Is(err, kv.ErrNotFound):
+		rec = nil
+	case err != nil:
+		return nil, err
+	case rec.ThreadID != thread:
+		return nil, kv.ErrNotFound
+	case rec.Status.Terminal():
+		return rec, nil
 	}
-	return rec, err
+	th, _, err := s.stores.Threads.Get(ctx, tenant, thread)
+	if err != nil && !errors.Is(err, kv.ErrNotFound) {
+		return nil, err
+	}
+	if v := protocol.RunView(run, rec, th); v != nil {
+		return v, nil
+	}
+	return nil, kv.ErrNotFound
 }
 
 // getRun: GET /threads/{thread_id}/runs/{run_id}.
@@ -227,7 +272,9 @@ func (s *Server) joinRun(w http.ResponseWriter, r *http.Request, tenant string) 
 }
 
 // joinStream: GET /threads/{thread_id}/runs/{run_id}/stream, the run's
-// events after Last-Event-ID (or ?last_event_id=), then live ones.
+// events after Last-Event-ID (or ?last_event_id=), then live ones, in the
+// stream modes asked for, else those the run was created with, else
+// values.
 func (s *Server) joinStream(w http.ResponseWriter, r *http.Request, tenant string) error {
 	rec, err := s.runOf(r, tenant)
 	if err != nil {
@@ -240,6 +287,12 @@ func (s *Server) joinStream(w http.ResponseWriter, r *http.Request, tenant strin
 	modes, err := queryModes(r)
 	if err != nil {
 		return err
+	}
+	if _, named := r.URL.Query()["stream_mode"]; !named && len(rec.StreamMode) > 0 {
+		// LangGraph streams what the run was created to stream.
+		if m, err := langgraph.ParseModes(rec.StreamMode, modes.Subgraphs); err == nil {
+			modes = m
+		}
 	}
 	cancelOnLeave, err := boolQuery(r, "cancel_on_disconnect")
 	if err != nil {
@@ -332,10 +385,13 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, tenant string)
 	for _, id := range ids {
 		rec, _, err := s.stores.Runs.Get(r.Context(), tenant, id)
 		if errors.Is(err, kv.ErrNotFound) {
-			continue
+			rec, err = nil, nil
 		}
 		if err != nil {
 			return err
+		}
+		if rec = protocol.RunView(id, rec, th); rec == nil {
+			continue
 		}
 		if rec.ThreadID != th.ThreadID || (status != "" && rec.Status != status) {
 			continue

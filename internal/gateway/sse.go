@@ -14,7 +14,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/events"
-	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/langgraph"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -254,14 +253,9 @@ var errNoteUnchanged = errors.New("unchanged")
 // awaitFinished blocks until rec's run has finished and returns its final
 // record. f reads the run's lifecycle events. The record is checked now and
 // then as well, so a run whose events expired still returns.
-func (s *Server) awaitFinished(ctx context.Context, f *events.Feed, tenant, run string) (*protocol.Run, error) {
+func (s *Server) awaitFinished(ctx context.Context, f *events.Feed, tenant, thread, run string) (*protocol.Run, error) {
 	for {
-		rec, _, err := s.stores.Runs.Get(ctx, tenant, run)
-		if errors.Is(err, kv.ErrNotFound) {
-			// The run was just submitted: a replica of a replicated bucket
-			// may not have its record yet. The leader has it.
-			rec, _, err = s.stores.Runs.GetLatest(ctx, tenant, run)
-		}
+		rec, err := s.runView(ctx, tenant, thread, run)
 		if err != nil {
 			return nil, err
 		}

@@ -35,7 +35,7 @@ import (
 // A run due later (after_seconds: due is set) is recorded pending at
 // once and its request scheduled in the jobs stream (submit.Delay); the
 // reject strategy applies when it is due, in the worker.
-func (s *Server) submit(ctx context.Context, req *protocol.RunRequest, ifNotExists string, due time.Time) (*protocol.Run, error) {
+func (s *Server) submit(ctx context.Context, req *protocol.RunRequest, ifNotExists string, due time.Time, tags map[string]any) (*protocol.Run, error) {
 	log := s.log.With(zap.String("tenant", req.Tenant), zap.String("thread_id", req.ThreadID), zap.String("run_id", req.RunID))
 	data, err := json.Marshal(req)
 	if err != nil {
@@ -58,7 +58,7 @@ func (s *Server) submit(ctx context.Context, req *protocol.RunRequest, ifNotExis
 		if ifNotExists == ifNotExistsReject {
 			return nil, errNotFound(fmt.Sprintf("thread %s not found; create it first or send \"if_not_exists\": \"create\"", req.ThreadID))
 		}
-		th = newThread(req.Tenant, req.ThreadID, nil)
+		th = newThread(req.Tenant, req.ThreadID, tags)
 		_, err = s.stores.Threads.Put(ctx, th, 0)
 		if errors.Is(err, kv.ErrExists) {
 			// Created meanwhile (by a worker or another request): use it,
@@ -71,6 +71,24 @@ func (s *Server) submit(ctx context.Context, req *protocol.RunRequest, ifNotExis
 	}
 	if th.Status == protocol.ThreadDeleting {
 		return nil, errDeleting(req.ThreadID)
+	}
+	if missingTags(th.Metadata, tags) {
+		// The thread's first run names its graph and assistant, as
+		// LangGraph does: Agent Chat UI lists threads by them.
+		_, _, err := s.stores.Threads.Mutate(ctx, req.Tenant, req.ThreadID, func(t *protocol.Thread) error {
+			if t.Metadata == nil {
+				t.Metadata = map[string]any{}
+			}
+			for k, v := range tags {
+				if _, ok := t.Metadata[k]; !ok {
+					t.Metadata[k] = v
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
 	}
 
 	if req.Command != nil {
@@ -144,12 +162,15 @@ func (s *Server) busy(ctx context.Context, th *protocol.Thread) (bool, string, e
 	active := func(run string) (bool, error) {
 		r, _, err := s.stores.Runs.Get(ctx, th.Tenant, run)
 		if errors.Is(err, kv.ErrNotFound) {
-			return false, nil
+			r, err = nil, nil
 		}
 		if err != nil {
 			return false, err
 		}
-		return !r.Status.Terminal(), nil
+		// Since protocol v2 a running run may have no record yet: the
+		// lease says it runs, last_run that it ended.
+		v := protocol.RunView(run, r, th)
+		return v != nil && !v.Status.Terminal(), nil
 	}
 	if th.Lease != nil {
 		// A lease whose run finished is stale: a worker breaks it.
@@ -266,4 +287,25 @@ func (s *Server) checkResume(st *state.State, req *protocol.RunRequest, th *prot
 	// Another kind is a custom interrupt: its middleware reads the value
 	// as sent (Runtime.Resume).
 	return nil
+}
+
+// threadTags is the metadata a run gives a thread that has none of it
+// (LangGraph's graph_id and assistant_id): the run's graph, and the
+// assistant it named (a graph name or none: the graph's system
+// assistant).
+func threadTags(graph, assistantID string) map[string]any {
+	if assistantID == "" || assistantID == graph {
+		assistantID = systemAssistantID(graph)
+	}
+	return map[string]any{"graph_id": graph, "assistant_id": assistantID}
+}
+
+// missingTags reports whether metadata lacks a key of tags.
+func missingTags(metadata, tags map[string]any) bool {
+	for k := range tags {
+		if _, ok := metadata[k]; !ok {
+			return true
+		}
+	}
+	return false
 }

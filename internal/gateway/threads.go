@@ -127,22 +127,19 @@ func (s *Server) thread(r *http.Request, tenant string) (*protocol.Thread, error
 }
 
 // listThreads: GET /threads, newest first, with ?status=, ?limit= and
-// ?offset=, from the thread index (threadindex.go).
+// ?offset=, from every record of the tenant (threadscan.go).
 func (s *Server) listThreads(w http.ResponseWriter, r *http.Request, tenant string) error {
 	page, err := pageOf(r)
 	if err != nil {
 		return err
 	}
 	status := r.URL.Query().Get("status")
-	if err := s.threadIndex.catchUp(r.Context()); err != nil {
-		return errUnavailable("the thread index is not available", err)
-	}
-	var all []protocol.Thread
-	s.threadIndex.each(tenant, func(th *protocol.Thread) {
-		if (status == "" || th.Status == status) && s.mayUse(r, th) {
-			all = append(all, *th)
-		}
+	all, err := s.allThreads(r.Context(), tenant, func(th *protocol.Thread) bool {
+		return (status == "" || th.Status == status) && s.mayUse(r, th)
 	})
+	if err != nil {
+		return errUnavailable("the threads bucket is not available", err)
+	}
 	top := topK(all, page.offset+page.limit, func(a, b *protocol.Thread) int {
 		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
 			return c

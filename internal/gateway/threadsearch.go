@@ -1,12 +1,14 @@
 package gateway
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
 	"slices"
 	"strings"
 
+	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -63,33 +65,42 @@ func (s *Server) threadMatcher(r *http.Request, b *searchThreadsBody) func(*prot
 	}
 }
 
-// matchingThreads returns copies of the tenant's threads matching b, from
-// the index (or, for ids, the index's records of those ids).
-func (s *Server) matchingThreads(r *http.Request, tenant string, b *searchThreadsBody) ([]protocol.Thread, error) {
-	if err := s.threadIndex.catchUp(r.Context()); err != nil {
-		return nil, errUnavailable("the thread index is not available", err)
-	}
-	match := s.threadMatcher(r, b)
+// threadsByID returns the tenant's threads named in ids that match,
+// each once, read by key.
+func (s *Server) threadsByID(r *http.Request, tenant string, ids []string, match func(*protocol.Thread) bool) ([]protocol.Thread, error) {
 	var out []protocol.Thread
-	if len(b.Ids) > 0 {
-		seen := map[string]bool{}
-		for _, id := range b.Ids {
-			if seen[id] || !protocol.ValidToken(id) {
-				continue
-			}
-			seen[id] = true
-			if th := s.threadIndex.get(tenant, id); th != nil && match(th) {
-				out = append(out, *th)
-			}
+	seen := map[string]bool{}
+	for _, id := range ids {
+		if seen[id] || !protocol.ValidToken(id) {
+			continue
 		}
-		return out, nil
-	}
-	s.threadIndex.each(tenant, func(th *protocol.Thread) {
+		seen[id] = true
+		th, _, err := s.stores.Threads.Get(r.Context(), tenant, id)
+		if errors.Is(err, kv.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, errUnavailable("the threads bucket is not available", err)
+		}
+		trimThread(th)
 		if match(th) {
 			out = append(out, *th)
 		}
-	})
+	}
 	return out, nil
+}
+
+// matchingThreads returns every thread of the tenant matching b.
+func (s *Server) matchingThreads(r *http.Request, tenant string, b *searchThreadsBody) ([]protocol.Thread, error) {
+	match := s.threadMatcher(r, b)
+	if len(b.Ids) > 0 {
+		return s.threadsByID(r, tenant, b.Ids, match)
+	}
+	all, err := s.allThreads(r.Context(), tenant, match)
+	if err != nil {
+		return nil, errUnavailable("the threads bucket is not available", err)
+	}
+	return all, nil
 }
 
 // threadOrder is the order a threads search sorts by.
@@ -151,16 +162,27 @@ func (s *Server) searchThreads(w http.ResponseWriter, r *http.Request, tenant st
 	if err != nil {
 		return err
 	}
-	all, err := s.matchingThreads(r, tenant, &b)
-	if err != nil {
-		return err
+	var top []protocol.Thread
+	var total int
+	if len(b.Ids) == 0 && (b.SortBy == "" || b.SortBy == "updated_at") && b.SortOrder != "asc" {
+		// Newest first: read back from the newest writes only as far as
+		// the page needs (threadscan.go).
+		top, total, err = s.newestThreads(r.Context(), tenant, p.offset+p.limit, s.threadMatcher(r, &b))
+		if err != nil {
+			return errUnavailable("the threads bucket is not available", err)
+		}
+	} else {
+		found, err := s.matchingThreads(r, tenant, &b)
+		if err != nil {
+			return err
+		}
+		top, total = topK(found, p.offset+p.limit, cmp), len(found)
 	}
-	top := topK(all, p.offset+p.limit, cmp)
 	views := make([]threadView, 0, len(top))
 	for i := range top {
 		views = append(views, viewThread(&top[i]))
 	}
-	writePage(w, p.offset, paginate(p, views), len(all), b.Select)
+	writePage(w, p.offset, paginate(p, views), total, b.Select)
 	return nil
 }
 

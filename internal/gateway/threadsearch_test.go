@@ -4,9 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -177,5 +181,130 @@ func TestThreadIndexFollowsOtherWriters(t *testing.T) {
 	e.do("POST", "/threads/count", nil).expect(t, http.StatusOK).decode(t, &n)
 	if n != 0 {
 		t.Fatalf("count after purge %d", n)
+	}
+}
+
+// writeThreads stores n thread records of tenant directly (as workers
+// do), t<prefix>00000 first, each written after the one before, with
+// metadata "user" = u<i%10>.
+func writeThreads(tb testing.TB, js jetstream.JetStream, bucket, tenant, prefix string, n int) {
+	tb.Helper()
+	for i := range n {
+		th := newThread(tenant, fmt.Sprintf("%s%05d", prefix, i), map[string]any{"user": fmt.Sprintf("u%d", i%10)})
+		data, err := protocol.AppendThreadJSON(nil, th)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if _, err := js.PublishAsync("$KV."+bucket+"."+bus.Key(tenant, th.ThreadID), data); err != nil {
+			tb.Fatal(err)
+		}
+		if i%2000 == 1999 {
+			<-js.PublishAsyncComplete()
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		tb.Fatal("the thread writes were not acknowledged")
+	}
+}
+
+// TestThreadsSearchReadsBackFromTheNewest: with thousands of threads a
+// newest-first search answers from the last writes (it visits a small
+// part of the tenant's records), the same page the full read gives; a
+// filter matching only old threads reads further back and still finds
+// them; rewriting an old thread brings it to the front; other orders and
+// counts read the tenant in full; another tenant's threads never show.
+func TestThreadsSearchReadsBackFromTheNewest(t *testing.T) {
+	const n = 6000
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	bucket := e.settings.Names.ThreadsBucket()
+	writeThreads(t, e.js, bucket, "big", "t", n)
+	writeThreads(t, e.js, bucket, "other", "o", 300) // written last: newest in the stream
+
+	ids := func(body map[string]any) []string {
+		t.Helper()
+		var out []threadView
+		e.do("POST", "/threads/search", body, "X-Tenant", "big").expect(t, http.StatusOK).decode(t, &out)
+		var got []string
+		for _, th := range out {
+			got = append(got, th.ThreadID)
+		}
+		return got
+	}
+	want := func(from, step, count int) string {
+		var w []string
+		for i := from; len(w) < count; i -= step {
+			w = append(w, fmt.Sprintf("t%05d", i))
+		}
+		return fmt.Sprint(w)
+	}
+	if got := ids(map[string]any{"limit": 5}); fmt.Sprint(got) != want(n-1, 1, 5) {
+		t.Fatalf("newest 5: %v, want %s", got, want(n-1, 1, 5))
+	}
+	if got := ids(map[string]any{"limit": 3, "offset": 2, "metadata": map[string]any{"user": "u3"}}); fmt.Sprint(got) != want(5973, 10, 3) {
+		t.Fatalf("u3 page: %v, want %s", got, want(5973, 10, 3))
+	}
+	// The same search answered from every record (the order by thread id
+	// reads them all) agrees on which threads match.
+	var all int
+	e.do("POST", "/threads/count", map[string]any{"metadata": map[string]any{"user": "u3"}}, "X-Tenant", "big").expect(t, http.StatusOK).decode(t, &all)
+	if all != n/10 {
+		t.Fatalf("count u3 %d, want %d", all, n/10)
+	}
+	if got := ids(map[string]any{"limit": 2, "sort_by": "thread_id", "sort_order": "asc"}); fmt.Sprint(got) != "[t00000 t00001]" {
+		t.Fatalf("by thread id: %v", got)
+	}
+
+	// Only the newest part is read for a page of the newest.
+	visited := 0
+	complete, err := e.stores.Threads.Recent(ctx, "big", 10, func(*protocol.Thread, uint64) { visited++ }, func() bool { return visited >= 10 })
+	if err != nil || complete {
+		t.Fatalf("recent: complete %v, err %v", complete, err)
+	}
+	if visited < 10 || visited >= n/2 {
+		t.Fatalf("a page of 10 visited %d of %d records", visited, n)
+	}
+	r := e.do("POST", "/threads/search", map[string]any{"limit": 10}, "X-Tenant", "big").expect(t, http.StatusOK)
+	if r.header.Get("X-Pagination-Next") != "10" || r.header.Get("X-Pagination-Total") != "" {
+		t.Fatalf("a partial read's pagination headers: %v", r.header)
+	}
+
+	// A filter matching only the oldest threads reads back to them.
+	if _, _, err := e.stores.Threads.Mutate(ctx, "big", "t00001", func(th *protocol.Thread) error {
+		th.Metadata = map[string]any{"user": "rare"}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(map[string]any{"metadata": map[string]any{"user": "u0"}, "limit": 1, "offset": n/10 - 1}); fmt.Sprint(got) != "[t00000]" {
+		t.Fatalf("the oldest u0: %v", got)
+	}
+	// t00001 was rewritten last: it is the newest now, and the only rare.
+	if got := ids(map[string]any{"limit": 2}); fmt.Sprint(got) != fmt.Sprint([]string{"t00001", fmt.Sprintf("t%05d", n-1)}) {
+		t.Fatalf("after rewriting t00001: %v", got)
+	}
+	if got := ids(map[string]any{"metadata": map[string]any{"user": "rare"}}); fmt.Sprint(got) != "[t00001]" {
+		t.Fatalf("rare: %v", got)
+	}
+	// Deleted: gone from the newest page at once.
+	e.do("DELETE", "/threads/t00001", nil, "X-Tenant", "big").expect(t, http.StatusNoContent)
+	deadline := time.Now().Add(30 * time.Second)
+	for got := ids(map[string]any{"limit": 1}); fmt.Sprint(got) != want(n-1, 1, 1); got = ids(map[string]any{"limit": 1}) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after deleting t00001 the newest is %v", got)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var other []threadView
+	e.do("POST", "/threads/search", map[string]any{"limit": 1000}, "X-Tenant", "other").expect(t, http.StatusOK).decode(t, &other)
+	if len(other) != 300 {
+		t.Fatalf("tenant other sees %d threads", len(other))
+	}
+	for _, th := range other {
+		if !strings.HasPrefix(th.ThreadID, "o") {
+			t.Fatalf("tenant other sees %s", th.ThreadID)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -67,6 +68,7 @@ func buildUseStreamPage(t *testing.T) string {
 const (
 	useStreamStory = "Once upon a time a queue kept every message safe, and the agents that read it lived happily ever after."
 	useStreamPoem  = "Roses are red, subjects are dotted, no message is lost."
+	useStreamPoem2 = "Violets are blue, streams are replicated, every step is checkpointed."
 	useStreamHold  = 4
 )
 
@@ -127,13 +129,16 @@ func (s lgSnapshot) texts() []string {
 // stopped for approval shows the interrupt, the page resumes it with
 // LangChain's decisions and the run finishes; editing an earlier message
 // forks the thread at its parent checkpoint, editing the first one forks
-// it at the input checkpoint, and the page switches between the branches.
+// it at the input checkpoint, regenerating an answer runs the model again
+// from the question's checkpoint (one per step, as LangGraph stores them),
+// and the page switches between the branches.
 // Skips without Chromium or the page's packages unless
 // NATSAGENT_BROWSER_TESTS=1 or NATSAGENT_LANGGRAPH_TESTS=1 make it fail.
 func TestUseStreamInBrowser(t *testing.T) {
 	dist := buildUseStreamPage(t)
 	p := openBrowserFor(t, 3*time.Minute)
 
+	var poems atomic.Int32
 	llm := openaitest.NewServer(t, func(req *openaitest.Request) openaitest.Reply {
 		last := req.LastMessage()
 		switch {
@@ -142,6 +147,9 @@ func TestUseStreamInBrowser(t *testing.T) {
 		case strings.Contains(last.Content, "save a note"):
 			return openaitest.Reply{ToolCalls: []openaitest.Call{{ID: "call_w1", Name: "write_file",
 				Arguments: `{"path":"/notes.txt","content":"remember the milk"}`}}}
+		case strings.Contains(last.Content, "poem instead") && poems.Add(1) > 1:
+			// Asked again (a regenerate): another poem.
+			return openaitest.Reply{Text: useStreamPoem2, ChunkDelay: 5 * time.Millisecond}
 		case strings.Contains(last.Content, "poem"):
 			return openaitest.Reply{Text: useStreamPoem, ChunkDelay: 5 * time.Millisecond}
 		case strings.Contains(last.Content, "story"):
@@ -348,6 +356,42 @@ func TestUseStreamInBrowser(t *testing.T) {
 	p.do(t, "next branch", chromedp.Click(`#messages .msg.human[data-index="2"] .branch-next`))
 	waitShown("back on the new branch", head.texts())
 
+	// Regenerate the poem: the page runs again without input from the
+	// step before the answer (the question's checkpoint), the thread gets
+	// a new answer on a new branch, and the page switches between the two
+	// answers.
+	p.do(t, "regenerate", chromedp.Click(`#messages .msg.ai[data-index="3"] .regenerate`))
+	p.waitText(t, "#status", equals("idle"))
+	waitShown("after regenerating", []string{"human:tell me a story", "ai:" + useStreamStory, "human:tell me a poem instead", "ai:" + useStreamPoem2})
+	from := p.eval(t, `window.__regeneratedFrom ? window.__regeneratedFrom.checkpoint_id : ""`)
+	e.do("POST", "/threads/"+thread+"/history", map[string]any{"limit": 100}).expect(t, http.StatusOK).decode(t, &history)
+	var question *lgSnapshot
+	answers := 0
+	for i, s := range history {
+		if s.Checkpoint.CheckpointID == from {
+			question = &history[i]
+		}
+		if s.ParentCheckpoint != nil && s.ParentCheckpoint.CheckpointID == from {
+			answers++
+		}
+	}
+	if question == nil || fmt.Sprint(question.texts()) != fmt.Sprint([]string{"human:tell me a story", "ai:" + useStreamStory, "human:tell me a poem instead"}) ||
+		fmt.Sprint(question.Next) != "[model]" {
+		t.Fatalf("the page regenerated from %q, want the checkpoint of the question before the answer (history %+v)", from, history)
+	}
+	if answers != 2 {
+		t.Fatalf("the question's checkpoint has %d children after regenerating, want the old answer and the new", answers)
+	}
+	regenerated := state(thread)
+	if got, want := regenerated.texts(), shown(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("the gateway's head is %q, the page shows %q", got, want)
+	}
+	p.waitText(t, `#messages .msg.ai[data-index="3"] .branch-at`, equals("2/2"))
+	p.do(t, "previous answer", chromedp.Click(`#messages .msg.ai[data-index="3"] .branch-prev`))
+	waitShown("the first answer", head.texts())
+	p.do(t, "next answer", chromedp.Click(`#messages .msg.ai[data-index="3"] .branch-next`))
+	waitShown("back on the regenerated answer", regenerated.texts())
+
 	// Edit the first question: the page forks from the thread's input
 	// checkpoint, and the thread starts over on a third branch.
 	p.do(t, "edit the first", chromedp.Click(`#messages .msg.human[data-index="0"] .edit`))
@@ -372,7 +416,7 @@ func TestUseStreamInBrowser(t *testing.T) {
 	}
 	p.waitText(t, `#messages .msg.human[data-index="0"] .branch-at`, equals("2/2"))
 	p.do(t, "previous first branch", chromedp.Click(`#messages .msg.human[data-index="0"] .branch-prev`))
-	waitShown("the branch before the restart", head.texts())
+	waitShown("the branch before the restart", regenerated.texts())
 
 	if got := p.eval(t, `(document.querySelector("#error") || {}).textContent || ""`); got != "" {
 		t.Fatalf("the page reported an error: %s", got)

@@ -392,7 +392,7 @@ func (ci ClientInfo) IsTenant(tenant string) bool {
 // request enqueued. The reject strategy is left to the worker.
 func (s *Service) enqueue(ctx context.Context, req *protocol.RunRequest, data []byte) (*jetstream.PubAck, error) {
 	runsStream := s.cfg.Settings.Names.RunsStream()
-	rec, _, err := s.cfg.Stores.Runs.Get(ctx, req.Tenant, req.RunID)
+	rec, _, err := s.cfg.Stores.RunView(ctx, req.Tenant, req.ThreadID, req.RunID)
 	switch {
 	case err == nil:
 		if rec.ThreadID != req.ThreadID {

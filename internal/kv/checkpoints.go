@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/state"
 )
 
@@ -45,6 +46,46 @@ type Delta struct {
 	// on an earlier checkpoint: the branch left behind, which stays
 	// readable through it.
 	Replaced string `json:"replaced,omitempty"`
+	// Files are the workdir's file changes since the parent checkpoint,
+	// on a checkpoint of a run whose workdir is versioned
+	// (files.Versioned) and changed: the content they name is stored
+	// before the delta is written. The files at a checkpoint are the
+	// changes along its chain (FilesAt).
+	Files []files.Change `json:"files,omitempty"`
+	// At is set on a checkpoint written on a step the history derives
+	// inside a run's delta (the gateway's history shows one checkpoint per
+	// step, docs/protocol.md 3.7): Parent is that delta's parent, Update
+	// repeats the delta's changes up to the step, and history shows At as
+	// the parent.
+	At string `json:"at,omitempty"`
+}
+
+// FilesOf returns the files at the end of chain (oldest first).
+func FilesOf(chain []*Delta) files.Manifest {
+	m := files.Manifest{}
+	for _, d := range chain {
+		m.Apply(d.Files)
+	}
+	return m
+}
+
+// FilesAt returns the files at checkpoint id, from byID (as All read
+// it); ok is false when a delta of its chain is not there.
+func FilesAt(byID map[string]*Delta, id string) (m files.Manifest, ok bool) {
+	var chain []*Delta
+	for at := id; at != ""; {
+		d, found := byID[at]
+		if !found || len(chain) > len(byID) {
+			return nil, false
+		}
+		chain = append(chain, d)
+		at = d.Parent
+	}
+	m = files.Manifest{}
+	for i := len(chain) - 1; i >= 0; i-- {
+		m.Apply(chain[i].Files)
+	}
+	return m, true
 }
 
 // Sources of checkpoints written outside a run.

@@ -120,6 +120,7 @@ func NewRun(req *protocol.RunRequest, msgSeq uint64, now time.Time) *protocol.Ru
 		Metadata:          req.Metadata,
 		MsgSeq:            msgSeq,
 		Webhook:           newWebhook(req.Webhook),
+		StreamMode:        req.StreamMode,
 	}
 }
 
@@ -128,4 +129,63 @@ func newWebhook(url string) *protocol.RunWebhook {
 		return nil
 	}
 	return &protocol.RunWebhook{URL: url, Status: protocol.WebhookPending}
+}
+
+// RunView reads run the way clients see it (protocol.RunView): its record
+// and, unless the record is terminal, its thread's record, which says
+// whether it runs or has just ended. thread may be "" when the caller does
+// not know it; a run without a record is then not found. The revision is
+// the record's (0 when it has none).
+func (s *Stores) RunView(ctx context.Context, tenant, thread, run string) (*protocol.Run, uint64, error) {
+	rec, rev, err := s.Runs.Get(ctx, tenant, run)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		rec = nil
+	case err != nil:
+		return nil, 0, err
+	case rec.Status.Terminal():
+		return rec, rev, nil
+	}
+	if rec != nil {
+		if thread != "" && rec.ThreadID != thread {
+			return rec, rev, nil
+		}
+		thread = rec.ThreadID
+	}
+	if thread == "" {
+		return nil, 0, ErrNotFound
+	}
+	th, _, err := s.Threads.Get(ctx, tenant, thread)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, 0, err
+	}
+	v := protocol.RunView(run, rec, th)
+	if v == nil {
+		return nil, 0, ErrNotFound
+	}
+	return v, rev, nil
+}
+
+// FindRunView is RunView for a caller that knows only the run's id (a
+// person at the CLI): a run without a record, one a plain publish sent
+// that has not ended, is looked for on the tenant's threads, whose lease
+// or last_run names it. That reads every thread record of the tenant, so
+// it serves a person's command, not a hot path.
+func (s *Stores) FindRunView(ctx context.Context, tenant, run string) (*protocol.Run, error) {
+	rec, _, err := s.RunView(ctx, tenant, "", run)
+	if !errors.Is(err, ErrNotFound) {
+		return rec, err
+	}
+	ths, err := List(ctx, s.Threads.kv, tenant+".*", func(t *protocol.Thread) bool {
+		return (t.Lease != nil && t.Lease.RunID == run) || (t.LastRun != nil && t.LastRun.RunID == run)
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, th := range ths {
+		if v := protocol.RunView(run, nil, th); v != nil {
+			return v, nil
+		}
+	}
+	return nil, ErrNotFound
 }

@@ -155,9 +155,9 @@ type Snapshot struct {
 	State        *state.State
 	// Interrupt is the interrupt open at the checkpoint, if any.
 	Interrupt *protocol.Interrupt
-	// Settled says no step follows without new input: the thread's head
-	// when no run holds it. Other checkpoints say what comes next from
-	// their last message.
+	// Settled says no step follows without new input (the gateway: an
+	// idle head written outside a run). Other checkpoints say what comes
+	// next from their last message.
 	Settled bool
 	// Hidden names the values not shown in values.
 	Hidden []string
@@ -197,7 +197,7 @@ func State(s Snapshot) ThreadState {
 		out.Interrupts = []Interrupt{in}
 		out.Tasks = []Task{{ID: in.ID, Name: node, Path: []string{"__pregel_pull", node}, Interrupts: []Interrupt{in}}}
 	case !s.Settled:
-		if node := nextNode(s.State.Messages); node != "" {
+		if node := NextNode(s.State.Messages); node != "" {
 			out.Next = []string{node}
 			out.Tasks = []Task{{ID: s.CheckpointID + "-" + node, Name: node, Path: []string{"__pregel_pull", node}, Interrupts: []Interrupt{}}}
 		}
@@ -205,9 +205,10 @@ func State(s Snapshot) ThreadState {
 	return out
 }
 
-// nextNode is what a run does after a transcript: the tools when the last
-// message asks for tool calls, the model after new input or tool results.
-func nextNode(ms []model.Message) string {
+// NextNode is what a run does after a transcript: the tools when the last
+// message asks for tool calls, the model after new input or tool results,
+// nothing ("") after an answer.
+func NextNode(ms []model.Message) string {
 	if len(ms) == 0 {
 		return ""
 	}

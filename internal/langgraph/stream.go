@@ -578,7 +578,7 @@ func (s *Stream) checkpoint() map[string]any {
 		v = Values(s.st, s.hidden...)
 	}
 	next := []string{}
-	if node := nextNode(s.st.Messages); node != "" {
+	if node := NextNode(s.st.Messages); node != "" {
 		next = []string{node}
 	}
 	id := fmt.Sprintf("%s-%d", s.run.RunID, s.step)

@@ -27,6 +27,11 @@ type quotaWorkdir struct {
 	tenant string
 }
 
+// Unwrap lets files.VersionedOf see the backend: the workdir follows the
+// thread's checkpoints with a quota too (a checkout does not change the
+// count).
+func (q *quotaWorkdir) Unwrap() files.Workdir { return q.Workdir }
+
 func (q *quotaWorkdir) size(ctx context.Context, p string) int64 {
 	if info, err := q.Stat(ctx, p); err == nil && !info.IsDir {
 		return info.Size

@@ -29,6 +29,9 @@ func TestFileQuotaAcrossThreads(t *testing.T) {
 		return l.Files(files.NewObjectStore(store, index, tenant, thread), tenant)
 	}
 	t1, t2 := wd("acme", "t1"), wd("acme", "t2")
+	if _, ok := files.VersionedOf(t1); !ok {
+		t.Fatal("a workdir with a quota hides its versioned backend: its files would not follow the thread's checkpoints")
+	}
 	if err := t1.Write(ctx, "/a.txt", make([]byte, 600)); err != nil {
 		t.Fatal(err)
 	}

@@ -82,7 +82,7 @@ func TestMemoryEndToEnd(t *testing.T) {
 	if notes, _ := e.store.Notes(context.Background(), "default", "kim"); notes != "- Lives in Lyon" {
 		t.Fatalf("notes %q", notes)
 	}
-	testdeploy.WaitFor(t, 8*time.Second, "facts in KV", func() bool {
+	testdeploy.WaitFor(t, 60*time.Second, "facts in KV", func() bool {
 		f, _ := e.store.Facts(context.Background(), "default", "kim")
 		return len(f) > 0
 	})
@@ -147,7 +147,7 @@ func (e *env) submit(thread, run, user, text string) {
 func (e *env) waitRun(run string) {
 	e.t.Helper()
 	var rec *protocol.Run
-	testdeploy.WaitFor(e.t, 10*time.Second, "run "+run, func() bool {
+	testdeploy.WaitFor(e.t, 60*time.Second, "run "+run, func() bool {
 		r, _, err := e.stores.Runs.Get(context.Background(), protocol.DefaultTenant, run)
 		rec = r
 		return err == nil && r.Status.Terminal()

@@ -1,13 +1,19 @@
 // Package memory owns what natsagent remembers about a user across
 // threads: the notes (the user's MEMORY.md, written with the remember
-// tool) and the facts distilled from their conversations, both in the
-// memory KV bucket, and the memory job that distils them. Store implements
-// middleware.MemoryStore, so the memory middleware never sees NATS; every
-// write is a compare-and-set. It must not touch runs, leases or
-// checkpoints (the job only reads a thread's state).
+// tool) and the facts distilled from their conversations, and the memory
+// job that distils them. Store implements middleware.MemoryStore, so the
+// memory middleware never sees NATS; every write is a compare-and-set. It
+// must not touch runs, leases or checkpoints (the job only reads a
+// thread's state).
 //
-// Keys: <tenant>.<user>.notes (text), <tenant>.<user>.facts (JSON),
-// <tenant>.<user>.cursor.<thread> (how far that thread was distilled).
+// Notes and facts are items of the LangGraph store (internal/store), so
+// people see and edit them through the store API and the SDK: namespace
+// ["memories", <user>], key "notes" ({"content": "<the notes>"}) and key
+// "facts" ({"facts": [...]}). The distillation cursors stay in the memory
+// bucket: <tenant>.<user>.cursor.<thread>. Notes and facts written before
+// the store existed (memory bucket, <tenant>.<user>.notes and .facts) are
+// read when the user has no item yet, and moved: the first write creates
+// the item and removes the old key.
 package memory
 
 import (
@@ -24,6 +30,7 @@ import (
 	"github.com/natsagent/natsagent/internal/jobs"
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/store"
 )
 
 // Fact is one fact about a user.
@@ -51,9 +58,10 @@ type Config struct {
 
 // Store is the memory of every user of a deployment.
 type Store struct {
-	cfg Config
-	kv  jetstream.KeyValue
-	js  jetstream.JetStream
+	cfg   Config
+	kv    jetstream.KeyValue
+	js    jetstream.JetStream
+	items *store.Store
 }
 
 var _ middleware.MemoryStore = (*Store)(nil)
@@ -74,7 +82,81 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, erro
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", cfg.Names.MemoryBucket(), err)
 	}
-	return &Store{cfg: cfg, kv: kv, js: js}, nil
+	items, err := store.Open(ctx, js, store.Config{Names: cfg.Names})
+	if err != nil {
+		return nil, err
+	}
+	return &Store{cfg: cfg, kv: kv, js: js, items: items}, nil
+}
+
+// Item keys of a user's memory in the store.
+const (
+	notesKey = "notes"
+	factsKey = "facts"
+)
+
+// Namespace is the store namespace of a user's notes and facts.
+func Namespace(user string) []string { return []string{store.MemoryNamespace, user} }
+
+// item reads one of a user's memory items as its value and revision; a
+// user with no item yet gets the legacy key's value (decoded by legacy)
+// at revision 0, and moved reports that.
+func (s *Store) item(ctx context.Context, tenant, user, key string, legacy func([]byte) (map[string]any, error)) (value map[string]any, rev uint64, moved bool, err error) {
+	old, err := userKey(tenant, user, key)
+	if err != nil {
+		return nil, 0, false, err
+	}
+	it, rev, err := s.items.Get(ctx, tenant, Namespace(user), key)
+	if err == nil {
+		return it.Value, rev, false, nil
+	}
+	if !errors.Is(err, store.ErrNotFound) {
+		return nil, 0, false, err
+	}
+	data, _, err := s.get(ctx, old)
+	if err != nil || data == nil {
+		return nil, 0, false, err
+	}
+	value, err = legacy(data)
+	if err != nil {
+		return nil, 0, false, fmt.Errorf("decode %s: %w", old, err)
+	}
+	return value, 0, true, nil
+}
+
+// putItem writes one of a user's memory items over rev (ErrConflict when
+// it changed) and, when the value moved from the legacy key, removes that
+// key.
+func (s *Store) putItem(ctx context.Context, tenant, user, key string, value map[string]any, rev uint64, moved bool) error {
+	_, err := s.items.PutAt(ctx, tenant, Namespace(user), key, value, rev, store.PutOptions{})
+	if errors.Is(err, store.ErrConflict) {
+		return ErrConflict
+	}
+	if err != nil || !moved {
+		return err
+	}
+	old, _ := userKey(tenant, user, key)
+	st, err := s.js.Stream(ctx, "KV_"+s.cfg.Names.MemoryBucket())
+	if err != nil {
+		return err
+	}
+	return st.Purge(ctx, jetstream.WithPurgeSubject("$KV."+s.cfg.Names.MemoryBucket()+"."+old))
+}
+
+func legacyNotes(data []byte) (map[string]any, error) {
+	return map[string]any{"content": string(data)}, nil
+}
+
+func legacyFacts(data []byte) (map[string]any, error) {
+	var v map[string]any
+	err := json.Unmarshal(data, &v)
+	return v, err
+}
+
+// notesOf is the text of a notes item's value.
+func notesOf(value map[string]any) string {
+	s, _ := value["content"].(string)
+	return s
 }
 
 func userKey(tenant, user string, rest ...string) (string, error) {
@@ -130,12 +212,8 @@ const maxCASAttempts = 20
 
 // Notes returns the user's notes, "" when there are none.
 func (s *Store) Notes(ctx context.Context, tenant, user string) (string, error) {
-	key, err := userKey(tenant, user, "notes")
-	if err != nil {
-		return "", err
-	}
-	data, _, err := s.get(ctx, key)
-	return string(data), err
+	value, _, _, err := s.item(ctx, tenant, user, notesKey, legacyNotes)
+	return notesOf(value), err
 }
 
 // AppendNote appends note as one line ("- note") to the user's notes. A
@@ -143,8 +221,7 @@ func (s *Store) Notes(ctx context.Context, tenant, user string) (string, error) 
 // Notes that would outgrow MaxNotesBytes are refused with
 // middleware.ErrNotesFull.
 func (s *Store) AppendNote(ctx context.Context, tenant, user, note string) (middleware.NoteAppend, error) {
-	key, err := userKey(tenant, user, "notes")
-	if err != nil {
+	if _, err := userKey(tenant, user, notesKey); err != nil {
 		return middleware.NoteAppend{}, err
 	}
 	note = strings.Join(strings.Fields(note), " ")
@@ -153,11 +230,11 @@ func (s *Store) AppendNote(ctx context.Context, tenant, user, note string) (midd
 	}
 	line := "- " + note
 	for range maxCASAttempts {
-		data, rev, err := s.get(ctx, key)
+		value, rev, moved, err := s.item(ctx, tenant, user, notesKey, legacyNotes)
 		if err != nil {
 			return middleware.NoteAppend{}, err
 		}
-		old := string(data)
+		old := notesOf(value)
 		if hasNote(old, note) {
 			return middleware.NoteAppend{Notes: old, Unchanged: true}, nil
 		}
@@ -169,7 +246,7 @@ func (s *Store) AppendNote(ctx context.Context, tenant, user, note string) (midd
 			return middleware.NoteAppend{}, fmt.Errorf("%w: %d of %d bytes are used and this note needs %d more",
 				middleware.ErrNotesFull, len(old), s.cfg.MaxNotesBytes, len(next)-len(old))
 		}
-		err = s.put(ctx, key, []byte(next), rev)
+		err = s.putItem(ctx, tenant, user, notesKey, map[string]any{"content": next}, rev, moved)
 		if err == nil {
 			return middleware.NoteAppend{Notes: next}, nil
 		}
@@ -206,45 +283,44 @@ type factsDoc struct {
 
 // Facts returns the user's facts, highest confidence first.
 func (s *Store) Facts(ctx context.Context, tenant, user string) ([]Fact, error) {
-	facts, _, err := s.facts(ctx, tenant, user)
+	facts, _, _, err := s.facts(ctx, tenant, user)
 	return facts, err
 }
 
-func (s *Store) facts(ctx context.Context, tenant, user string) ([]Fact, uint64, error) {
-	key, err := userKey(tenant, user, "facts")
-	if err != nil {
-		return nil, 0, err
+func (s *Store) facts(ctx context.Context, tenant, user string) ([]Fact, uint64, bool, error) {
+	value, rev, moved, err := s.item(ctx, tenant, user, factsKey, legacyFacts)
+	if err != nil || value == nil {
+		return nil, rev, moved, err
 	}
-	data, rev, err := s.get(ctx, key)
-	if err != nil || data == nil {
-		return nil, rev, err
+	data, err := json.Marshal(value)
+	if err != nil {
+		return nil, 0, false, err
 	}
 	var doc factsDoc
 	if err := json.Unmarshal(data, &doc); err != nil {
-		return nil, 0, fmt.Errorf("decode %s: %w", key, err)
+		return nil, 0, false, fmt.Errorf("decode the facts of %s (store item %q %s): %w", user, Namespace(user), factsKey, err)
 	}
-	return doc.Facts, rev, nil
+	return doc.Facts, rev, moved, nil
 }
 
 // MergeFacts merges incoming facts into the user's facts with
 // compare-and-set, as MergeFacts (the function) does, and returns the
 // result.
 func (s *Store) MergeFacts(ctx context.Context, tenant, user string, incoming []Fact, opts MergeOptions) ([]Fact, error) {
-	key, err := userKey(tenant, user, "facts")
-	if err != nil {
+	if _, err := userKey(tenant, user, factsKey); err != nil {
 		return nil, err
 	}
 	for range maxCASAttempts {
-		cur, rev, err := s.facts(ctx, tenant, user)
+		cur, rev, moved, err := s.facts(ctx, tenant, user)
 		if err != nil {
 			return nil, err
 		}
 		merged := MergeFacts(cur, incoming, opts)
-		data, err := json.Marshal(factsDoc{Facts: merged})
+		value, err := factsValue(merged)
 		if err != nil {
 			return nil, err
 		}
-		err = s.put(ctx, key, data, rev)
+		err = s.putItem(ctx, tenant, user, factsKey, value, rev, moved)
 		if err == nil {
 			return merged, nil
 		}
@@ -253,6 +329,16 @@ func (s *Store) MergeFacts(ctx context.Context, tenant, user string, incoming []
 		}
 	}
 	return nil, fmt.Errorf("memory: the facts of %s kept changing", user)
+}
+
+// factsValue is the store value of facts: {"facts": [...]}.
+func factsValue(facts []Fact) (map[string]any, error) {
+	data, err := json.Marshal(factsDoc{Facts: facts})
+	if err != nil {
+		return nil, err
+	}
+	var v map[string]any
+	return v, json.Unmarshal(data, &v)
 }
 
 // Cursor is how far a thread's messages were distilled into facts.

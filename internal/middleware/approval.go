@@ -225,6 +225,12 @@ func (a *ToolApproval) WrapModelCall(ctx context.Context, rt *Runtime, req *Mode
 	if a.asks() || !a.active(rt) {
 		return next(ctx, req)
 	}
+	return next(ctx, a.request(req))
+}
+
+// request is the model call's request without the gated tools (built
+// apart: chain.go, "Frames").
+func (a *ToolApproval) request(req *ModelRequest) *ModelRequest {
 	c := *req
 	c.Tools = make([]model.ToolSpec, 0, len(req.Tools))
 	for _, t := range req.Tools {
@@ -232,7 +238,7 @@ func (a *ToolApproval) WrapModelCall(ctx context.Context, rt *Runtime, req *Mode
 			c.Tools = append(c.Tools, t)
 		}
 	}
-	return next(ctx, &c)
+	return &c
 }
 
 // WrapToolCall runs a gated call only if a person approved it, with their

@@ -112,12 +112,18 @@ func AttachmentsBlock(up []files.Info, more int) string {
 
 // WrapModelCall appends the block to the request's last user message.
 func (a *Attachments) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelRequest, next ModelHandler) (*ModelResponse, error) {
+	return next(ctx, a.request(rt, req))
+}
+
+// request is the model call's request with the attachments' block added
+// to the last user message (built apart: chain.go, "Frames").
+func (a *Attachments) request(rt *Runtime, req *ModelRequest) *ModelRequest {
 	s := a.scratch(rt)
 	rt.mu.Lock()
 	block := s.block
 	rt.mu.Unlock()
 	if block == "" {
-		return next(ctx, req)
+		return req
 	}
 	last := -1
 	for i := len(req.Messages) - 1; i >= 0; i-- {
@@ -127,7 +133,7 @@ func (a *Attachments) WrapModelCall(ctx context.Context, rt *Runtime, req *Model
 		}
 	}
 	if last < 0 {
-		return next(ctx, req)
+		return req
 	}
 	out := *req
 	out.Messages = append([]model.Message(nil), req.Messages...)
@@ -138,5 +144,5 @@ func (a *Attachments) WrapModelCall(ctx context.Context, rt *Runtime, req *Model
 		m.Content += "\n\n" + block
 	}
 	out.Messages[last] = m
-	return next(ctx, &out)
+	return &out
 }

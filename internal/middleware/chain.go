@@ -365,6 +365,15 @@ func nameOf(h any) string {
 }
 
 // ModelCall composes the model wrappers around base, first outermost.
+//
+// Frames: while the model answers, every wrapper's frame is on the run's
+// goroutine stack, under the agent loop's and the worker's, and a
+// goroutine's stack is sized by the deepest point it ever reached (a
+// power of two, shrunk by the collector only below a quarter in use). A
+// run waits on its model for nearly all of its life, so a wrapper builds
+// its request and reads the answer in helpers that have returned by then,
+// and calls next from a small frame: that keeps a waiting run within a
+// 16 KiB stack instead of 32 KiB (operations.md, "Memory per run").
 func (c *Chain) ModelCall(rt *Runtime, base ModelHandler) ModelHandler {
 	h := base
 	for i := len(c.wrapModel) - 1; i >= 0; i-- {

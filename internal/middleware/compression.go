@@ -294,6 +294,14 @@ func (c *ContextCompression) WrapModelCall(ctx context.Context, rt *Runtime, req
 		return nil, err
 	}
 	resp, err := next(ctx, w.req)
+	return c.settle(ctx, rt, req, next, w, resp, err)
+}
+
+// settle takes a call's answer: a context-too-long error has the request
+// compressed harder and sent once more; an answer gets the compression's
+// state update. It is apart from WrapModelCall, whose frame stays on the
+// run's stack while the model answers (chain.go, "Frames").
+func (c *ContextCompression) settle(ctx context.Context, rt *Runtime, req *ModelRequest, next ModelHandler, w *callWork, resp *ModelResponse, err error) (*ModelResponse, error) {
 	if err != nil && ctx.Err() == nil && IsContextTooLong(err) {
 		var pending *ContextSummary
 		if w.newRec {

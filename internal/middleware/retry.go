@@ -111,6 +111,19 @@ func (r *Retry) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelReques
 		deadline = outer
 	}
 	ctx = context.WithValue(ctx, budgetKey{}, deadline)
+	// The first attempt is made here and the retries in retry, so the
+	// frame that stays on the run's stack while the model answers is
+	// small (chain.go, "Frames").
+	resp, err := next(ctx, req)
+	if err == nil {
+		return resp, nil
+	}
+	return r.retry(ctx, rt, req, next, deadline, err)
+}
+
+// retry goes on after a first attempt that failed with first: retries,
+// then the fallback models.
+func (r *Retry) retry(ctx context.Context, rt *Runtime, req *ModelRequest, next ModelHandler, deadline time.Time, first error) (*ModelResponse, error) {
 	netDelay := r.NetworkInitialDelay
 	netRetries := 0
 
@@ -125,7 +138,13 @@ func (r *Retry) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelReques
 			r.note(ctx, rt, "fallback", 0, 0, lastErr, name)
 		}
 		for attempt := 0; ; attempt++ {
-			resp, err := next(ctx, call)
+			var resp *ModelResponse
+			var err error
+			if first != nil {
+				err, first = first, nil
+			} else {
+				resp, err = next(ctx, call)
+			}
 			if err == nil {
 				return resp, nil
 			}

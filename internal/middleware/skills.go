@@ -299,12 +299,24 @@ func (s *Skills) reconcile(rt *Runtime, st *state.State, add []string) Result {
 // WrapModelCall lists the skills in the system prompt and offers the tools
 // of the active ones.
 func (s *Skills) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelRequest, next ModelHandler) (*ModelResponse, error) {
+	// The request is built in request, which has returned by the time the
+	// model answers: a wrapper's frame stays on the run's stack for the
+	// whole call (chain.go, "Frames").
+	c, err := s.request(ctx, rt, req)
+	if err != nil {
+		return nil, err
+	}
+	return next(ctx, c)
+}
+
+// request is the model call's request with the skills' tools and prompt.
+func (s *Skills) request(ctx context.Context, rt *Runtime, req *ModelRequest) (*ModelRequest, error) {
 	v, err := s.view(ctx, rt)
 	if err != nil {
 		return nil, err
 	}
 	if len(v.all) == 0 {
-		return next(ctx, req)
+		return req, nil
 	}
 	active := s.activated(req.State)
 	c := *req
@@ -336,7 +348,7 @@ func (s *Skills) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelReque
 		c.Tools = append(c.Tools, s.readSpec)
 	}
 	c.System = appendSection(c.System, s.prompt(v, active))
-	return next(ctx, &c)
+	return &c, nil
 }
 
 func appendSection(system, section string) string {

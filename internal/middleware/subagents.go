@@ -122,16 +122,22 @@ func (s *Subagents) offers(rt *Runtime) bool {
 
 // WrapModelCall offers the tools to a lead, hides them from a subagent.
 func (s *Subagents) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelRequest, next ModelHandler) (*ModelResponse, error) {
+	return next(ctx, s.request(rt, req))
+}
+
+// request is the model call's request with the delegation tools and
+// prompt (built apart: chain.go, "Frames").
+func (s *Subagents) request(rt *Runtime, req *ModelRequest) *ModelRequest {
 	if s.kind == KindSubagent {
 		if !slices.ContainsFunc(req.Tools, func(t model.ToolSpec) bool { return hiddenInSubagent(t.Name) }) {
-			return next(ctx, req)
+			return req
 		}
 		c := *req
 		c.Tools = slices.DeleteFunc(slices.Clone(req.Tools), func(t model.ToolSpec) bool { return hiddenInSubagent(t.Name) })
-		return next(ctx, &c)
+		return &c
 	}
 	if !s.offers(rt) {
-		return next(ctx, req)
+		return req
 	}
 	c := *req
 	c.Tools = slices.Clip(req.Tools)
@@ -141,7 +147,7 @@ func (s *Subagents) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelRe
 		}
 	}
 	c.System = appendSection(c.System, s.prompt)
-	return next(ctx, &c)
+	return &c
 }
 
 func (s *Subagents) guide() string {

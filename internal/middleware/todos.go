@@ -95,6 +95,12 @@ func todosOf(st *state.State) []Todo {
 
 // WrapModelCall offers write_todos and shows the current list.
 func (t *Todos) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelRequest, next ModelHandler) (*ModelResponse, error) {
+	return next(ctx, todosRequest(req))
+}
+
+// todosRequest is the model call's request with the todo tool and list
+// (built apart: chain.go, "Frames").
+func todosRequest(req *ModelRequest) *ModelRequest {
 	c := *req
 	if !slices.ContainsFunc(req.Tools, func(s model.ToolSpec) bool { return s.Name == WriteTodosTool }) {
 		c.Tools = append(slices.Clip(req.Tools), writeTodosSpec)
@@ -108,7 +114,7 @@ func (t *Todos) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelReques
 		}
 	}
 	c.System = appendSection(c.System, strings.TrimRight(b.String(), "\n"))
-	return next(ctx, &c)
+	return &c
 }
 
 // AfterModel refuses every write_todos call of a response that has more

@@ -246,6 +246,13 @@ func (t *TokenUsage) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelR
 	if err != nil || resp == nil || resp.Response == nil {
 		return resp, err
 	}
+	return t.settle(ctx, rt, req, slot, resp), nil
+}
+
+// settle is the response with the call's usage, counted on what was sent
+// (apart from WrapModelCall, whose frame stays on the run's stack while
+// the model answers: chain.go, "Frames").
+func (t *TokenUsage) settle(ctx context.Context, rt *Runtime, req *ModelRequest, slot *sentSlot, resp *ModelResponse) *ModelResponse {
 	sent := req
 	if slot.req != nil {
 		sent = slot.req
@@ -267,7 +274,7 @@ func (t *TokenUsage) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelR
 	u.Context = &snap
 	out := *resp
 	out.Usage = &u
-	return &out, nil
+	return &out
 }
 
 // responseTokens counts a response's completion. It counts the message

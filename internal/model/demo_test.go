@@ -171,3 +171,74 @@ func TestDemoHonoursCancellation(t *testing.T) {
 		t.Fatalf("%d pieces, returned after %v", pieces, time.Since(start))
 	}
 }
+
+func TestPickDemoBehaviour(t *testing.T) {
+	for msg, want := range map[string]model.DemoBehaviour{
+		"What time is it?":               model.DemoTime,
+		"Count SLOWLY please":            model.DemoSlow,
+		"write a file":                   model.DemoWrite,
+		"Ask me something":               model.DemoAsk,
+		"clarify, then write":            model.DemoWrite, // the first rule wins, not the first word
+		"hand this to a subagent":        model.DemoSubagent,
+		"a task for you":                 model.DemoSubagent,
+		"give me a long reply":           model.DemoLong,
+		"rewrite, tasks, asking, longer": model.DemoTime, // whole words only
+	} {
+		if got := model.PickDemoBehaviour(msg); got != want {
+			t.Errorf("%q: %s, want %s", msg, got, want)
+		}
+	}
+}
+
+// A request that offers no tools (a summary, a title) gets a short answer
+// whatever words it quotes: a summary of a "long" thread must not be long.
+func TestDemoWithoutToolsAnswersPlainly(t *testing.T) {
+	for _, msg := range []string{"give me a long reply", "count slowly", "write a file"} {
+		req := &model.Request{Messages: []model.Message{{Role: model.RoleUser, Content: msg}}}
+		resp, err := fastDemo().Generate(context.Background(), req, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Message.ToolCalls) != 0 || len(resp.Message.Content) > 600 {
+			t.Errorf("%q: %d tool calls, %d bytes", msg, len(resp.Message.ToolCalls), len(resp.Message.Content))
+		}
+	}
+}
+
+// A behaviour whose tool is not offered (a subagent has no write_file)
+// falls back to current_time and says what it would have called.
+func TestDemoFallsBackWithoutItsTool(t *testing.T) {
+	d := fastDemo()
+	req := &model.Request{Tools: demoTools, Messages: []model.Message{{Role: model.RoleUser, Content: "write a file"}}}
+	first, err := d.Generate(context.Background(), req, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first.Message.ToolCalls) != 1 || first.Message.ToolCalls[0].Name != model.DemoToolName {
+		t.Fatalf("first response %+v", first.Message)
+	}
+	call := first.Message.ToolCalls[0]
+	req.Messages = append(req.Messages, first.Message, model.Message{Role: model.RoleTool, ToolCallID: call.ID, Name: call.Name, Content: "noon"})
+	validate(t, req)
+	final, err := d.Generate(context.Background(), req, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(final.Message.Content, "would have called write_file") || len(final.Message.ToolCalls) != 0 {
+		t.Fatalf("final %q", final.Message.Content)
+	}
+}
+
+// The slow answer streams hundreds of pieces (half a minute at 100ms).
+func TestDemoSlowStreamsManyPieces(t *testing.T) {
+	d := model.NewDemo(model.DemoOptions{WordDelay: -1, SlowDelay: -1})
+	req := &model.Request{Tools: demoTools, Messages: []model.Message{{Role: model.RoleUser, Content: "slow"}}}
+	var rec deltaRecorder
+	resp, err := d.Generate(context.Background(), req, rec.add)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(rec.get()); n < 300 || strings.Join(rec.get(), "") != resp.Message.Content {
+		t.Fatalf("%d pieces", n)
+	}
+}

@@ -94,6 +94,10 @@ type RunRequest struct {
 	// Webhook is a URL the final run record is POSTed to once the run
 	// ended (docs/protocol.md 3.4; internal/webhook).
 	Webhook string `json:"webhook,omitempty"`
+	// StreamMode is the LangGraph stream modes the run was created with
+	// (the gateway's stream_mode); a LangGraph join of its stream that
+	// names none streams these, as LangGraph does. Kept on the record.
+	StreamMode []string `json:"stream_mode,omitempty"`
 }
 
 // Principal is an authenticated caller: a user of one tenant with roles.
@@ -196,6 +200,8 @@ type Run struct {
 	FinishedEventID uint64 `json:"finished_event_id,omitempty"`
 	// Webhook is the delivery of the run's webhook, when it asked for one.
 	Webhook *RunWebhook `json:"webhook,omitempty"`
+	// StreamMode is the request's (RunRequest.StreamMode).
+	StreamMode []string `json:"stream_mode,omitempty"`
 }
 
 // RunWebhook is where a run's webhook delivery stands.
@@ -242,6 +248,12 @@ type Thread struct {
 	Title     string         `json:"title,omitempty"`
 	// Head is the id of the latest checkpoint ("" for a new thread).
 	Head string `json:"head,omitempty"`
+	// FilesAt is the checkpoint whose files the thread's versioned
+	// workdir shows, when it is not Head's: time travel moves the head
+	// first, and a run starting on the thread (or the gateway right
+	// after) checks the head's files out. Every head a run moves to sets
+	// it. "" is the head's.
+	FilesAt string `json:"files_at,omitempty"`
 	// Epoch counts lease acquisitions; every acquisition increments it.
 	Epoch uint64 `json:"epoch"`
 	Lease *Lease `json:"lease,omitempty"`
@@ -267,6 +279,12 @@ type Thread struct {
 	// that leaves the list gets its index key then (AddRecentRun). A
 	// thread's runs are the index keys plus this list.
 	RecentRuns []string `json:"recent_runs,omitempty"`
+	// LastRun is the terminal summary of the last run that released the
+	// thread (protocol v2): the write that gives the thread back carries
+	// it, before the run's terminal record is written. A run whose record
+	// is still pending or missing but whose id is here has ended; the
+	// next delivery of its request writes its record from this (RunView).
+	LastRun *Run `json:"last_run,omitempty"`
 }
 
 // ThreadRecentRuns bounds Thread.RecentRuns.
@@ -301,6 +319,19 @@ type Lease struct {
 	// request back (a worker shutting down): the next delivery takes the
 	// run over at once instead of waiting for the lease to lapse.
 	HandedOver bool `json:"handed_over,omitempty"`
+	// What a running run's record carried in protocol v1 (since v2 no
+	// record is written when a run starts: the lease says it runs). Its
+	// start is AcquiredAt.
+	//
+	// Attempt counts the run's starts, this one included.
+	Attempt int `json:"attempt,omitempty"`
+	// Agent is the run's agent profile.
+	Agent string `json:"agent,omitempty"`
+	// BaseCheckpoint is the thread's head when the run first started; a
+	// rollback returns the thread to it.
+	BaseCheckpoint string `json:"base_checkpoint,omitempty"`
+	// CreatedAt is when the run was first seen (the record's created_at).
+	CreatedAt *time.Time `json:"created_at,omitempty"`
 }
 
 // Preemption is a pending steer or rollback.

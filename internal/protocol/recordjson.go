@@ -45,6 +45,81 @@ func AppendThreadJSON(b []byte, t *Thread) ([]byte, error) {
 	return appendMarshal(b, t)
 }
 
+// AppendEventDataJSON appends the JSON of a lifecycle event's data
+// (StartedData, QueuedData, FinishedData, by value or pointer), byte for
+// byte what json.Marshal(data) writes. ok is false for any other type, or
+// a value the hand encoder does not know (see above): the caller then
+// uses encoding/json, and b may hold a partial write to cut off.
+func AppendEventDataJSON(b []byte, data any) (out []byte, ok bool) {
+	switch d := data.(type) {
+	case StartedData:
+		return appendStartedData(b, &d)
+	case *StartedData:
+		if d != nil {
+			return appendStartedData(b, d)
+		}
+	case QueuedData:
+		return appendQueuedData(b, &d), true
+	case *QueuedData:
+		if d != nil {
+			return appendQueuedData(b, d), true
+		}
+	case FinishedData:
+		return appendFinishedData(b, &d)
+	case *FinishedData:
+		if d != nil {
+			return appendFinishedData(b, d)
+		}
+	}
+	return b, false
+}
+
+func appendStartedData(b []byte, d *StartedData) ([]byte, bool) {
+	ok := true
+	b = append(b, `{"attempt":`...)
+	b = strconv.AppendInt(b, int64(d.Attempt), 10)
+	b = append(b, `,"worker":`...)
+	b = appendJSONString(b, d.Worker)
+	b = append(b, `,"agent":`...)
+	b = appendJSONString(b, d.Agent)
+	b = appendOptString(b, `,"multitask_strategy":`, d.MultitaskStrategy)
+	if d.QueuedAt != nil {
+		b = append(b, `,"queued_at":`...)
+		if b, ok = appendTime(b, *d.QueuedAt); !ok {
+			return b, false
+		}
+	}
+	return append(b, '}'), true
+}
+
+func appendQueuedData(b []byte, d *QueuedData) []byte {
+	b = append(b, `{"agent":`...)
+	b = appendJSONString(b, d.Agent)
+	b = append(b, `,"multitask_strategy":`...)
+	b = appendJSONString(b, d.MultitaskStrategy)
+	return append(b, '}')
+}
+
+func appendFinishedData(b []byte, d *FinishedData) ([]byte, bool) {
+	ok := true
+	b = append(b, `{"status":`...)
+	b = appendJSONString(b, string(d.Status))
+	b = appendOptString(b, `,"stop_reason":`, d.StopReason)
+	b = appendOptString(b, `,"error":`, d.Error)
+	if d.Output != nil {
+		b = append(b, `,"output":`...)
+		if b, ok = appendMessage(b, d.Output); !ok {
+			return b, false
+		}
+	}
+	b = appendOptString(b, `,"superseded_by":`, d.SupersededBy)
+	if d.Interrupt != nil {
+		b = append(b, `,"interrupt":`...)
+		b = appendInterrupt(b, d.Interrupt)
+	}
+	return append(b, '}'), true
+}
+
 func appendMarshal(b []byte, v any) ([]byte, error) {
 	data, err := json.Marshal(v)
 	if err != nil {
@@ -135,6 +210,10 @@ func appendRun(b []byte, r *Run) ([]byte, bool) {
 			return b, false
 		}
 	}
+	if len(r.StreamMode) > 0 {
+		b = append(b, `,"stream_mode":`...)
+		b = appendStrings(b, r.StreamMode)
+	}
 	return append(b, '}'), true
 }
 
@@ -162,6 +241,7 @@ func appendThread(b []byte, t *Thread) ([]byte, bool) {
 	}
 	b = appendOptString(b, `,"title":`, t.Title)
 	b = appendOptString(b, `,"head":`, t.Head)
+	b = appendOptString(b, `,"files_at":`, t.FilesAt)
 	b = append(b, `,"epoch":`...)
 	b = strconv.AppendUint(b, t.Epoch, 10)
 	if l := t.Lease; l != nil {
@@ -183,6 +263,18 @@ func appendThread(b []byte, t *Thread) ([]byte, bool) {
 		}
 		if l.HandedOver {
 			b = append(b, `,"handed_over":true`...)
+		}
+		if l.Attempt != 0 {
+			b = append(b, `,"attempt":`...)
+			b = strconv.AppendInt(b, int64(l.Attempt), 10)
+		}
+		b = appendOptString(b, `,"agent":`, l.Agent)
+		b = appendOptString(b, `,"base_checkpoint":`, l.BaseCheckpoint)
+		if l.CreatedAt != nil {
+			b = append(b, `,"created_at":`...)
+			if b, ok = appendTime(b, *l.CreatedAt); !ok {
+				return b, false
+			}
 		}
 		b = append(b, '}')
 	}
@@ -211,6 +303,12 @@ func appendThread(b []byte, t *Thread) ([]byte, bool) {
 	if len(t.RecentRuns) > 0 {
 		b = append(b, `,"recent_runs":`...)
 		b = appendStrings(b, t.RecentRuns)
+	}
+	if t.LastRun != nil {
+		b = append(b, `,"last_run":`...)
+		if b, ok = appendRun(b, t.LastRun); !ok {
+			return b, false
+		}
 	}
 	return append(b, '}'), true
 }

@@ -281,9 +281,12 @@ func everydayRun(now time.Time, cached *int) *Run {
 func everydayThread(now time.Time) *Thread {
 	return &Thread{
 		ThreadID: "t1", Tenant: "default", CreatedAt: now, UpdatedAt: now, Status: ThreadBusy, Head: "cp1", Epoch: 4,
-		Lease:     &Lease{RunID: "r1", Worker: "w1", Epoch: 4, MsgSeq: 99, AcquiredAt: now, RenewedAt: now},
+		Lease: &Lease{RunID: "r1", Worker: "w1", Epoch: 4, MsgSeq: 99, AcquiredAt: now, RenewedAt: now,
+			Attempt: 1, Agent: "chatbot", BaseCheckpoint: "cp0", CreatedAt: &now},
 		Preempt:   []Preemption{{RunID: "r2", Strategy: StrategySteer}},
 		LastRunID: "r0", Owner: "alice",
+		LastRun: &Run{RunID: "r0", ThreadID: "t1", Tenant: "default", Agent: "chatbot", Status: StatusSuccess, Attempt: 1,
+			CreatedAt: now, StartedAt: &now, FinishedAt: &now, Worker: "w1", Epoch: 3, MsgSeq: 98, Seq: 3},
 	}
 }
 
@@ -347,5 +350,62 @@ func BenchmarkRecordJSON(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestEventDataJSONMatchesEncodingJSON: the lifecycle events' data, filled
+// at random, encodes by hand to what encoding/json writes, by value and by
+// pointer, or falls back; everyday values go through the hand encoder.
+func TestEventDataJSONMatchesEncodingJSON(t *testing.T) {
+	check := func(v any) bool {
+		t.Helper()
+		want, wantErr := json.Marshal(v)
+		got, ok := AppendEventDataJSON([]byte("prefix:"), v)
+		if !ok {
+			return false
+		}
+		if wantErr != nil {
+			t.Fatalf("hand-encoded %+v, which encoding/json refuses (%v)", v, wantErr)
+		}
+		if !bytes.Equal(got, append([]byte("prefix:"), want...)) {
+			t.Fatalf("hand-encoded event data differs from encoding/json:\n got %s\nwant prefix:%s", got, want)
+		}
+		return true
+	}
+	const n = 5000
+	hand := 0
+	for seed := range uint64(n) {
+		f := &filler{rnd: rand.New(rand.NewPCG(seed, seed>>32)), extra: "extra \u2028 &"}
+		var st StartedData
+		f.fill(reflect.ValueOf(&st).Elem(), 0)
+		var q QueuedData
+		f.fill(reflect.ValueOf(&q).Elem(), 0)
+		var fin FinishedData
+		f.fill(reflect.ValueOf(&fin).Elem(), 0)
+		for _, v := range []any{st, &st, q, &q, fin, &fin} {
+			if check(v) {
+				hand++
+			}
+		}
+	}
+	if hand < n {
+		t.Fatalf("the hand encoder wrote only %d of %d event data values", hand, 6*n)
+	}
+	now := time.Now().UTC()
+	everyday := []any{
+		StartedData{Attempt: 1, Worker: "w1", Agent: "chatbot", MultitaskStrategy: StrategyEnqueue, QueuedAt: &now},
+		QueuedData{Agent: "chatbot", MultitaskStrategy: StrategyEnqueue},
+		FinishedData{Status: StatusSuccess, Output: everydayRun(now, nil).Output},
+		&FinishedData{Status: StatusInterrupted, Interrupt: &Interrupt{Kind: InterruptApproval, RunID: "r1", AllowedDecisions: []string{"approve"}}},
+	}
+	for _, v := range everyday {
+		if !check(v) {
+			t.Fatalf("everyday event data %+v fell back to encoding/json", v)
+		}
+	}
+	for _, v := range []any{(*StartedData)(nil), (*FinishedData)(nil), map[string]any{"a": 1}, DeltaData{MessageID: "m", Delta: "d"}} {
+		if _, ok := AppendEventDataJSON(nil, v); ok {
+			t.Fatalf("%T was hand-encoded; it should go to encoding/json", v)
+		}
 	}
 }

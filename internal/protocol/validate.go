@@ -229,6 +229,14 @@ func (r *RunRequest) Validate() error {
 	if r.Webhook != "" && (len(r.Webhook) > 2048 || !(strings.HasPrefix(r.Webhook, "http://") || strings.HasPrefix(r.Webhook, "https://"))) {
 		return invalid("webhook", "must be an http or https URL of at most 2048 bytes")
 	}
+	if len(r.StreamMode) > 16 {
+		return invalid("stream_mode", "names %d modes; at most 16", len(r.StreamMode))
+	}
+	for i, m := range r.StreamMode {
+		if len(m) > 40 || !ValidToken(m) {
+			return invalid(fmt.Sprintf("stream_mode[%d]", i), "%q is not a stream mode name", clip(m, 40))
+		}
+	}
 	if r.Parent != nil {
 		if err := CheckToken("parent.run_id", r.Parent.RunID); err != nil {
 			return err

@@ -169,7 +169,10 @@ type Report struct {
 	Threads     int
 	Checkpoints int
 	Files       int
-	Usage       int
+	// Content counts the workdir content objects collected: named by no
+	// file and no checkpoint any more (files.Collect).
+	Content int
+	Usage   int
 }
 
 // Handle is the jobs.Handler of JobKind.
@@ -182,7 +185,7 @@ func (s *Sweeper) Handle(ctx context.Context, job *jobs.Job) error {
 		rep, err := s.Sweep(ctx, tenant)
 		log := s.log.With(zap.String("tenant", tenant), zap.Uint64("events", rep.Events), zap.Uint64("dead_letters", rep.DLQ),
 			zap.Int("runs", rep.Runs), zap.Int("threads", rep.Threads), zap.Int("checkpoints", rep.Checkpoints),
-			zap.Int("files", rep.Files), zap.Int("usage", rep.Usage))
+			zap.Int("files", rep.Files), zap.Int("content", rep.Content), zap.Int("usage", rep.Usage))
 		if err != nil {
 			log.Warn("retention sweep incomplete; the job is retried", zap.Error(err))
 			return err
@@ -357,6 +360,14 @@ func (s *Sweeper) Sweep(ctx context.Context, tenant string) (Report, error) {
 	if r.Checkpoints > 0 {
 		step("checkpoints", CheckpointGrace, func(cutoff time.Time) (err error) {
 			rep.Checkpoints, err = s.sweepCheckpoints(ctx, tenant, r.Checkpoints, cutoff)
+			return err
+		})
+	}
+	if r.Files > 0 || r.Checkpoints > 0 {
+		// What those steps left unnamed, and what overwrites and removes
+		// did since the last sweep.
+		step("content", ContentGrace, func(cutoff time.Time) (err error) {
+			rep.Content, err = s.sweepContent(ctx, tenant, cutoff)
 			return err
 		})
 	}

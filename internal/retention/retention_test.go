@@ -299,8 +299,8 @@ func TestFilesNotWrittenForTheTenantsAgeGo(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.cfg.Now = at(mid.Add(time.Hour))
-	if rep := e.sweep(s, "acme"); rep.Files != 2 {
-		t.Errorf("files removed %d, want 2", rep.Files)
+	if rep := e.sweep(s, "acme"); rep.Files != 2 || rep.Content != 1 {
+		t.Errorf("files removed %d, content %d, want 2 and 1 (both held the same)", rep.Files, rep.Content)
 	}
 	var left []string
 	if err := w.Walk(e.ctx, "/", func(i files.Info) error { left = append(left, i.Path); return nil }); err != nil {
@@ -313,8 +313,57 @@ func TestFilesNotWrittenForTheTenantsAgeGo(t *testing.T) {
 		t.Errorf("globex's file: %v", err)
 	}
 	store, _ := e.js.ObjectStore(e.ctx, e.names.FilesBucket())
-	if _, err := store.GetInfo(e.ctx, "acme/h1/old.txt"); !errors.Is(err, jetstream.ErrObjectNotFound) {
-		t.Errorf("the removed file's object: %v", err)
+	if _, err := store.GetInfo(e.ctx, files.ContentObject("acme", "h1", files.ContentHash([]byte("old")))); !errors.Is(err, jetstream.ErrObjectNotFound) {
+		t.Errorf("the removed files' content: %v", err)
+	}
+}
+
+// Workdir content no file and no checkpoint names is collected once it
+// is older than ContentGrace; content a checkpoint names stays (the files
+// at that checkpoint), as does all content of a thread a run holds.
+func TestUnnamedWorkdirContentIsCollected(t *testing.T) {
+	e := newEnv(t)
+	for _, th := range []*protocol.Thread{
+		{ThreadID: "h1", Tenant: "acme"},
+		{ThreadID: "busy", Tenant: "acme", Lease: &protocol.Lease{RunID: "r1", Epoch: 1}},
+	} {
+		if _, err := e.stores.Threads.Put(e.ctx, th, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := e.sweeper(Policy{Tenants: map[string]Rules{"acme": {Checkpoints: 100}}}, nil, nil)
+	w, busy := s.cfg.Workdirs("acme", "h1"), s.cfg.Workdirs("acme", "busy")
+	for _, c := range []string{"checkpointed", "overwritten", "current"} {
+		if err := w.Write(e.ctx, "/a.txt", []byte(c)); err != nil {
+			t.Fatal(err)
+		}
+		if err := busy.Write(e.ctx, "/a.txt", []byte(c)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hash := func(s string) string { return files.ContentHash([]byte(s)) }
+	d := &kv.Delta{ID: "e1-1", RunID: "r", Time: time.Now().UTC(), Files: []files.Change{{Path: "/a.txt", Hash: hash("checkpointed"), Size: 12}}}
+	if _, err := e.stores.Checkpoints.Put(e.ctx, "acme", "h1", d); err != nil {
+		t.Fatal(err)
+	}
+	if rep := e.sweep(s, "acme"); rep.Content != 0 {
+		t.Fatalf("content younger than the grace collected: %d", rep.Content)
+	}
+	s.cfg.Now = at(time.Now().Add(ContentGrace + time.Minute))
+	if rep := e.sweep(s, "acme"); rep.Content != 1 {
+		t.Fatalf("content collected %d, want 1 (overwritten)", rep.Content)
+	}
+	store, _ := e.js.ObjectStore(e.ctx, e.names.FilesBucket())
+	for thread, want := range map[string]map[string]bool{
+		"h1":   {"checkpointed": true, "overwritten": false, "current": true},
+		"busy": {"checkpointed": true, "overwritten": true, "current": true},
+	} {
+		for c, kept := range want {
+			_, err := store.GetInfo(e.ctx, files.ContentObject("acme", thread, hash(c)))
+			if kept != (err == nil) {
+				t.Errorf("%s's %q: kept=%v, want %v (%v)", thread, c, err == nil, kept, err)
+			}
+		}
 	}
 }
 

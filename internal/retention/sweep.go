@@ -336,6 +336,82 @@ func (s *Sweeper) sweepFiles(ctx context.Context, tenant string, cutoff time.Tim
 	return removed, errors.Join(errs...)
 }
 
+// ContentGrace is how old workdir content must be before a sweep may
+// collect it: far longer than a write takes between storing content and
+// indexing it.
+var ContentGrace = time.Hour
+
+// sweepContent collects the workdir content of the tenant's threads that
+// no file of the workdir (its index) and no checkpoint names, stored
+// before cutoff. A thread a run holds or waits for keeps all of its
+// content: a run records what it changed at its checkpoints. Content
+// stored again after the listing is never deleted (files.Collect).
+func (s *Sweeper) sweepContent(ctx context.Context, tenant string, cutoff time.Time) (int, error) {
+	if _, err := s.cfg.JS.ObjectStore(ctx, s.cfg.Names.FilesBucket()); errors.Is(err, jetstream.ErrBucketNotFound) {
+		return 0, nil // workdirs are not in the object store
+	}
+	threads, err := s.threadRecords(ctx, tenant)
+	if err != nil {
+		return 0, err
+	}
+	busy := map[string]bool{}
+	for _, th := range threads {
+		if th.busy {
+			busy[th.id] = true
+		}
+	}
+	named := map[string]map[string]bool{}
+	name := func(thread, hash string) {
+		if named[thread] == nil {
+			named[thread] = map[string]bool{}
+		}
+		named[thread][hash] = true
+	}
+	type ref struct{ thread, hash string }
+	indexed, err := collect(ctx, s.cfg.JS, s.cfg.Names.ThreadsBucket(), tenant+".*.file.*", func(e jetstream.KeyValueEntry) (ref, bool) {
+		var i files.Info
+		if json.Unmarshal(e.Value(), &i) != nil || i.Hash == "" {
+			return ref{}, false
+		}
+		return ref{splitSubject(e.Key())[1], i.Hash}, true
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, r := range indexed {
+		name(r.thread, r.hash)
+	}
+	undecoded := map[string]bool{}
+	checkpointed, err := collect(ctx, s.cfg.JS, s.cfg.Names.CheckpointsBucket(), tenant+".*.*", func(e jetstream.KeyValueEntry) ([]ref, bool) {
+		thread := splitSubject(e.Key())[1]
+		var d struct {
+			Files []files.Change `json:"files"`
+		}
+		if json.Unmarshal(e.Value(), &d) != nil {
+			undecoded[thread] = true
+			return nil, false
+		}
+		out := make([]ref, 0, len(d.Files))
+		for _, c := range d.Files {
+			if c.Hash != "" {
+				out = append(out, ref{thread, c.Hash})
+			}
+		}
+		return out, len(out) > 0
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, refs := range checkpointed {
+		for _, r := range refs {
+			name(r.thread, r.hash)
+		}
+	}
+	return files.Collect(ctx, s.cfg.JS, s.cfg.Names.FilesBucket(), tenant, func(thread, hash string) bool {
+		return busy[thread] || undecoded[thread] || named[thread][hash]
+	}, cutoff)
+}
+
 // sweepCheckpoints removes, from each thread with more than keep
 // checkpoints, the older ones that are not on the thread's history and
 // were written before cutoff. The history is the chain from the head and

@@ -162,7 +162,14 @@ func RunAudit(ctx context.Context, js jetstream.JetStream, names bus.Names, runs
 		}
 		switch {
 		case tr == nil || len(tr.finished) == 0 || rec == nil || !rec.Status.Terminal():
-			a.Lost = append(a.Lost, ref.Run+lostWhy(tr, rec)+requestState(ctx, js, names, rec))
+			// The record decides (run.finished follows the terminal
+			// record); the view says what a client sees of a run whose
+			// record is pending or missing (protocol v2).
+			view := rec
+			if th, _, err := stores.Threads.Get(ctx, ref.Tenant, ref.Thread); err == nil {
+				view = protocol.RunView(ref.Run, rec, th)
+			}
+			a.Lost = append(a.Lost, ref.Run+lostWhy(tr, view)+requestState(ctx, js, names, view))
 			continue
 		case len(tr.finished) > 1:
 			a.Duplicated = append(a.Duplicated, fmt.Sprintf("%s (%d run.finished)", ref.Run, len(tr.finished)))

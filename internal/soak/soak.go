@@ -158,6 +158,53 @@ func (r *Result) Summary() string {
 	return b.String()
 }
 
+// Report is the result for machines (natsagent soak --json). Lists of
+// runs are empty, not absent, when nothing went wrong.
+type Report struct {
+	OK          bool           `json:"ok"`
+	ElapsedMS   int64          `json:"elapsed_ms"`
+	Submitted   int            `json:"submitted"`
+	Succeeded   int            `json:"succeeded"`
+	Failed      map[string]int `json:"failed"`
+	NotAccepted int            `json:"not_accepted"`
+	// Attempts counts runs by how many attempts ran them ("1": runs
+	// that ran once).
+	Attempts        map[string]int `json:"attempts"`
+	Lost            []string       `json:"lost"`
+	Duplicated      []string       `json:"duplicated"`
+	Overlapping     []string       `json:"overlapping"`
+	AttemptOverlaps []string       `json:"overlapping_attempts"`
+	Stale           []string       `json:"stale_events_visible"`
+	Repeated        []string       `json:"repeated_seqs"`
+	Mismatched      []string       `json:"inconsistent"`
+	Gaps            []string       `json:"event_gaps"`
+	Marked          []string       `json:"events_marked_lost"`
+	FaultsInjected  map[string]int `json:"faults_injected"`
+	Resent          map[string]int `json:"submissions_resent"`
+}
+
+// Report is the result as Report.
+func (r *Result) Report() Report {
+	a := r.Audit
+	list := func(l []string) []string { return append([]string{}, l...) }
+	counts := func(m map[string]int) map[string]int {
+		out := make(map[string]int, len(m))
+		for k, v := range m {
+			out[k] = v
+		}
+		return out
+	}
+	attempts := make(map[string]int, len(a.Attempts))
+	for n, c := range a.Attempts {
+		attempts[fmt.Sprint(n)] = c
+	}
+	return Report{OK: r.OK(), ElapsedMS: r.Elapsed.Milliseconds(), Submitted: a.Submitted, Succeeded: a.Succeeded,
+		Failed: counts(a.Failed), NotAccepted: r.NotAccepted, Attempts: attempts,
+		Lost: list(a.Lost), Duplicated: list(a.Duplicated), Overlapping: list(a.Overlapping), AttemptOverlaps: list(a.AttemptOverlaps),
+		Stale: list(a.Stale), Repeated: list(a.Repeated), Mismatched: list(a.Mismatched), Gaps: list(a.Gaps), Marked: list(a.Marked),
+		FaultsInjected: counts(r.Injected), Resent: counts(r.Retries)}
+}
+
 func formatCounts(m map[string]int) string {
 	if len(m) == 0 {
 		return "none"

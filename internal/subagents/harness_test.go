@@ -144,7 +144,7 @@ func (e *env) submitReq(req *protocol.RunRequest) {
 // record reads a run record; nil when it does not exist.
 func (e *env) record(run string) *protocol.Run {
 	e.t.Helper()
-	r, _, err := e.stores.Runs.Get(context.Background(), protocol.DefaultTenant, run)
+	r, err := e.stores.FindRunView(context.Background(), protocol.DefaultTenant, run)
 	if errors.Is(err, kv.ErrNotFound) {
 		return nil
 	}

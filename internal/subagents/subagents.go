@@ -164,7 +164,7 @@ func (s *Service) StartSubagent(ctx context.Context, tenant string, req *protoco
 	}
 
 	// A retried start, or a recovered lead re-running its call.
-	if rec, _, err := s.stores.Runs.Get(ctx, tenant, run); err == nil {
+	if rec, _, err := s.stores.RunView(ctx, tenant, thread, run); err == nil {
 		if rec.Parent == nil || rec.Parent.RunID != req.Parent.RunID || rec.ThreadID != thread {
 			return nil, errConflict("run id %s is taken by another run", run)
 		}
@@ -173,7 +173,9 @@ func (s *Service) StartSubagent(ctx context.Context, tenant string, req *protoco
 		return nil, err
 	}
 
-	parent, _, err := s.stores.Runs.Get(ctx, tenant, req.Parent.RunID)
+	// Since protocol v2 a running run's record stays pending (or missing)
+	// while its thread's lease says it runs: the view puts them together.
+	parent, _, err := s.stores.RunView(ctx, tenant, req.Parent.ThreadID, req.Parent.RunID)
 	switch {
 	case errors.Is(err, kv.ErrNotFound):
 		return nil, errNotFound("no run %s: parent.run_id must name the running run that delegates", req.Parent.RunID)
@@ -287,9 +289,13 @@ func (s *Service) activeRun(ctx context.Context, th *protocol.Thread) (string, e
 	active := func(run string) (bool, error) {
 		r, _, err := s.stores.Runs.Get(ctx, th.Tenant, run)
 		if errors.Is(err, kv.ErrNotFound) {
-			return false, nil
+			r, err = nil, nil
 		}
-		return err == nil && !r.Status.Terminal(), err
+		if err != nil {
+			return false, err
+		}
+		v := protocol.RunView(run, r, th)
+		return v != nil && !v.Status.Terminal(), nil
 	}
 	if th.Lease != nil {
 		if ok, err := active(th.Lease.RunID); err != nil || ok {
@@ -359,7 +365,7 @@ func (s *Service) child(ctx context.Context, tenant string, q protocol.SubagentQ
 }
 
 func (s *Service) read(ctx context.Context, tenant, run string) (*protocol.Run, error) {
-	rec, _, err := s.stores.Runs.Get(ctx, tenant, run)
+	rec, _, err := s.stores.RunView(ctx, tenant, "", run)
 	return rec, err
 }
 

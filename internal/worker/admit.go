@@ -199,7 +199,7 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 			t.Owner = req.Principal.User
 		}
 		t.Epoch++
-		t.Lease = &protocol.Lease{RunID: req.RunID, Worker: w.cfg.ID, Epoch: t.Epoch, MsgSeq: j.seq, AcquiredAt: now, RenewedAt: now}
+		t.Lease = nextLease(t, snap.rec, req, w.cfg.ID, j.seq, now)
 		t.Status = protocol.ThreadBusy
 		t.LastRunID = req.RunID
 		t.Preempt = withoutRun(t.Preempt, req.RunID)
@@ -222,6 +222,35 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 }
 
 var errRetryAdmit = errors.New("thread changed; decide again")
+
+// nextLease is the lease req's run takes on t (whose Epoch is already
+// the new one). Since protocol v2 no record is written when a run starts,
+// so the lease carries what that record did: the attempt, the base
+// checkpoint a rollback returns to, the agent and the creation time. A
+// lease taken over from an earlier attempt of the run (its lease, or a
+// running record a v1 worker wrote) continues its count and keeps its
+// base.
+func nextLease(t *protocol.Thread, rec *protocol.Run, req *protocol.RunRequest, worker string, seq uint64, now time.Time) *protocol.Lease {
+	l := &protocol.Lease{RunID: req.RunID, Worker: worker, Epoch: t.Epoch, MsgSeq: seq, AcquiredAt: now, RenewedAt: now,
+		Attempt: 1, Agent: req.Agent, BaseCheckpoint: t.Head}
+	created := now
+	if rec != nil {
+		created = rec.CreatedAt
+		l.Attempt = rec.Attempt + 1
+		if rec.Status == protocol.StatusRunning {
+			l.BaseCheckpoint = rec.BaseCheckpoint
+		}
+	}
+	if prev := t.Lease; prev != nil && prev.RunID == req.RunID && prev.Attempt > 0 {
+		l.Attempt = max(l.Attempt, prev.Attempt+1)
+		l.BaseCheckpoint = prev.BaseCheckpoint
+		if prev.CreatedAt != nil {
+			created = *prev.CreatedAt
+		}
+	}
+	l.CreatedAt = &created
+	return l
+}
 
 // lapsed reports whether lease, held for this request by an earlier
 // delivery of it, may be taken over: its holder handed it back, or

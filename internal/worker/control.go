@@ -251,6 +251,29 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string, roll
 	for range 5 {
 		rec, _, err := w.stores.Runs.Get(ctx, tenant, run)
 		if errors.Is(err, kv.ErrNotFound) {
+			rec, err = nil, nil
+		}
+		if err != nil {
+			return "", err
+		}
+		if rec != nil && rec.ThreadID != thread {
+			return "", &codedError{protocol.CodeNotFound, fmt.Sprintf("run %s is not on thread %s", run, thread)}
+		}
+		if rec != nil && rec.Status.Terminal() {
+			return "", &codedError{protocol.CodeConflict, fmt.Sprintf("run %s already finished with status %s", run, rec.Status)}
+		}
+		// Since protocol v2 a running run's record stays pending (or
+		// missing): its thread's lease says it runs.
+		th, _, err := w.stores.Threads.Get(ctx, tenant, thread)
+		if errors.Is(err, kv.ErrNotFound) {
+			th, err = nil, nil
+		}
+		if err != nil {
+			return "", err
+		}
+		view := protocol.RunView(run, rec, th)
+		switch {
+		case view == nil:
 			req, err := w.findRequest(ctx, tenant, thread, run)
 			if err != nil {
 				return "", err
@@ -271,34 +294,28 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string, roll
 			}
 			w.ended(rec)
 			_ = w.stores.Threads.IndexRun(ctx, tenant, thread, run, rec.CreatedAt)
+			w.cancelIfStarted(ctx, tenant, thread, run, rollback)
 			if err := w.pub.PublishFinished(ctx, rec); err != nil {
 				return "", err
 			}
 			w.wakeThread(tenant, thread)
 			return protocol.StatusCancelled, nil
-		}
-		if err != nil {
-			return "", err
-		}
-		if rec.ThreadID != thread {
-			return "", &codedError{protocol.CodeNotFound, fmt.Sprintf("run %s is not on thread %s", run, thread)}
-		}
-		switch {
-		case rec.Status.Terminal():
-			return "", &codedError{protocol.CodeConflict, fmt.Sprintf("run %s already finished with status %s", run, rec.Status)}
-		case rec.Status == protocol.StatusPending:
+		case view.Status.Terminal():
+			return "", &codedError{protocol.CodeConflict, fmt.Sprintf("run %s already finished with status %s", run, view.Status)}
+		case view.Status == protocol.StatusPending:
 			done, err := w.finishUnowned(ctx, rec, protocol.StatusCancelled, "", func(r *protocol.Run) bool { return r.Status == protocol.StatusPending })
 			if err != nil {
 				return "", err
 			}
 			if done {
+				w.cancelIfStarted(ctx, tenant, thread, run, rollback)
 				return protocol.StatusCancelled, nil
 			}
 			continue // it started meanwhile
 		}
 		// Running: ask the worker that runs it.
 		data, _ := json.Marshal(control{Action: actionCancel, Tenant: tenant, Thread: thread, Run: run, Rollback: rollback})
-		reply, err := w.nc.RequestWithContext(ctx, w.names.WorkerControl(rec.Worker), data)
+		reply, err := w.nc.RequestWithContext(ctx, w.names.WorkerControl(view.Worker), data)
 		if err == nil {
 			var cr controlReply
 			if json.Unmarshal(reply.Data, &cr) == nil && cr.Found {
@@ -308,10 +325,16 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string, roll
 			return "", err
 		}
 		// Its worker is gone: fence it out and record the cancel.
-		epoch := rec.Epoch
-		done, err := w.finishUnownedTo(ctx, rec, protocol.StatusCancelled, "", func(r *protocol.Run) bool {
-			return r.Status == protocol.StatusRunning && r.Epoch == epoch
-		}, rollback)
+		var done bool
+		if rec != nil && rec.Status == protocol.StatusRunning && rec.Epoch == view.Epoch {
+			// A running record a v1 worker wrote.
+			epoch := rec.Epoch
+			done, err = w.finishUnownedTo(ctx, rec, protocol.StatusCancelled, "", func(r *protocol.Run) bool {
+				return r.Status == protocol.StatusRunning && r.Epoch == epoch
+			}, rollback)
+		} else {
+			done, err = w.finishHeld(ctx, rec, th, *th.Lease, protocol.StatusCancelled, "", rollback)
+		}
 		if err != nil {
 			return "", err
 		}
@@ -321,6 +344,90 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string, roll
 		}
 	}
 	return "", &codedError{protocol.CodeConflict, fmt.Sprintf("run %s kept changing while being cancelled; try again", run)}
+}
+
+// cancelIfStarted tells the worker running run to cancel it, if a worker
+// took the thread's lease for it while its pending (or missing) record was
+// being cancelled: since protocol v2 starting a run writes no record, so
+// the cancel's write cannot have stopped the start. The run's end then
+// finds the cancelled record and keeps it.
+func (w *Worker) cancelIfStarted(ctx context.Context, tenant, thread, run string, rollback bool) {
+	th, _, err := w.stores.Threads.GetLatest(ctx, tenant, thread)
+	if err != nil || th.Lease == nil || th.Lease.RunID != run {
+		return
+	}
+	w.signal(th.Lease.Worker, control{Action: actionCancel, Tenant: tenant, Thread: thread, Run: run, Rollback: rollback})
+}
+
+// finishHeld ends a run that holds its thread's lease but that no worker
+// is executing any more (its worker is gone), when its record is pending
+// or missing (protocol v2): the release, fenced by the lease's epoch,
+// carries the run's terminal summary; the record is written from it, then
+// run.finished. It reports false when the thread no longer holds lease.
+func (w *Worker) finishHeld(ctx context.Context, rec *protocol.Run, th *protocol.Thread, lease protocol.Lease, status protocol.Status, reason string, rollback bool) (bool, error) {
+	return w.finishHeldWith(ctx, rec, th, lease, status, "", reason, rollback)
+}
+
+// finishHeldWith is finishHeld with a stop reason.
+func (w *Worker) finishHeldWith(ctx context.Context, rec *protocol.Run, th *protocol.Thread, lease protocol.Lease, status protocol.Status, stopReason, reason string, rollback bool) (bool, error) {
+	lastSeq, err := w.pub.LastSeq(ctx, th.Tenant, th.ThreadID, lease.RunID)
+	if err != nil {
+		return false, err
+	}
+	var base protocol.Run
+	if rec != nil {
+		base = *rec
+		lastSeq = max(lastSeq, rec.Seq)
+	} else {
+		base = protocol.Run{RunID: lease.RunID, ThreadID: th.ThreadID, Tenant: th.Tenant, Agent: lease.Agent, CreatedAt: lease.AcquiredAt}
+		if lease.CreatedAt != nil {
+			base.CreatedAt = *lease.CreatedAt
+		}
+	}
+	now := time.Now().UTC()
+	started := lease.AcquiredAt
+	base.Status, base.StopReason, base.Error, base.FinishedAt, base.StartedAt = status, stopReason, reason, &now, &started
+	base.Attempt, base.Worker, base.Epoch, base.MsgSeq, base.Seq = max(lease.Attempt, 1), lease.Worker, lease.Epoch, lease.MsgSeq, lastSeq+1
+	if lease.BaseCheckpoint != "" {
+		base.BaseCheckpoint = lease.BaseCheckpoint
+	}
+	base.CancelRequested = false
+	final := &base
+	last := *final
+	last.Metadata, last.Parent, last.Webhook = nil, nil, nil
+	_, _, err = w.stores.Threads.Mutate(ctx, th.Tenant, th.ThreadID, func(t *protocol.Thread) error {
+		if t.Lease == nil || t.Lease.RunID != lease.RunID || t.Lease.Epoch != lease.Epoch {
+			return errUnchanged
+		}
+		t.Lease = nil
+		t.Status = protocol.ThreadIdle
+		if rollback {
+			t.Head = lease.BaseCheckpoint
+		}
+		t.Preempt = withoutRun(t.Preempt, lease.RunID)
+		t.LastRun = &last
+		return nil
+	})
+	if errors.Is(err, errUnchanged) || errors.Is(err, kv.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	w.wakeThread(th.Tenant, th.ThreadID)
+	out, err := writeEnded(ctx, w.stores.Runs, final)
+	own := err == nil
+	if errors.Is(err, errAlreadyFinished) {
+		out, _, err = w.stores.Runs.GetLatest(ctx, th.Tenant, lease.RunID)
+	}
+	if err != nil {
+		return true, err
+	}
+	if own {
+		w.ended(out)
+		return true, w.pub.PublishFinished(ctx, out)
+	}
+	return true, w.pub.EnsureFinished(ctx, out)
 }
 
 // finishUnowned ends a run that no worker is executing (pending, or whose

@@ -28,7 +28,7 @@ func TestCancelChecksTheRequestersAccount(t *testing.T) {
 	h.submit(request("t1", "r1", "hi"))
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if rec, _, err := h.stores.Runs.Get(context.Background(), "default", "r1"); err == nil && rec.Status == protocol.StatusRunning {
+		if rec, _, err := h.stores.RunView(context.Background(), "default", "t1", "r1"); err == nil && rec.Status == protocol.StatusRunning {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -51,7 +51,7 @@ func TestCancelChecksTheRequestersAccount(t *testing.T) {
 		!strings.Contains(er.Error.Message, `account "globex" may not cancel runs of tenant "default"`) {
 		t.Fatalf("cancel from another account answered %s %v", reply.Data, reply.Header)
 	}
-	if rec := h.run("default", "r1"); rec.Status != protocol.StatusRunning {
+	if rec := h.view("default", "t1", "r1"); rec.Status != protocol.StatusRunning {
 		t.Fatalf("run is %s after a refused cancel", rec.Status)
 	}
 	reply = send("default", "bob")
@@ -59,7 +59,7 @@ func TestCancelChecksTheRequestersAccount(t *testing.T) {
 	if err := json.Unmarshal(reply.Data, &er); err != nil || er.Error.Code != protocol.CodeNotFound {
 		t.Fatalf("cancel by another user of the tenant answered %s %v", reply.Data, reply.Header)
 	}
-	if rec := h.run("default", "r1"); rec.Status != protocol.StatusRunning {
+	if rec := h.view("default", "t1", "r1"); rec.Status != protocol.StatusRunning {
 		t.Fatalf("run is %s after another user's cancel", rec.Status)
 	}
 	reply = send("default", "alice")

@@ -303,11 +303,37 @@ func (w *Worker) handleMaxDeliveries(m *nats.Msg) {
 	tenant, thread, _ := w.names.ParseRunSubject(raw.Subject)
 	if req, err := protocol.DecodeRunRequest(raw.Data, w.cfg.Settings.MaxRequestBytes); err == nil && req.Tenant == tenant && req.ThreadID == thread {
 		log = log.With(zap.String("tenant", tenant), zap.String("thread_id", thread), zap.String("run_id", req.RunID))
-		if rec, _, err := w.stores.Runs.Get(ctx, tenant, req.RunID); err == nil && rec.Status == protocol.StatusRunning && rec.Attempt < int(adv.Deliveries) {
+		if rec, _, err := w.stores.RunView(ctx, tenant, thread, req.RunID); err == nil && rec.Status == protocol.StatusRunning && rec.Attempt < int(adv.Deliveries) {
 			reason = fmt.Sprintf("the runs consumer gave up on the run request after %d deliveries (its max_deliver), %d of which started the run: the others could not start (a full JetStream store refused their writes, or their worker stopped first); submit the run again", adv.Deliveries, rec.Attempt)
 		}
 		err := w.untilRoom(ctx, log, w.roomWait(), nil, func() error {
 			rec, _, err := w.stores.Runs.Get(ctx, tenant, req.RunID)
+			if err == nil && rec.Status.Terminal() {
+				return nil
+			}
+			if err == nil || errors.Is(err, kv.ErrNotFound) {
+				// Protocol v2: a run that holds its thread's lease runs with
+				// a pending or missing record; the fenced release ends it.
+				if rec != nil && (rec.Status == protocol.StatusRunning || rec.ThreadID != thread || (rec.MsgSeq != adv.StreamSeq && rec.MsgSeq != 0)) {
+					// A v1 running record, or another request's: below.
+				} else if th, _, terr := w.stores.Threads.Get(ctx, tenant, thread); terr == nil && th.Lease != nil && th.Lease.RunID == req.RunID && th.Lease.MsgSeq == adv.StreamSeq {
+					if done, err := w.finishHeld(ctx, rec, th, *th.Lease, protocol.StatusError, reason, false); err != nil || done {
+						return err
+					}
+				} else if terr == nil && th.LastRun != nil && th.LastRun.RunID == req.RunID && th.LastRun.MsgSeq == adv.StreamSeq {
+					// It ended (its release carried last_run) and its
+					// record was not written: it ended as last_run says.
+					ended, err := writeEnded(ctx, w.stores.Runs, protocol.EndedRun(kv.NewRun(req, adv.StreamSeq, th.LastRun.CreatedAt), th.LastRun))
+					if errors.Is(err, errAlreadyFinished) {
+						ended, _, err = w.stores.Runs.GetLatest(ctx, tenant, req.RunID)
+					}
+					if err != nil {
+						return err
+					}
+					w.ended(ended)
+					return w.pub.EnsureFinished(ctx, ended)
+				}
+			}
 			switch {
 			case errors.Is(err, kv.ErrNotFound):
 				// Never recorded (its deliveries could not write it):

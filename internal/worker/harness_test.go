@@ -234,7 +234,19 @@ func (w *watcher) count(eventType string) int {
 
 func (h *harness) run(tenant, run string) *protocol.Run {
 	h.t.Helper()
-	r, _, err := h.stores.Runs.Get(context.Background(), tenant, run)
+	// As clients see it: since protocol v2 a running run's record is
+	// pending or missing, and its thread's lease says it runs.
+	r, err := h.stores.FindRunView(context.Background(), tenant, run)
+	if err != nil {
+		h.t.Fatalf("get run %s: %v", run, err)
+	}
+	return r
+}
+
+// view reads a run of a known thread as clients see it (kv.RunView).
+func (h *harness) view(tenant, thread, run string) *protocol.Run {
+	h.t.Helper()
+	r, _, err := h.stores.RunView(context.Background(), tenant, thread, run)
 	if err != nil {
 		h.t.Fatalf("get run %s: %v", run, err)
 	}

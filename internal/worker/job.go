@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -20,6 +21,7 @@ import (
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/middleware"
+	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
 	"github.com/natsagent/natsagent/internal/tools"
@@ -41,10 +43,15 @@ type job struct {
 	lease     *leaseHandle // set while the run holds its thread
 	cancelRun context.CancelCauseFunc
 	// preempt's cause is middleware.ErrHandOff for a drain.
-	preempt   context.CancelCauseFunc
-	wake      chan struct{} // signalled to re-check a waiting run
-	rec       *protocol.Run // the record as this worker last wrote it
-	recRev    uint64
+	preempt context.CancelCauseFunc
+	wake    chan struct{} // signalled to re-check a waiting run
+	rec     *protocol.Run // the run's record as read before it started (nil: none)
+	recRev  uint64
+	// What the run's lease says of this attempt: the thread's head when
+	// the run first started, this attempt's start, the run's creation.
+	base      string
+	startedAt time.Time
+	createdAt time.Time
 	drained   bool
 	abandoned bool // lease lost: never touch the message again
 	finished  chan struct{}
@@ -115,7 +122,9 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 	}
 	j.req = req
 	j.key = bus.Key(req.Tenant, req.RunID)
-	j.log = w.log.With(zap.String("tenant", req.Tenant), zap.String("thread_id", req.ThreadID), zap.String("run_id", req.RunID))
+	// Lazy: most runs log nothing, and With copies the encoder with the
+	// fields encoded, kept for the whole run.
+	j.log = w.log.WithLazy(zap.String("tenant", req.Tenant), zap.String("thread_id", req.ThreadID), zap.String("run_id", req.RunID))
 
 	var d decision
 	first := meta.NumDelivered == 1
@@ -137,6 +146,10 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 			if done := j.settled(ctx, rec); done {
 				return
 			}
+		}
+		if th := snap.th; th != nil && th.LastRun != nil && th.LastRun.RunID == req.RunID && th.LastRun.MsgSeq == j.seq {
+			j.finishFromLastRun(ctx, snap)
+			return
 		}
 		d, err = j.admit(ctx, snap)
 		if err != nil {
@@ -183,6 +196,34 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 			return
 		}
 	}
+}
+
+// finishFromLastRun finishes a run whose worker gave its thread back (the
+// release carried the run's terminal summary, last_run) but stopped before
+// it wrote the terminal record or published run.finished: both are
+// written from the summary now. The run is not run again.
+func (j *job) finishFromLastRun(ctx context.Context, snap *snapshot) {
+	w := j.w
+	last := snap.th.LastRun
+	j.log.Info("run ended before its record was written; finishing it from its thread's last_run", zap.String("status", string(last.Status)))
+	rec, err := writeEnded(ctx, w.stores.Runs, protocol.EndedRun(kv.NewRun(j.req, j.seq, last.CreatedAt), last))
+	own := err == nil
+	if errors.Is(err, errAlreadyFinished) || errors.Is(err, kv.ErrExists) {
+		rec, _, err = w.stores.Runs.GetLatest(ctx, j.req.Tenant, j.req.RunID)
+	}
+	if err != nil {
+		j.retryLater(err)
+		return
+	}
+	if own {
+		w.ended(rec)
+	}
+	if err := w.pub.EnsureFinished(ctx, rec); err != nil {
+		j.retryLater(err)
+		return
+	}
+	w.wakeThread(j.req.Tenant, j.req.ThreadID)
+	_ = j.msg.Ack()
 }
 
 // settled handles a request whose run record says it must not start:
@@ -446,119 +487,51 @@ var errAlreadyFinished = errors.New("run already finished")
 // back, not failed.
 var errStateUnavailable = errors.New("thread state unavailable")
 
-// start takes the run to running under the lease it holds, executes the
-// agent loop and finishes the run. A run seen for the first time gets its
-// record created directly as running, with run.started (seq 1, carrying
-// run.queued's data) or, for a submitter's request, run.queued and
-// run.started.
+// start runs the run under the lease it holds, executes the agent loop and
+// finishes the run. Since protocol v2 nothing is written to start it: the
+// lease (taken by admit, carrying the attempt) says the run runs, and its
+// record, when a submitter wrote one, stays pending until the end. A run
+// seen for the first time gets run.started (seq 1, carrying run.queued's
+// data) or, for a submitter's request, run.queued and run.started.
 func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *protocol.Run, rev uint64, th *protocol.Thread, thRev uint64) {
 	w := j.w
 	req := j.req
 	lease := &leaseHandle{w: w, tenant: req.Tenant, thread: req.ThreadID, run: req.RunID, epoch: th.Epoch, th: th, rev: thRev}
-	giveUp := func(rec *protocol.Run, err error) {
-		// Cancelled between admission and start, or NATS trouble: give
-		// the thread back first.
-		if _, full := bus.IsStoreFull(err); full && !w.isDraining() {
-			j.endStoreFull(ctx, lease, err)
-			return
-		}
-		_ = lease.release(ctx, nil)
-		if errors.Is(err, errAlreadyFinished) {
-			_ = w.pub.EnsureFinished(ctx, rec)
-			w.wakeThread(req.Tenant, req.ThreadID)
-			_ = j.msg.Ack()
-			return
-		}
-		j.retryLater(err)
-	}
-
+	held := *th.Lease
 	now := time.Now().UTC()
+	attempt := max(held.Attempt, 1)
+	j.base, j.startedAt = held.BaseCheckpoint, held.AcquiredAt
+	if held.CreatedAt != nil {
+		j.createdAt = *held.CreatedAt
+	} else {
+		j.createdAt = now
+	}
 	var stream *events.Stream
 	// queuedIn: run.started stands in for run.queued (protocol v2), for
-	// a run this worker creates from a request a plain publish sent. A
-	// submitter (the gateway, the submit service) publishes run.queued
-	// itself, possibly while this worker creates the record, so for its
-	// requests the worker publishes the same run.queued (stored once,
-	// by its message id) and numbers run.started after it, as in v1.
+	// a run no submitter announced. A submitter (the gateway, the submit
+	// service) publishes run.queued itself, possibly while this worker
+	// starts the run, so for its requests the worker publishes the same
+	// run.queued (stored once, by its message id) and numbers
+	// run.started after it, as in v1.
 	queuedIn := false
-	if rec == nil {
+	var lastSeq uint64
+	if rec != nil {
+		lastSeq = rec.Seq
+	}
+	if rec == nil && attempt == 1 {
 		queuedIn = j.msg.Headers().Get(protocol.HeaderSubmitter) == ""
 		stream = w.pub.NewStream(req.Tenant, req.ThreadID, req.RunID, 1, 0)
-		rec = kv.NewRun(req, j.seq, now)
-		rec.Status, rec.Attempt, rec.StartedAt = protocol.StatusRunning, 1, &now
-		rec.Worker, rec.Epoch, rec.BaseCheckpoint, rec.Seq = w.cfg.ID, th.Epoch, th.Head, 1
 		if !queuedIn {
 			stream.EmitQueued(req)
-			rec.Seq = 2
-		}
-		err := j.roomFor(ctx, func() (err error) {
-			rev, err = w.stores.Runs.Create(ctx, rec)
-			return err
-		})
-		if errors.Is(err, kv.ErrExists) {
-			// Created meanwhile (by the gateway, or a cancel), or the run
-			// id is taken: continue from that record, unless it says this
-			// request must not run; run.queued is stored once either way.
-			// Its events come after what that record numbered.
-			if queuedIn {
-				queuedIn, stream = false, nil
-			}
-			rec, rev, err = w.stores.Runs.GetLatest(ctx, req.Tenant, req.RunID)
-			if err == nil && (rec.ThreadID != req.ThreadID || (rec.MsgSeq != 0 && rec.MsgSeq != j.seq) || rec.Status.Terminal() ||
-				(rec.Status == protocol.StatusPending && rec.CancelRequested)) {
-				_ = lease.release(ctx, nil)
-				j.settled(ctx, rec)
-				return
-			}
-		}
-		if err != nil {
-			giveUp(rec, err)
-			return
 		}
 	}
-	takeover := false
-	if rec.Status != protocol.StatusRunning || rec.Epoch != th.Epoch {
-		takeover = rec.Status == protocol.StatusRunning
-		next := *rec
-		if next.Status.Terminal() {
-			giveUp(rec, errAlreadyFinished)
-			return
-		}
-		if !takeover {
-			next.BaseCheckpoint = th.Head
-		}
-		next.Status, next.StartedAt, next.Worker, next.Epoch, next.MsgSeq = protocol.StatusRunning, &now, w.cfg.ID, th.Epoch, j.seq
-		next.Attempt++
-		var newRev uint64
-		err := j.roomFor(ctx, func() (err error) {
-			newRev, err = w.stores.Runs.Update(ctx, &next, rev)
-			return err
-		})
-		if errors.Is(err, kv.ErrConflict) {
-			// Changed since read (a cancel?): decide again on what it is now.
-			cur, _, gerr := w.stores.Runs.GetLatest(ctx, req.Tenant, req.RunID)
-			if gerr == nil && cur.Status.Terminal() {
-				giveUp(cur, errAlreadyFinished)
-			} else {
-				giveUp(cur, err)
-			}
-			return
-		}
-		if err != nil {
-			giveUp(rec, err)
-			return
-		}
-		rec, rev = &next, newRev
-	}
-	attempt, lastSeq := rec.Attempt, rec.Seq
-	if takeover {
+	if attempt > 1 {
 		// The previous attempt died after publishing events this worker
-		// cannot know, or before its run.started (whose seq the record
-		// reserved) was stored: continue numbering after the highest
-		// stored seq, so seq has no repeats, and mark the seqs below it
-		// that a node loss swallowed with the dead worker (event.lost),
-		// so it has no gaps. Only if the run's events all expired does
-		// the record's figure stand.
+		// cannot know: continue numbering after the highest stored seq,
+		// so seq has no repeats, and mark the seqs below it that a node
+		// loss swallowed with the dead worker (event.lost), so it has no
+		// gaps. Only if the run's events all expired does the record's
+		// figure stand.
 		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		top, marked, err := w.pub.FillGaps(mctx, req.Tenant, req.ThreadID, req.RunID, attempt, 0)
 		cancel()
@@ -575,7 +548,7 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 			j.log.Warn("the previous attempt's events were lost with it; marked them", zap.Int("events", marked))
 		}
 	}
-	if stream == nil || attempt != 1 {
+	if stream == nil {
 		stream = w.pub.NewStream(req.Tenant, req.ThreadID, req.RunID, attempt, lastSeq)
 	}
 	// A worker told to stop starts nothing more: the drain is checked and
@@ -594,16 +567,16 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	}
 	started := protocol.StartedData{Attempt: attempt, Worker: w.cfg.ID, Agent: req.Agent}
 	if queuedIn {
-		queuedAt := rec.CreatedAt
+		queuedAt := j.createdAt
 		started.MultitaskStrategy, started.QueuedAt = req.MultitaskStrategy, &queuedAt
 	}
 	stream.Emit(protocol.EventRunStarted, started, events.StartedID(req.RunID, attempt))
 	j.hold.Unlock()
 	j.rec, j.recRev = rec, rev
-	j.log = j.log.With(zap.Int("attempt", attempt))
-	ctx = j.started(ctx, meta, rec)
+	j.log = j.log.WithLazy(zap.Int("attempt", attempt))
+	ctx = j.started(ctx, meta, protocol.RunView(req.RunID, rec, th))
 	defer j.endSpan()
-	j.log.Debug("run started", zap.Uint64("epoch", th.Epoch), zap.Uint64("deliveries", meta.NumDelivered))
+	j.log.Info("run started", zap.String("agent", req.Agent), zap.Uint64("epoch", th.Epoch), zap.Uint64("deliveries", meta.NumDelivered))
 
 	timeout := w.runTimeout(req)
 	runCtx, cancelRun := context.WithCancelCause(ctx)
@@ -628,7 +601,7 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	lease.fenceFor(w.cfg.Settings.AckWait*3/4, leaseTakenAt(th, now), &j.progressed)
 	defer lease.stopFence()
 	lease.checkPreempt()
-	if rec.CancelRequested {
+	if rec != nil && rec.CancelRequested {
 		cancelRun(ErrCancelled)
 	}
 
@@ -660,6 +633,14 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 		return agent.Outcome{Status: protocol.StatusError, Error: fmt.Sprintf("load thread state: %v", err)}
 	}
 	host.st = st
+	wd, rf, err := j.followFiles(ctx, w.workdir(req.Tenant, workdirThread(req)), lease.head(), lease.filesAt(), chain)
+	if err != nil {
+		if ctx.Err() != nil {
+			return agent.Outcome{Stopped: context.Cause(ctx)}
+		}
+		return agent.Outcome{Stopped: fmt.Errorf("%w: check out the head's files: %w", errStateUnavailable, err)}
+	}
+	host.files, host.chain = rf, chain
 	resumed := false
 	for _, d := range chain {
 		if d.RunID == req.RunID {
@@ -682,7 +663,7 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 		Config:   req.Config,
 		Tools:    prep.Tools,
 		User:     userOf(req),
-		Files:    w.workdir(req.Tenant, workdirThread(req)),
+		Files:    wd,
 		Logger:   j.log,
 		Metrics:  w.cfg.Metrics,
 		Emit:     func(t string, data any) { stream.Emit(t, data, "") },
@@ -736,6 +717,10 @@ type runHost struct {
 	// st is the run's state; after the loop returned it holds what the
 	// end persists.
 	st *state.State
+	// files follows the workdir for the checkpoints (nil: not versioned);
+	// chain is the chain the run's state was loaded from.
+	files *runFiles
+	chain []*kv.Delta
 }
 
 // Checkpoint writes the delta and moves the thread's head under the lease.
@@ -752,10 +737,16 @@ func (h *runHost) Checkpoint(ctx context.Context, u state.Update) error {
 func (h *runHost) delta(ctx context.Context, u state.Update) (id, title string, err error) {
 	h.step++
 	step := h.step
+	changes := h.files.changes(ctx, u)
 	err = h.j.roomFor(ctx, func() (err error) {
-		id, title, err = h.lease.writeDelta(ctx, h.j.req.RunID, step, u)
+		id, title, err = h.lease.writeDelta(ctx, h.j.req.RunID, step, u, changes)
 		return err
 	})
+	if err != nil {
+		h.files.failed(changes)
+	} else {
+		h.files.recorded(changes)
+	}
 	return id, title, err
 }
 
@@ -805,8 +796,8 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		return
 	case errors.Is(out.Stopped, ErrCancelled):
 		status = protocol.StatusCancelled
-		if errors.Is(out.Stopped, ErrCancelRollback) && j.rec != nil {
-			rollbackTo = j.rec.BaseCheckpoint
+		if errors.Is(out.Stopped, ErrCancelRollback) {
+			rollbackTo = j.base
 		}
 	case errors.Is(out.Stopped, ErrRunTimeout):
 		// Whatever the run was waiting for (a provider that stopped
@@ -817,9 +808,7 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 	case errors.Is(out.Stopped, ErrRolledBack):
 		status = protocol.StatusCancelled
 		supersededBy = lease.preemptor().RunID
-		if j.rec != nil {
-			rollbackTo = j.rec.BaseCheckpoint
-		}
+		rollbackTo = j.base
 	case errors.Is(out.Stopped, agent.ErrPreempted):
 		status = protocol.StatusSteered
 		supersededBy = lease.preemptor().RunID
@@ -860,15 +849,22 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 	}
 	kids := j.children(ctx, host)
 	usage := withChildUsage(runUsage(host, req), kids)
-	end := func(r *protocol.Run) {
-		now := time.Now().UTC()
-		r.Status, r.StopReason, r.Error, r.Output, r.SupersededBy, r.FinishedAt = status, stopReason, errText, out.Output, supersededBy, &now
-		r.Interrupt, r.Usage = out.Interrupt, usage
-		if finishedSeq == 0 {
-			finishedSeq = r.Seq + 1
+	if finishedSeq == 0 {
+		// Ended before it ran (no event stream): after what is stored.
+		n, err := w.pub.LastSeq(ctx, req.Tenant, req.ThreadID, req.RunID)
+		if err != nil {
+			j.retryLater(err)
+			return
 		}
+		finishedSeq = n + 1
+	}
+	ended := time.Now().UTC()
+	end := func(r *protocol.Run) {
+		r.Status, r.StopReason, r.Error, r.Output, r.SupersededBy, r.FinishedAt = status, stopReason, errText, out.Output, supersededBy, &ended
+		r.Interrupt, r.Usage, r.CancelRequested = out.Interrupt, usage, false
 		r.Seq = finishedSeq
 	}
+	final := j.endedRecord(lease, end)
 	threadStatus := protocol.ThreadIdle
 	switch {
 	case stopReason == StopStoreFull:
@@ -885,30 +881,68 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		}
 	}
 
-	// The record's terminal write and the thread's release go out
-	// together; both are fenced (the record by its revision and epoch,
-	// the release by the lease epoch).
+	// The thread's release goes first, fenced by the lease epoch, and
+	// carries the run's terminal summary (last_run); the terminal record
+	// follows, then run.finished. Should this worker stop between the
+	// release and the record, the next delivery of the request finds
+	// the summary on the thread and finishes the run from it
+	// (finishFromLastRun), without running it again.
+	rollback := errors.Is(out.Stopped, ErrRolledBack) || errors.Is(out.Stopped, ErrCancelRollback)
+	// A rollback takes the run's files back too, before the thread is
+	// released to the next run.
+	filesBack := rollback && host != nil && host.files.rollback(ctx, host.chain, rollbackTo)
+	opts := &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: rollback, filesBack: filesBack, head: head, title: title, usage: usage, last: lastRunOf(final)}
+	relErr := j.settleWrite(ctx, func() error { return lease.release(ctx, opts) })
+	for try := 0; relErr != nil && ctx.Err() == nil; try++ {
+		// The write may have been stored without its answer reaching
+		// this worker (a retry then finds the lease gone): the thread
+		// says. A write that failed for a passing reason (a leader
+		// election) is tried again a few times: handing the run back
+		// would have the next delivery run it again.
+		if th, _, err := w.stores.Threads.GetLatest(ctx, req.Tenant, req.ThreadID); err == nil && releasedBy(th, req.RunID, lease.epoch) {
+			relErr = nil
+			break
+		}
+		if errors.Is(relErr, agent.ErrLeaseLost) || try == 4 || j.isDrained() {
+			break
+		}
+		sleep(ctx, 250*time.Millisecond<<try)
+		relErr = j.settleWrite(ctx, func() error { return lease.release(ctx, opts) })
+	}
+	if errors.Is(relErr, agent.ErrLeaseLost) {
+		j.abandon("lease lost before the run's end was written")
+		return
+	}
+	if relErr != nil {
+		j.log.Warn("could not release the thread; handing the run back", zap.Error(relErr))
+		j.retryLater(relErr)
+		return
+	}
 	var rec *protocol.Run
-	recErr := make(chan error, 1)
-	// A full store holds them until it takes them (settleWrite).
-	go func() {
-		recErr <- j.settleWrite(ctx, func() (err error) {
-			rec, err = j.endRecord(ctx, lease.epoch, end)
-			return err
-		})
-	}()
-	relErr := j.settleWrite(ctx, func() error {
-		return lease.release(ctx, &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: errors.Is(out.Stopped, ErrRolledBack) || errors.Is(out.Stopped, ErrCancelRollback), head: head, title: title, usage: usage})
+	err := j.settleWrite(ctx, func() (err error) {
+		rec, err = j.writeEnd(ctx, final)
+		return err
 	})
-	err := <-recErr
+	own := err == nil
 	// The slot goes back only once the record says the run ended, so
 	// no reader ever sees more of a tenant's runs running than its limit.
 	j.releaseTenantSlot(ctx)
 	switch {
-	case errors.Is(err, agent.ErrLeaseLost):
-		j.abandon("run record taken over")
+	case errors.Is(err, errForeignRecord):
+		j.hold.Lock()
+		j.lease = nil
+		j.hold.Unlock()
+		j.settled(ctx, rec)
 		return
 	case errors.Is(err, errAlreadyFinished):
+		// Ended by someone else meanwhile (a cancel that found no worker):
+		// its record and its run.finished stand.
+		if rec == nil {
+			if rec, _, err = w.stores.Runs.GetLatest(ctx, req.Tenant, req.RunID); err != nil {
+				j.retryLater(err)
+				return
+			}
+		}
 	case err != nil:
 		j.log.Warn("could not record the run's end; handing it back", zap.Error(err))
 		j.retryLater(err)
@@ -917,16 +951,17 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		w.ended(rec)
 		j.traced(rec)
 	}
-	if relErr != nil && !errors.Is(relErr, agent.ErrLeaseLost) {
-		j.log.Warn("could not release the thread", zap.Error(relErr))
-	}
 	if stream != nil {
 		if err := stream.Flush(ctx); err != nil {
 			j.log.Warn("some run events were not stored", zap.Error(err))
 		}
 		j.countEventBytes(ctx, stream.Bytes())
 	}
-	if err := j.settleWrite(ctx, func() error { return w.pub.PublishFinished(ctx, rec) }); err != nil {
+	publish := w.pub.PublishFinished
+	if !own {
+		publish = w.pub.EnsureFinished // someone else's end
+	}
+	if err := j.settleWrite(ctx, func() error { return publish(ctx, rec) }); err != nil {
 		j.log.Warn("could not publish run.finished; handing the request back so the next delivery does", zap.Error(err))
 		j.retryLater(err)
 		return
@@ -937,35 +972,127 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 	w.wakeThread(req.Tenant, req.ThreadID)
 	_ = j.msg.Ack()
 	j.cancelChildren(kids)
-	j.log.Debug("run finished", zap.String("status", string(status)))
+	fields := []zap.Field{zap.String("status", string(status))}
+	if stopReason != "" {
+		fields = append(fields, zap.String("stop_reason", stopReason))
+	}
+	if !j.startedAt.IsZero() {
+		fields = append(fields, zap.Duration("duration", time.Since(j.startedAt)))
+	}
+	j.log.Info("run finished", fields...)
 }
 
-// endRecord writes the run's terminal record: a compare-and-set at the
-// revision this worker last wrote, falling back to a re-read when the
-// record changed (and refusing when another epoch owns it now).
-func (j *job) endRecord(ctx context.Context, epoch uint64, end func(*protocol.Run)) (*protocol.Run, error) {
-	w := j.w
+// endedRecord is the run's terminal record: its record as read before it
+// started (or a new one from its request), with this attempt's lease
+// fields and end over it.
+func (j *job) endedRecord(lease *leaseHandle, end func(*protocol.Run)) *protocol.Run {
+	var r protocol.Run
 	if j.rec != nil {
-		next := *j.rec
-		end(&next)
-		_, err := w.stores.Runs.Update(ctx, &next, j.recRev)
-		if err == nil {
-			return &next, nil
-		}
-		if !errors.Is(err, kv.ErrConflict) {
-			return nil, err
+		r = *j.rec
+	} else {
+		r = *kv.NewRun(j.req, j.seq, j.createdAt)
+	}
+	l := lease.held()
+	started := j.startedAt
+	if started.IsZero() {
+		started = time.Now().UTC()
+	}
+	r.Attempt, r.StartedAt, r.Worker, r.Epoch, r.MsgSeq, r.BaseCheckpoint = max(l.Attempt, 1), &started, j.w.cfg.ID, lease.epoch, j.seq, j.base
+	end(&r)
+	return &r
+}
+
+// lastRunSmall bounds the output and the interrupt the thread's last_run
+// carries: a thread record is rewritten by every write of the lease.
+const lastRunSmall = 4 << 10
+
+// lastRunOf is the terminal summary of rec the release carries: what a
+// record written from it needs, without what only the request knows
+// (metadata, parent, webhook) and without an output or interrupt larger
+// than lastRunSmall.
+func lastRunOf(rec *protocol.Run) *protocol.Run {
+	last := *rec
+	last.Metadata, last.Parent, last.Webhook = nil, nil, nil
+	if last.Output != nil && messageSize(last.Output) > lastRunSmall {
+		last.Output = nil
+	}
+	if last.Interrupt != nil {
+		if b, err := json.Marshal(last.Interrupt); err != nil || len(b) > lastRunSmall {
+			last.Interrupt = nil
 		}
 	}
-	rec, _, err := w.stores.Runs.Mutate(ctx, j.req.Tenant, j.req.RunID, func(r *protocol.Run) error {
-		if r.Epoch != epoch {
-			return agent.ErrLeaseLost
-		}
+	return &last
+}
+
+// messageSize is about the encoded size of m: its text, its tool calls
+// and its annotations, counted without encoding it (this runs at the end
+// of every run).
+func messageSize(m *model.Message) int {
+	n := len(m.Content) + 16*len(m.Meta)
+	for _, c := range m.ToolCalls {
+		n += len(c.Name) + len(c.Arguments) + len(c.ID)
+	}
+	return n
+}
+
+// releasedBy reports whether th was given back by run's lease of epoch.
+func releasedBy(th *protocol.Thread, run string, epoch uint64) bool {
+	return th.LastRun != nil && th.LastRun.RunID == run && th.LastRun.Epoch == epoch &&
+		(th.Lease == nil || th.Lease.RunID != run || th.Lease.Epoch != epoch)
+}
+
+// errForeignRecord: the run id's record belongs to another request (a run
+// of another thread, or another copy published after the duplicate
+// window); the record returned with it says which.
+var errForeignRecord = errors.New("the run id's record is another request's")
+
+// writeEnd writes the run's terminal record final, after the release that
+// fenced it: an update of the record read before the run started (at its
+// revision), else a create, falling back to an edit of what is there.
+func (j *job) writeEnd(ctx context.Context, final *protocol.Run) (*protocol.Run, error) {
+	w := j.w
+	var err error
+	if j.rec != nil {
+		_, err = w.stores.Runs.Update(ctx, final, j.recRev)
+	} else {
+		_, err = w.stores.Runs.Create(ctx, final)
+	}
+	if err == nil {
+		return final, nil
+	}
+	if !errors.Is(err, kv.ErrConflict) && !errors.Is(err, kv.ErrExists) {
+		return nil, err
+	}
+	cur, _, err := w.stores.Runs.GetLatest(ctx, j.req.Tenant, j.req.RunID)
+	if err != nil {
+		return nil, err
+	}
+	if cur.ThreadID != j.req.ThreadID || (cur.MsgSeq != 0 && cur.MsgSeq != j.seq) {
+		return cur, errForeignRecord
+	}
+	return writeEnded(ctx, w.stores.Runs, final)
+}
+
+// writeEnded makes the run's record say final ended it, unless it already
+// ended: what only the record knows (metadata, parent, webhook, a noted
+// finished event) is kept.
+func writeEnded(ctx context.Context, runs *kv.Runs, final *protocol.Run) (*protocol.Run, error) {
+	rec, _, err := runs.Mutate(ctx, final.Tenant, final.RunID, func(r *protocol.Run) error {
 		if r.Status.Terminal() {
 			return errAlreadyFinished
 		}
-		end(r)
+		if r.Status == protocol.StatusRunning && r.Epoch > final.Epoch {
+			return agent.ErrLeaseLost // a v1 worker's later attempt
+		}
+		*r = *protocol.EndedRun(r, final)
 		return nil
 	})
+	if errors.Is(err, kv.ErrNotFound) {
+		if _, err := runs.Create(ctx, final); err != nil {
+			return nil, err
+		}
+		return final, nil
+	}
 	return rec, err
 }
 

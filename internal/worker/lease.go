@@ -12,6 +12,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/agent"
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/protocol"
@@ -106,8 +107,8 @@ func (l *leaseHandle) mutate(ctx context.Context, fn func(*protocol.Thread) erro
 
 // writeDelta writes a checkpoint delta; the head does not move yet. It
 // returns the delta's id and the thread title the delta sets, if any.
-func (l *leaseHandle) writeDelta(ctx context.Context, run string, step int, u state.Update) (id, title string, err error) {
-	d := &kv.Delta{ID: kv.CheckpointID(l.epoch, step), Parent: l.head(), RunID: run, Step: step, Time: time.Now().UTC(), Update: u}
+func (l *leaseHandle) writeDelta(ctx context.Context, run string, step int, u state.Update, changes []files.Change) (id, title string, err error) {
+	d := &kv.Delta{ID: kv.CheckpointID(l.epoch, step), Parent: l.head(), RunID: run, Step: step, Time: time.Now().UTC(), Update: u, Files: changes}
 	if _, err := l.w.stores.Checkpoints.Put(ctx, l.tenant, l.thread, d); err != nil {
 		return "", "", err
 	}
@@ -120,7 +121,7 @@ func (l *leaseHandle) writeDelta(ctx context.Context, run string, step int, u st
 // moveHead makes a written delta the thread's head, under the lease.
 func (l *leaseHandle) moveHead(ctx context.Context, id, title string) error {
 	return l.mutate(ctx, func(t *protocol.Thread) error {
-		t.Head = id
+		t.Head, t.FilesAt = id, id
 		t.Lease.RenewedAt = time.Now().UTC()
 		if title != "" {
 			t.Title = title
@@ -336,6 +337,8 @@ type releaseOpts struct {
 	status     string
 	rollback   bool
 	rollbackTo string
+	// filesBack: the rollback checked rollbackTo's files out.
+	filesBack bool
 	// head and title, when set, move the head to the run's last delta in
 	// the same write.
 	head, title string
@@ -343,6 +346,8 @@ type releaseOpts struct {
 	// totals in the same write (the thread's usage bucket entry before
 	// protocol v2).
 	usage *protocol.RunUsage
+	// last, when set, is the run's terminal summary (Thread.LastRun).
+	last *protocol.Run
 }
 
 // release gives the thread back. A rollback also returns the thread's head
@@ -357,8 +362,11 @@ func (l *leaseHandle) release(ctx context.Context, o *releaseOpts) error {
 		switch {
 		case o.rollback:
 			t.Head = o.rollbackTo
+			if o.filesBack {
+				t.FilesAt = o.rollbackTo
+			}
 		case o.head != "":
-			t.Head = o.head
+			t.Head, t.FilesAt = o.head, o.head
 		}
 		if o.title != "" {
 			t.Title = o.title
@@ -367,8 +375,21 @@ func (l *leaseHandle) release(ctx context.Context, o *releaseOpts) error {
 		if u := o.usage; u != nil {
 			applyThreadUsage(t, u)
 		}
+		if o.last != nil {
+			t.LastRun = o.last
+		}
 		return nil
 	})
+}
+
+// held is the lease as this run last wrote it.
+func (l *leaseHandle) held() protocol.Lease {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.th.Lease == nil {
+		return protocol.Lease{RunID: l.run, Epoch: l.epoch}
+	}
+	return *l.th.Lease
 }
 
 // applyThreadUsage sets a run's total in the thread record's usage. The

@@ -79,4 +79,25 @@ func TestEveryRunLogLineCarriesRunFields(t *testing.T) {
 			t.Errorf("no log line %q (lines: %v)", msg, seen)
 		}
 	}
+	// A run's start and end are the lines an operator reads at info: the
+	// end says how it ended and how long it took.
+	for _, msg := range []string{"run started", "run finished"} {
+		for _, e := range logs.FilterMessage(msg).All() {
+			if e.Level != zapcore.InfoLevel {
+				t.Errorf("%q logged at %s, want info", msg, e.Level)
+			}
+			if got, _ := e.ContextMap()["attempt"].(int64); got != 1 {
+				t.Errorf("%q has attempt %v, want 1 (fields %v)", msg, e.ContextMap()["attempt"], e.ContextMap())
+			}
+		}
+	}
+	for _, e := range logs.FilterMessage("run finished").All() {
+		fields := e.ContextMap()
+		if fields["status"] != string(protocol.StatusSuccess) {
+			t.Errorf("run finished: status %v (fields %v)", fields["status"], fields)
+		}
+		if d, ok := fields["duration"].(time.Duration); !ok || d <= 0 {
+			t.Errorf("run finished: duration %v (fields %v)", fields["duration"], fields)
+		}
+	}
 }

@@ -262,9 +262,9 @@ func (w *Worker) reapLease(ctx context.Context, th *protocol.Thread) (bool, erro
 	if seq == 0 && rec != nil {
 		seq = rec.MsgSeq
 	}
-	attempts := 0
+	attempts := lease.Attempt // protocol v2: the lease counts the starts
 	if rec != nil {
-		attempts = rec.Attempt
+		attempts = max(attempts, rec.Attempt)
 	}
 	st, raw, err := w.requestStateOf(ctx, seq, lease.RunID, attempts)
 	if err != nil {
@@ -283,11 +283,19 @@ func (w *Worker) reapLease(ctx context.Context, th *protocol.Thread) (bool, erro
 			reason = fmt.Sprintf("the runs consumer gave up on the run request after %d deliveries (its max_deliver), %d of which started the run: the others could not start (a full JetStream store refused their writes, or their worker stopped first); submit the run again", w.cfg.Settings.MaxDeliver, attempts)
 		}
 	}
-	if rec != nil {
-		// Fenced: a record a newer lease took over is not this lease's.
+	if rec != nil && rec.Status == protocol.StatusRunning {
+		// A running record a v1 worker wrote. Fenced: a record a newer
+		// lease took over is not this lease's.
 		if _, err := w.finishUnowned(ctx, rec, protocol.StatusError, reason, func(r *protocol.Run) bool {
 			return !r.Status.Terminal() && r.Epoch <= lease.Epoch
 		}); err != nil {
+			return false, err
+		}
+	} else if lease.Attempt > 0 || rec != nil {
+		// Protocol v2: the lease says the run ran (its record is pending
+		// or missing); the release, fenced by the lease's epoch, records
+		// its end.
+		if _, err := w.finishHeld(ctx, rec, th, lease, protocol.StatusError, reason, false); err != nil {
 			return false, err
 		}
 	}

@@ -151,6 +151,10 @@ func (j *job) endStoreFull(ctx context.Context, lease *leaseHandle, cause error)
 	req := j.req
 	text := storeFullText(cause)
 	j.log.Error("run ended: JetStream had no room for it", zap.Duration("store_full_wait", w.cfg.StoreFullWait), zap.Error(cause))
+	if lease != nil {
+		j.endStoreFullHeld(ctx, lease, text)
+		return
+	}
 	var rec *protocol.Run
 	end := func(r *protocol.Run, lastSeq uint64) {
 		now := time.Now().UTC()
@@ -226,6 +230,56 @@ func (j *job) endStoreFull(ctx context.Context, lease *leaseHandle, cause error)
 		_ = j.msg.NakWithDelay(time.Second)
 		return
 	}
+	w.wakeThread(req.Tenant, req.ThreadID)
+	_ = j.msg.Ack()
+}
+
+// endStoreFullHeld is endStoreFull for a run holding its thread's lease:
+// the release, fenced by the lease's epoch, carries the run's end
+// (protocol v2: the run's record is pending or missing while it runs);
+// the record and run.finished follow.
+func (j *job) endStoreFullHeld(ctx context.Context, lease *leaseHandle, text string) {
+	w := j.w
+	req := j.req
+	held := lease.held()
+	var done bool
+	err := j.settleWrite(ctx, func() (err error) {
+		th := &protocol.Thread{ThreadID: req.ThreadID, Tenant: req.Tenant}
+		done, err = w.finishHeldWith(ctx, j.rec, th, held, protocol.StatusError, StopStoreFull, text, false)
+		return err
+	})
+	if err == nil && !done {
+		// Released already (an earlier try whose record write the full
+		// store refused), or taken over.
+		th, _, gerr := w.stores.Threads.GetLatest(ctx, req.Tenant, req.ThreadID)
+		switch {
+		case gerr != nil:
+			err = gerr
+		case releasedBy(th, req.RunID, held.Epoch):
+			err = j.settleWrite(ctx, func() error {
+				rec, werr := writeEnded(ctx, w.stores.Runs, protocol.EndedRun(kv.NewRun(req, j.seq, th.LastRun.CreatedAt), th.LastRun))
+				if errors.Is(werr, errAlreadyFinished) {
+					rec, _, werr = w.stores.Runs.GetLatest(ctx, req.Tenant, req.RunID)
+				}
+				if werr != nil {
+					return werr
+				}
+				return w.pub.EnsureFinished(ctx, rec)
+			})
+		default:
+			j.abandon("lease lost while the store was full")
+			return
+		}
+	}
+	if err != nil {
+		j.log.Warn("could not record the run's end; handing it back", zap.Error(err))
+		_ = j.msg.NakWithDelay(time.Second)
+		return
+	}
+	j.releaseTenantSlot(ctx)
+	j.hold.Lock()
+	j.lease = nil
+	j.hold.Unlock()
 	w.wakeThread(req.Tenant, req.ThreadID)
 	_ = j.msg.Ack()
 }

@@ -52,7 +52,7 @@ func (j *job) children(ctx context.Context, host *runHost) []childRun {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			rec, _, err := j.w.stores.Runs.Get(ctx, j.req.Tenant, ref.RunID)
+			rec, _, err := j.w.stores.RunView(ctx, j.req.Tenant, ref.ThreadID, ref.RunID)
 			if err == nil && rec.Parent != nil && rec.Parent.RunID == j.req.RunID {
 				out[i].rec = rec
 			} else if err != nil && !errors.Is(err, kv.ErrNotFound) {

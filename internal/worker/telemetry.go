@@ -125,7 +125,7 @@ func (j *job) started(ctx context.Context, meta *jetstream.MsgMetadata, rec *pro
 	}
 	j.span = span
 	if sc := span.SpanContext(); sc.IsSampled() {
-		j.log = j.log.With(zap.String("trace_id", sc.TraceID().String()))
+		j.log = j.log.WithLazy(zap.String("trace_id", sc.TraceID().String()))
 	}
 	return ctx
 }

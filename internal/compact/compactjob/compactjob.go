@@ -122,7 +122,7 @@ func (h *Handler) compact(ctx context.Context, req *compact.Request, stream *eve
 	}
 	name := req.Agent
 	if name == "" && th.LastRunID != "" {
-		if rec, _, err := h.stores.Runs.Get(ctx, req.Tenant, th.LastRunID); err == nil {
+		if rec, _, err := h.stores.RunView(ctx, req.Tenant, th.ThreadID, th.LastRunID); err == nil {
 			name = rec.Agent
 		}
 	}

@@ -26,8 +26,9 @@ import (
 	"testing"
 )
 
-// chatPath is the only endpoint served; everything else answers 404 so a
-// client built with a wrong base URL fails loudly instead of hanging.
+// chatPath and embeddingsPath are the endpoints served; everything else
+// answers 404 so a client built with a wrong base URL fails loudly
+// instead of hanging.
 const chatPath = "/v1/chat/completions"
 
 // Server is an OpenAI-compatible chat completions endpoint on loopback. It
@@ -45,6 +46,7 @@ type Server struct {
 	mu         sync.Mutex
 	requests   []Request
 	violations []string
+	embeddings int // embeddings requests received
 }
 
 // NewServer starts a server answering with h and closes it when the test
@@ -57,6 +59,7 @@ func NewServer(t testing.TB, h Handler) *Server {
 	s := &Server{t: t, handler: h, done: make(chan struct{})}
 	mux := http.NewServeMux()
 	mux.HandleFunc(chatPath, s.serveChat)
+	mux.HandleFunc(embeddingsPath, s.serveEmbeddings)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url",
 			fmt.Sprintf("openaitest: no route for %s %s (base URL must end in /v1)", r.Method, r.URL.Path))

@@ -163,4 +163,23 @@ await check("threads.update merges metadata; threads.copy copies the history", a
   assert.equal(b.checkpoint.thread_id, copy.thread_id);
 });
 
+await check("a run cancelled before the model answered keeps its input: getState and getHistory show it, the model next", async () => {
+  const t = await client.threads.create();
+  const run = await client.runs.create(t.thread_id, agent, { input: { messages: [human("slow: count to a hundred")] } });
+  // The first token shows the model is answering: the run took its input.
+  for await (const part of client.runs.joinStream(t.thread_id, run.run_id, { streamMode: "messages-tuple" })) {
+    if (part.event === "messages") break;
+  }
+  await client.runs.cancel(t.thread_id, run.run_id, true);
+  const state = await client.threads.getState(t.thread_id);
+  assert.deepEqual(texts(state.values), ["human:slow: count to a hundred"]);
+  assert.deepEqual(state.next, ["model"]);
+  assert.equal(state.metadata.run_id, run.run_id);
+  const history = await client.threads.getHistory(t.thread_id, { limit: 10 });
+  assert.equal(history[0].checkpoint.checkpoint_id, state.checkpoint.checkpoint_id);
+  assert.deepEqual(texts(history[0].values), ["human:slow: count to a hundred"]);
+  assert.equal(history.at(-1).parent_checkpoint, null);
+  assert.deepEqual(history.at(-1).values.messages, []);
+});
+
 report();

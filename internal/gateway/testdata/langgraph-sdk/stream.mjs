@@ -132,6 +132,32 @@ await check("joinStream with lastEventId resumes after that event in the mode as
   assert.deepEqual(named(rest, "values").at(-1).data, named(first, "values").at(-1).data);
 });
 
+await check("joinStream without streamMode streams values for runs.create, the run's own modes for runs.stream", async () => {
+  const thread = await client.threads.create();
+  const run = await client.runs.create(thread.thread_id, agent, { input: { messages: [human("join plain")] } });
+  const parts = [];
+  for await (const part of client.runs.joinStream(thread.thread_id, run.run_id)) parts.push(part);
+  assert.equal(parts[0].event, "metadata");
+  assert.equal(parts.at(-1).event, "end");
+  assert.ok(parts.slice(1, -1).every((p) => p.event === "values"), parts.map((p) => p.event));
+  const last = named(parts, "values").at(-1).data;
+  assert.deepEqual(last.messages.map((m) => `${m.type}:${m.content}`), ["human:join plain", "ai:echo: join plain"]);
+
+  let runId;
+  for await (const _ of client.runs.stream(thread.thread_id, agent, {
+    input: { messages: [human("join tuples")] },
+    streamMode: ["messages-tuple", "updates"],
+    onRunCreated: (meta) => { runId = meta.run_id; },
+  })) { /* drained */ }
+  const again = [];
+  for await (const part of client.runs.joinStream(thread.thread_id, runId)) again.push(part);
+  const events = new Set(again.map((p) => p.event));
+  assert.ok(events.has("messages") && events.has("updates") && !events.has("values"), [...events]);
+  const text = named(again, "messages").map((p) => p.data[0].content).join("");
+  assert.equal(text, "echo: join tuples");
+  assert.deepEqual(Object.keys(named(again, "updates")[0].data), ["model"]);
+});
+
 await check("natsagent mode streams natsagent's own events", async () => {
   const { parts } = await stream("native", { streamMode: "natsagent" });
   assert.equal(parts[0].event, "run.queued");

@@ -1,7 +1,8 @@
 // A chat page built on useStream from the official LangGraph SDK, the way
 // Agent Chat UI uses it: it submits messages, renders the streamed
-// messages, shows an approval interrupt and resumes it, and edits an
-// earlier message into a new branch. internal/gateway's
+// messages, shows an approval interrupt and resumes it, edits an earlier
+// message into a new branch, and regenerates an answer (Agent Chat UI's
+// regenerate: a run without input from the checkpoint before the answer). internal/gateway's
 // TestUseStreamInBrowser serves it from the gateway's origin and drives it
 // in headless Chromium. The DOM ids and classes are what the test reads.
 import { useEffect, useState } from "react";
@@ -20,7 +21,7 @@ function textOf(m) {
   return "";
 }
 
-function Message({ stream, message, index, onEdit }) {
+function Message({ stream, message, index, onEdit, onRegenerate }) {
   const meta = stream.getMessagesMetadata(message, index);
   const options = meta?.branchOptions ?? [];
   const at = options.indexOf(meta?.branch);
@@ -33,6 +34,9 @@ function Message({ stream, message, index, onEdit }) {
       ))}
       {message.type === "human" && (
         <button className="edit" type="button" onClick={() => onEdit(message, index)}>edit</button>
+      )}
+      {message.type === "ai" && (
+        <button className="regenerate" type="button" onClick={() => onRegenerate(message, index)}>regenerate</button>
       )}
       {options.length > 1 && (
         <span className="branches" data-branch={meta.branch}>
@@ -78,7 +82,10 @@ function App() {
     assistantId: "chatbot",
     threadId,
     onThreadId: setThreadId,
-    fetchStateHistory: true,
+    // LangGraph stores a checkpoint per step (the question, each answer,
+    // each tool batch): the default ten do not reach back over the
+    // branches this page switches between.
+    fetchStateHistory: { limit: 100 },
     onError: (err) => setError(String(err?.message ?? err)),
   });
   const messages = stream.messages;
@@ -108,6 +115,13 @@ function App() {
     setEditText("");
   };
 
+  const regenerate = (message, index) => {
+    const meta = stream.getMessagesMetadata(message, index);
+    const parent = meta?.firstSeenState?.parent_checkpoint;
+    window.__regeneratedFrom = parent ?? null;
+    stream.submit(undefined, { checkpoint: parent });
+  };
+
   return (
     <main>
       <p>
@@ -117,7 +131,8 @@ function App() {
       <ol id="messages">
         {messages.map((m, i) => (
           <Message key={m.id ?? i} stream={stream} message={m} index={i}
-            onEdit={(message, index) => { setEditing({ message, index }); setEditText(""); }} />
+            onEdit={(message, index) => { setEditing({ message, index }); setEditText(""); }}
+            onRegenerate={regenerate} />
         ))}
       </ol>
       {stream.interrupt && <Interrupt stream={stream} />}
