@@ -229,12 +229,20 @@ func (c *Client) Cancel(ctx context.Context, thread, run string) (Status, error)
 	return reply.Status, nil
 }
 
-// Run reads a run record.
+// Run reads a run as clients see it (docs/protocol.md 1.6): a running
+// run's record stays pending, or is missing until the run ends, and its
+// thread's lease says it runs. A run without a record is looked for on
+// the tenant's threads.
 func (c *Client) Run(ctx context.Context, run string) (*Run, error) {
 	if err := protocol.CheckToken("run id", run); err != nil {
 		return nil, err
 	}
-	rec, _, err := c.stores.Runs.GetLatest(ctx, c.tenant, run)
+	rec, err := c.stores.FindRunView(ctx, c.tenant, run)
+	if errors.Is(err, kv.ErrNotFound) {
+		// Any replica answers a read, and one may not have a record
+		// created a moment ago: the leader decides.
+		rec, _, err = c.stores.Runs.GetLatest(ctx, c.tenant, run)
+	}
 	if errors.Is(err, kv.ErrNotFound) {
 		return nil, fmt.Errorf("%w: run %s in tenant %s", ErrNotFound, run, c.tenant)
 	}
@@ -269,17 +277,23 @@ func (c *Client) Runs(ctx context.Context, thread string) ([]*Run, error) {
 	if err != nil {
 		return nil, err
 	}
+	th, _, err := c.stores.Threads.Get(ctx, c.tenant, thread)
+	if err != nil && !errors.Is(err, kv.ErrNotFound) {
+		return nil, err
+	}
 	var out []*Run
 	for _, id := range ids {
 		rec, _, err := c.stores.Runs.Get(ctx, c.tenant, id)
 		if errors.Is(err, kv.ErrNotFound) {
-			continue
+			rec, err = nil, nil
 		}
 		if err != nil {
 			return nil, err
 		}
+		// A running run may have no record yet: its thread's lease says it.
+		rec = protocol.RunView(id, rec, th)
 		// A run id is unique per tenant; the index is the thread's.
-		if rec.ThreadID == thread {
+		if rec != nil && rec.ThreadID == thread {
 			out = append(out, rec)
 		}
 	}

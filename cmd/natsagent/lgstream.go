@@ -92,7 +92,7 @@ func followModes(ctx context.Context, c *client, std stdio, f *clientFlags, fd *
 		case errors.Is(err, context.DeadlineExceeded):
 			// A run whose events expired, or whose worker died before its
 			// run.finished: its record ends the stream.
-			cur, _, err := c.stores.Runs.Get(ctx, c.tenant, rec.RunID)
+			cur, _, err := c.stores.RunView(ctx, c.tenant, rec.ThreadID, rec.RunID)
 			if err != nil || !cur.Status.Terminal() {
 				continue
 			}
@@ -150,7 +150,7 @@ func (s *storeSource) chain(ctx context.Context) ([]*kv.Delta, error) {
 // with its input (a later attempt: its newest checkpoint saved before t).
 func (s *storeSource) Start(ctx context.Context, attempt int, t time.Time) (*state.State, error) {
 	st := &state.State{}
-	rec, _, err := s.c.stores.Runs.Get(ctx, s.c.tenant, s.run)
+	rec, _, err := s.c.stores.RunView(ctx, s.c.tenant, s.thread, s.run)
 	if err != nil {
 		st.Apply(state.Update{Messages: s.input})
 		return st, err
