@@ -278,9 +278,10 @@ func (s *Store) scan(ctx context.Context, tenant, f string, fn func(candidate)) 
 	})
 }
 
-// each calls fn with every item under the key filter f.
-func (s *Store) each(ctx context.Context, f string, fn func(jetstream.KeyValueEntry)) error {
-	w, err := s.kv.Watch(ctx, f, jetstream.IgnoreDeletes())
+// each calls fn with every item under the key filter f (with opts, only
+// what they ask for: jetstream.MetaOnly for keys).
+func (s *Store) each(ctx context.Context, f string, fn func(jetstream.KeyValueEntry), opts ...jetstream.WatchOpt) error {
+	w, err := s.kv.Watch(ctx, f, append([]jetstream.WatchOpt{jetstream.IgnoreDeletes()}, opts...)...)
 	if err != nil {
 		return err
 	}
@@ -475,24 +476,7 @@ func (s *Store) ListNamespaces(ctx context.Context, tenant string, opts Namespac
 	return all[lo:hi], nil
 }
 
+// eachKey calls fn with every key under the key filter f.
 func (s *Store) eachKey(ctx context.Context, f string, fn func(string)) error {
-	w, err := s.kv.Watch(ctx, f, jetstream.IgnoreDeletes(), jetstream.MetaOnly())
-	if err != nil {
-		return err
-	}
-	defer w.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return errors.New("store: the watch of the bucket stopped")
-			}
-			if e == nil {
-				return nil
-			}
-			fn(e.Key())
-		}
-	}
+	return s.each(ctx, f, func(e jetstream.KeyValueEntry) { fn(e.Key()) }, jetstream.MetaOnly())
 }
