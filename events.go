@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/natsagent/natsagent/internal/events"
+	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -97,7 +98,7 @@ func (c *Client) Wait(ctx context.Context, thread, run string) (*Run, error) {
 	if err := checkIDs(thread, run); err != nil {
 		return nil, err
 	}
-	if rec, err := c.Run(ctx, run); err == nil && rec.Status.Terminal() {
+	if rec, err := c.runOf(ctx, thread, run); err == nil && rec.Status.Terminal() {
 		return rec, nil
 	} else if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, err
@@ -120,21 +121,39 @@ func (c *Client) Wait(ctx context.Context, thread, run string) (*Run, error) {
 		if err == nil {
 			var env protocol.Event
 			if json.Unmarshal(ev.Data, &env) == nil && env.Type == protocol.EventRunFinished {
-				return c.finalRecord(ctx, run)
+				return c.finalRecord(ctx, thread, run)
 			}
 			continue
 		}
-		if rec, rerr := c.Run(ctx, run); rerr == nil && rec.Status.Terminal() {
+		if rec, rerr := c.runOf(ctx, thread, run); rerr == nil && rec.Status.Terminal() {
 			return rec, nil
 		}
 	}
 }
 
+// runOf is Run for a caller that knows the run's thread: the record and
+// that thread's record, never a search of the tenant's threads.
+func (c *Client) runOf(ctx context.Context, thread, run string) (*Run, error) {
+	rec, _, err := c.stores.RunView(ctx, c.tenant, thread, run)
+	if errors.Is(err, kv.ErrNotFound) {
+		// A replica may not have a record created a moment ago: the
+		// leader decides.
+		rec, _, err = c.stores.Runs.GetLatest(ctx, c.tenant, run)
+	}
+	if err == nil && rec.ThreadID != thread {
+		err = kv.ErrNotFound // a run id is unique per tenant: this one is another thread's
+	}
+	if errors.Is(err, kv.ErrNotFound) {
+		return nil, fmt.Errorf("%w: run %s of thread %s in tenant %s", ErrNotFound, run, thread, c.tenant)
+	}
+	return rec, err
+}
+
 // finalRecord reads a finished run's record; the record is written before
 // run.finished is published, so it is terminal already.
-func (c *Client) finalRecord(ctx context.Context, run string) (*Run, error) {
+func (c *Client) finalRecord(ctx context.Context, thread, run string) (*Run, error) {
 	for {
-		rec, err := c.Run(ctx, run)
+		rec, err := c.runOf(ctx, thread, run)
 		if err != nil {
 			return nil, err
 		}
