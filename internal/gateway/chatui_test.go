@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 
@@ -129,19 +128,7 @@ func TestAgentChatUIStartInBrowser(t *testing.T) {
 		t.Fatalf("the new thread's metadata %v", th.Metadata)
 	}
 
-	if got := p.eval(t, `(document.querySelector("#error") || {}).textContent || ""`); got != "" {
-		t.Fatalf("the page reported an error: %s", got)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.problems) > 0 {
-		t.Errorf("the page reported problems: %q", p.problems)
-	}
-	for _, u := range p.requests {
-		if !strings.HasPrefix(u, site.URL+"/") {
-			t.Errorf("the page fetched %s, outside its origin", u)
-		}
-	}
+	p.checkClean(t, site.URL)
 }
 
 func mustJSON(v any) string {

@@ -417,6 +417,25 @@ func (p *tab) eval(t *testing.T, expr string) string {
 }
 
 // fail reports what the page showed, to tell a broken page from a slow one.
+// checkClean fails the test when the page shows an error in #error,
+// reported problems, or fetched anything outside origin.
+func (p *tab) checkClean(t *testing.T, origin string) {
+	t.Helper()
+	if got := p.eval(t, `(document.querySelector("#error") || {}).textContent || ""`); got != "" {
+		t.Fatalf("the page reported an error: %s", got)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.problems) > 0 {
+		t.Errorf("the page reported problems: %q", p.problems)
+	}
+	for _, u := range p.requests {
+		if !strings.HasPrefix(u, origin+"/") {
+			t.Errorf("the page fetched %s, outside its origin", u)
+		}
+	}
+}
+
 func (p *tab) fail(t *testing.T, what string, err error) {
 	t.Helper()
 	body, _ := chromedp.Run(context.WithoutCancel(p.ctx), chromedp.Evaluate[string](`document.body ? document.body.innerText : ""`))

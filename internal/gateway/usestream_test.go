@@ -418,19 +418,7 @@ func TestUseStreamInBrowser(t *testing.T) {
 	p.do(t, "previous first branch", chromedp.Click(`#messages .msg.human[data-index="0"] .branch-prev`))
 	waitShown("the branch before the restart", regenerated.texts())
 
-	if got := p.eval(t, `(document.querySelector("#error") || {}).textContent || ""`); got != "" {
-		t.Fatalf("the page reported an error: %s", got)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.problems) > 0 {
-		t.Errorf("the page reported problems: %q", p.problems)
-	}
-	for _, u := range p.requests {
-		if !strings.HasPrefix(u, site.URL+"/") {
-			t.Errorf("the page fetched %s, outside its origin", u)
-		}
-	}
+	p.checkClean(t, site.URL)
 	if v := llm.Violations(); len(v) > 0 {
 		t.Errorf("the model server saw invalid requests: %q", v)
 	}
