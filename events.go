@@ -134,15 +134,7 @@ func (c *Client) Wait(ctx context.Context, thread, run string) (*Run, error) {
 // runOf is Run for a caller that knows the run's thread: the record and
 // that thread's record, never a search of the tenant's threads.
 func (c *Client) runOf(ctx context.Context, thread, run string) (*Run, error) {
-	rec, _, err := c.stores.RunView(ctx, c.tenant, thread, run)
-	if errors.Is(err, kv.ErrNotFound) {
-		// A replica may not have a record created a moment ago: the
-		// leader decides.
-		rec, _, err = c.stores.Runs.GetLatest(ctx, c.tenant, run)
-	}
-	if err == nil && rec.ThreadID != thread {
-		err = kv.ErrNotFound // a run id is unique per tenant: this one is another thread's
-	}
+	rec, err := c.stores.RunOfThread(ctx, c.tenant, thread, run)
 	if errors.Is(err, kv.ErrNotFound) {
 		return nil, fmt.Errorf("%w: run %s of thread %s in tenant %s", ErrNotFound, run, thread, c.tenant)
 	}

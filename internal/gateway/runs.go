@@ -213,31 +213,7 @@ func (s *Server) runOf(r *http.Request, tenant string) (*protocol.Run, error) {
 // the run ends, and its thread's lease says it runs. A run of another
 // thread is not found.
 func (s *Server) runView(ctx context.Context, tenant, thread, run string) (*protocol.Run, error) {
-	rec, _, err := s.stores.Runs.Get(ctx, tenant, run)
-	if errors.Is(err, kv.ErrNotFound) {
-		// Any replica answers Get, and one may not have a record created
-		// a moment ago (a client reading the run it just submitted): the
-		// leader decides.
-		rec, _, err = s.stores.Runs.GetLatest(ctx, tenant, run)
-	}
-	switch {
-	case errors.Is(err, kv.ErrNotFound):
-		rec = nil
-	case err != nil:
-		return nil, err
-	case rec.ThreadID != thread:
-		return nil, kv.ErrNotFound
-	case rec.Status.Terminal():
-		return rec, nil
-	}
-	th, _, err := s.stores.Threads.Get(ctx, tenant, thread)
-	if err != nil && !errors.Is(err, kv.ErrNotFound) {
-		return nil, err
-	}
-	if v := protocol.RunView(run, rec, th); v != nil {
-		return v, nil
-	}
-	return nil, kv.ErrNotFound
+	return s.stores.RunOfThread(ctx, tenant, thread, run)
 }
 
 // getRun: GET /threads/{thread_id}/runs/{run_id}.

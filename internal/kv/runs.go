@@ -166,6 +166,36 @@ func (s *Stores) RunView(ctx context.Context, tenant, thread, run string) (*prot
 	return v, rev, nil
 }
 
+// RunOfThread is the run of thread as clients see it (protocol.RunView),
+// for a reader that names the thread (an API path, a client's wait): a
+// run of another thread is ErrNotFound. A record not found is asked of
+// the stream's leader before the thread's lease is consulted: any replica
+// answers a read, and one may not have a record created a moment ago.
+func (s *Stores) RunOfThread(ctx context.Context, tenant, thread, run string) (*protocol.Run, error) {
+	rec, _, err := s.Runs.Get(ctx, tenant, run)
+	if errors.Is(err, ErrNotFound) {
+		rec, _, err = s.Runs.GetLatest(ctx, tenant, run)
+	}
+	switch {
+	case errors.Is(err, ErrNotFound):
+		rec = nil
+	case err != nil:
+		return nil, err
+	case rec.ThreadID != thread:
+		return nil, ErrNotFound
+	case rec.Status.Terminal():
+		return rec, nil
+	}
+	th, _, err := s.Threads.Get(ctx, tenant, thread)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, err
+	}
+	if v := protocol.RunView(run, rec, th); v != nil {
+		return v, nil
+	}
+	return nil, ErrNotFound
+}
+
 // FindRunView is RunView for a caller that knows only the run's id (a
 // person at the CLI): a run without a record, one a plain publish sent
 // that has not ended, is looked for on the tenant's threads, whose lease
