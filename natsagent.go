@@ -148,6 +148,10 @@ const (
 	StatusSteered     = protocol.StatusSteered
 	StatusRejected    = protocol.StatusRejected
 	StatusTimeout     = protocol.StatusTimeout
+	// StatusIncomplete: a guard (max_steps, loop detection, a token
+	// budget, a limit, a safety stop) cut the run short; the run's
+	// stop_reason says which. Its output is the answer so far.
+	StatusIncomplete = protocol.StatusIncomplete
 )
 
 // Event types every run emits.

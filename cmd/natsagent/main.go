@@ -101,6 +101,9 @@ func run(ctx context.Context, args []string, std stdio) int {
 			return 2
 		}
 		fmt.Fprintf(std.err, "natsagent %s: %v\n", name, err)
+		if errors.Is(err, errIncomplete) {
+			return 3
+		}
 		return 1
 	}
 	fmt.Fprintf(std.err, "natsagent: unknown command %q\n\n", name)

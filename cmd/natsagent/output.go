@@ -46,7 +46,7 @@ func (s style) status(st protocol.Status) string {
 		return s.green(string(st))
 	case protocol.StatusError, protocol.StatusCancelled, protocol.StatusTimeout, protocol.StatusRejected:
 		return s.red(string(st))
-	case protocol.StatusInterrupted, protocol.StatusSteered:
+	case protocol.StatusInterrupted, protocol.StatusSteered, protocol.StatusIncomplete:
 		return s.yellow(string(st))
 	}
 	// Plain, in codes as long as the colours' (aligned tables).

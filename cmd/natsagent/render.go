@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -360,11 +361,17 @@ func (r *renderer) endLine() {
 	}
 }
 
+// errIncomplete marks a run a guard cut short (status incomplete): the
+// command exits 3, so a script tells a cut answer from a failure (1).
+var errIncomplete = errors.New("the answer is incomplete")
+
 // exitErr is the error a follower returns for how a run ended, so the
 // exit status is not 0: nil for an end that lets the thread go on
 // (success, interrupted, steered).
 func exitErr(run string, fin *protocol.FinishedData) error {
 	switch fin.Status {
+	case protocol.StatusIncomplete:
+		return fmt.Errorf("run %s ended incomplete (%s): %w", run, fin.StopReason, errIncomplete)
 	case protocol.StatusError, protocol.StatusCancelled, protocol.StatusTimeout, protocol.StatusRejected:
 		if fin.Error != "" {
 			return fmt.Errorf("run %s ended %s: %s", run, fin.Status, fin.Error)

@@ -40,8 +40,9 @@ reason. The message is the arguments joined by spaces, or stdin when there are n
 With --stream-mode the run is printed as the gateway streams it to a LangGraph client (its SSE
 events, or one {"event","data"} line each with --json) instead.
 
-The exit status is 1 when the run ends error, cancelled, timeout or rejected, 0 when it succeeds,
-waits for a person (interrupted) or was steered. Ctrl-C detaches and leaves the run going; the
+The exit status is 1 when the run ends error, cancelled, timeout or rejected, 3 when a guard cut it
+short (incomplete: max_steps, loop or budget caps; the answer so far is printed), 0 when it
+succeeds, waits for a person (interrupted) or was steered. Ctrl-C detaches and leaves the run going; the
 command prints how to follow it again (natsagent tail) or cancel it.`, std)
 	f := addRunFlags(fs)
 	thread := fs.String("thread", "", "thread to run on (default: a new thread)")

@@ -129,7 +129,7 @@ func knownStatus(s protocol.Status) bool {
 	switch s {
 	case protocol.StatusPending, protocol.StatusRunning, protocol.StatusSuccess, protocol.StatusError,
 		protocol.StatusCancelled, protocol.StatusInterrupted, protocol.StatusSteered, protocol.StatusRejected,
-		protocol.StatusTimeout:
+		protocol.StatusTimeout, protocol.StatusIncomplete:
 		return true
 	}
 	return false

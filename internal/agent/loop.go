@@ -109,6 +109,10 @@ type loop struct {
 	// toolCall is the tool chain, composed at the first tool call: most
 	// runs make none, and composing costs an allocation per wrapper.
 	toolCall middleware.ToolHandler
+	// again is set when an after-model hook sent a final answer back to
+	// the model (a reminder): the next step calls the model although the
+	// run's last message is an answer.
+	again bool
 }
 
 // toolHandler returns the tool chain, composing it on first use.
@@ -314,7 +318,7 @@ func (l *loop) finish(ctx context.Context, out Outcome) Outcome {
 	// together with the run's end, which saves a write per run.
 	out.Pending = l.pending
 	l.pending = state.Update{}
-	if out.Status == protocol.StatusSuccess {
+	if out.Status == protocol.StatusSuccess || out.Status == protocol.StatusIncomplete {
 		out.Output = l.lastAssistant()
 	}
 	return out
@@ -341,6 +345,7 @@ func (l *loop) agentLoop(ctx context.Context) (out Outcome, done bool) {
 		msgID := newID("msg")
 		l.rt.Step++
 		resp, usage, err := l.modelStep(ctx, modelCall, msgID, req)
+		l.again = false
 		if out, done, stop = l.afterStep(ctx, msgID, resp, usage, err); stop {
 			return out, done
 		}
@@ -373,7 +378,7 @@ func (l *loop) begin(ctx context.Context) (modelCall middleware.ModelHandler, ou
 	}
 	switch jump {
 	case middleware.JumpEnd:
-		return nil, Outcome{Status: protocol.StatusSuccess, StopReason: res.StopReason}, true, true
+		return nil, ended(res.StopReason), true, true
 	case middleware.JumpTools:
 		// A resumed approval: the calls a person let through run now.
 		if i := middleware.LastAssistant(l.st); i >= 0 {
@@ -402,8 +407,10 @@ func (l *loop) beforeStep(ctx context.Context, jumps *int) (req *middleware.Mode
 			}
 			return nil, Outcome{}, false, false
 		}
-		if len(last.ToolCalls) == 0 && l.isLast(last.ID) {
-			return nil, Outcome{Status: protocol.StatusSuccess}, true, true
+		if len(last.ToolCalls) == 0 && l.isLast(last.ID) && !l.again {
+			// A guard's note ends the run as the guard did.
+			reason, _ := last.Meta[middleware.MetaStopNote].(string)
+			return nil, ended(reason), true, true
 		}
 	}
 
@@ -412,7 +419,11 @@ func (l *loop) beforeStep(ctx context.Context, jumps *int) (req *middleware.Mode
 		return nil, l.stopped(ctx, cause), false, true
 	}
 	if l.MaxSteps > 0 && l.rt.Step >= l.MaxSteps {
-		return nil, Outcome{Status: protocol.StatusSuccess, StopReason: protocol.StopMaxSteps}, true, true
+		// The last step went back to the model (a hook asked for another
+		// call): the run ends on a note that says it was cut, so its
+		// output is never a stale answer or a tool call's message.
+		l.stage(state.Update{Messages: []model.Message{l.mark(l.maxStepsNote())}})
+		return nil, ended(protocol.StopMaxSteps), true, true
 	}
 	res, err := l.Chain.RunHooks(ctx, middleware.HookBeforeModel, l.rt, l.st)
 	l.keep(res.Update)
@@ -424,7 +435,7 @@ func (l *loop) beforeStep(ctx context.Context, jumps *int) (req *middleware.Mode
 	}
 	switch res.Jump {
 	case middleware.JumpEnd:
-		return nil, Outcome{Status: protocol.StatusSuccess, StopReason: res.StopReason}, true, true
+		return nil, ended(res.StopReason), true, true
 	case middleware.JumpModel:
 		if *jumps++; *jumps > 100 {
 			return nil, l.failed(ctx, errors.New("middleware sent the run back to the model 100 times without a model call")), false, true
@@ -479,15 +490,24 @@ func (l *loop) afterStep(ctx context.Context, msgID string, resp *middleware.Mod
 		}
 		return l.paused(res.Interrupt), false, true
 	}
+	final := l.message(msgID)
+	if res.Jump == middleware.JumpNone && final != nil && len(final.ToolCalls) > 0 && l.MaxSteps > 0 && l.rt.Step >= l.MaxSteps {
+		// The last step the run may take asked for tools: nothing could
+		// read their results, so they are not run. The calls are
+		// stripped with a note (invariant 2) and the run ends cut.
+		stripped := middleware.StripToolCalls(*final, protocol.StopMaxSteps, l.maxStepsNote().Content)
+		l.stage(state.Update{Messages: []model.Message{stripped}})
+		final = l.message(msgID)
+		res.Jump, res.StopReason = middleware.JumpEnd, protocol.StopMaxSteps
+	}
 	// Published after the after-model hooks, so a client sees the
 	// message as it is stored: without tool calls a guard stripped.
-	final := l.message(msgID)
 	if final != nil {
 		l.Host.Emit(protocol.EventMessageCompleted, middleware.CompletedMessage(final, usage, l.rt.Step))
 	}
 	switch {
 	case res.Jump == middleware.JumpEnd:
-		return Outcome{Status: protocol.StatusSuccess, StopReason: res.StopReason}, true, true
+		return ended(res.StopReason), true, true
 	case res.Jump != middleware.JumpModel && (final == nil || len(final.ToolCalls) == 0):
 		// A final answer: its checkpoint goes with the run's end.
 		return Outcome{Status: protocol.StatusSuccess}, true, true
@@ -496,12 +516,31 @@ func (l *loop) afterStep(ctx context.Context, msgID string, resp *middleware.Mod
 		return l.failed(ctx, err), false, true
 	}
 	if res.Jump == middleware.JumpModel {
+		l.again = true
 		return Outcome{}, false, false
 	}
 	if out, stop := l.runTools(ctx, l.toolHandler(), l.unanswered(final)); stop {
 		return out, false, true
 	}
 	return Outcome{}, false, false
+}
+
+// ended is the outcome of a run that ended on its own: success, or
+// incomplete when a guard cut it (stopReason set).
+func ended(stopReason string) Outcome {
+	if stopReason == "" {
+		return Outcome{Status: protocol.StatusSuccess}
+	}
+	return Outcome{Status: protocol.StatusIncomplete, StopReason: stopReason}
+}
+
+// maxStepsNote is the assistant message that ends a run cut by max_steps.
+func (l *loop) maxStepsNote() model.Message {
+	return model.Message{
+		ID: newID("msg"), Role: model.RoleAssistant,
+		Content: fmt.Sprintf("[STOPPED: max_steps] The run reached its limit of %d model calls before the agent finished; the answer is incomplete. Send another message to continue.", l.MaxSteps),
+		Meta:    map[string]any{middleware.MetaStopNote: protocol.StopMaxSteps, "finish_reason": model.FinishStop},
+	}
 }
 
 // callModel is the innermost model handler: it calls the provider and

@@ -238,7 +238,7 @@ func (p *Publisher) EnsureFinished(ctx context.Context, r *protocol.Run) error {
 
 // FinishedData is the data of a terminal record's run.finished event.
 func FinishedData(r *protocol.Run) protocol.FinishedData {
-	return protocol.FinishedData{Status: r.Status, StopReason: r.StopReason, Error: r.Error, Output: r.Output, SupersededBy: r.SupersededBy, Interrupt: r.Interrupt}
+	return protocol.FinishedData{Status: r.Status, StopReason: r.StopReason, IncompleteDetails: r.IncompleteDetails, Error: r.Error, Output: r.Output, SupersededBy: r.SupersededBy, Interrupt: r.Interrupt}
 }
 
 // LastSeq returns the highest seq of a run's stored events (0 if none),

@@ -264,7 +264,7 @@ func lifecycle(env *envelope) []Part {
 	data := map[string]any{"event": "started", "namespace": []string{ns}, "tool_call_id": d.ToolCallID}
 	if env.Type == eventSubagentFinished {
 		switch d.Status {
-		case protocol.StatusSuccess:
+		case protocol.StatusSuccess, protocol.StatusIncomplete:
 			data["event"] = "completed"
 		case protocol.StatusInterrupted:
 			data["event"] = "interrupted"

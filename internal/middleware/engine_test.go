@@ -169,6 +169,13 @@ func execute(t *testing.T, chain *middleware.Chain, m model.Model, set *tools.Se
 // executeOn runs the loop on a thread whose state is st.
 func executeOn(t *testing.T, st *state.State, chain *middleware.Chain, m model.Model, set *tools.Set, input ...model.Message) runResult {
 	t.Helper()
+	return executeSteps(t, st, chain, m, set, 20, input...)
+}
+
+// executeSteps runs the loop on a thread whose state is st with a
+// max_steps of maxSteps.
+func executeSteps(t *testing.T, st *state.State, chain *middleware.Chain, m model.Model, set *tools.Set, maxSteps int, input ...model.Message) runResult {
+	t.Helper()
 	host := &memHost{base: st.Clone()}
 	rt := &middleware.Runtime{RunID: "r1", ThreadID: "h1", Tenant: "default", Agent: "test", Tools: set, Logger: zap.NewNop(), Emit: host.Emit}
 	if len(input) == 0 {
@@ -176,7 +183,7 @@ func executeOn(t *testing.T, st *state.State, chain *middleware.Chain, m model.M
 	}
 	out := agent.Execute(context.Background(), &agent.Run{
 		Runtime: rt, Chain: chain, Model: m, ModelName: "test-model", System: "sys",
-		MaxSteps: 20, State: st, Input: input, Host: host,
+		MaxSteps: maxSteps, State: st, Input: input, Host: host,
 	})
 	if out.Stopped != nil || out.Status == protocol.StatusError {
 		t.Fatalf("run failed: %+v", out)
@@ -231,8 +238,8 @@ func TestEngine_BeforeModelJumpEnd(t *testing.T) {
 	chain := newChain(t, &mw{name: "a", rec: rec}, &mw{name: "b", rec: rec, bm: stop}, &mw{name: "c", rec: rec})
 	scripted := toolThenAnswer()
 	r := execute(t, chain, scripted, echoTool(t))
-	if r.out.Status != protocol.StatusSuccess || r.out.StopReason != "test_guard" {
-		t.Errorf("outcome = %+v", r.out)
+	if r.out.Status != protocol.StatusIncomplete || r.out.StopReason != "test_guard" {
+		t.Errorf("outcome = %+v, want incomplete with the guard's stop reason", r.out)
 	}
 	if scripted.Calls() != 0 {
 		t.Errorf("model called %d times after a jump to the end", scripted.Calls())
@@ -259,7 +266,7 @@ func TestEngine_AfterModelJumpEndSkipsTools(t *testing.T) {
 	}
 	chain := newChain(t, &mw{name: "a", rec: rec}, &mw{name: "b", rec: rec, am: guard})
 	r := execute(t, chain, toolThenAnswer(), echoTool(t))
-	if r.out.StopReason != "test_guard" || r.out.Output == nil || r.out.Output.Content != "[stopped]" {
+	if r.out.Status != protocol.StatusIncomplete || r.out.StopReason != "test_guard" || r.out.Output == nil || r.out.Output.Content != "[stopped]" {
 		t.Errorf("outcome = %+v", r.out)
 	}
 	for _, s := range rec.all() {
@@ -502,5 +509,76 @@ func TestEngine_PanicsBecomeToolErrors(t *testing.T) {
 	}
 	if len(errs) != 2 || !strings.Contains(errs[0], "wrapper bug") || !strings.Contains(errs[1], "tool bug") {
 		t.Fatalf("tool results %q", errs)
+	}
+}
+
+// checkAnswered fails when an assistant message of msgs has a tool call
+// without its tool message, or when msgs end on tool calls.
+func checkAnswered(t *testing.T, msgs []model.Message) {
+	t.Helper()
+	answered := map[string]bool{}
+	for _, m := range msgs {
+		if m.Role == model.RoleTool {
+			answered[m.ToolCallID] = true
+		}
+	}
+	for _, m := range msgs {
+		for _, c := range m.ToolCalls {
+			if !answered[c.ID] {
+				t.Errorf("tool call %s of message %s is not answered", c.ID, m.ID)
+			}
+		}
+	}
+}
+
+// A run cut by max_steps ends incomplete on an answer that says so: the
+// tool calls of its last allowed step are not run and are stripped, so
+// the transcript is valid and the output is never a bare tool call.
+func TestEngine_MaxStepsEndsIncompleteWithValidTranscript(t *testing.T) {
+	var ran int
+	set, err := tools.NewSet(tools.Func(model.ToolSpec{Name: "echo", Parameters: json.RawMessage(`{"type":"object"}`)},
+		func(ctx context.Context, args json.RawMessage) (string, error) { ran++; return "echo", nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	scripted := model.NewScripted(func(n int, req *model.Request) model.Reply {
+		return model.Reply{ToolCalls: []model.ToolCall{{ID: fmt.Sprintf("call_%d", n), Name: "echo", Arguments: fmt.Sprintf(`{"n":%d}`, n)}}}
+	})
+	r := executeSteps(t, &state.State{}, newChain(t), scripted, set, 3)
+	if r.out.Status != protocol.StatusIncomplete || r.out.StopReason != protocol.StopMaxSteps {
+		t.Fatalf("outcome %s (%s), want incomplete with max_steps", r.out.Status, r.out.StopReason)
+	}
+	if scripted.Calls() != 3 || ran != 2 {
+		t.Fatalf("%d model calls and %d tool runs, want 3 and 2 (the last step's call is not run)", scripted.Calls(), ran)
+	}
+	out := r.out.Output
+	if out == nil || len(out.ToolCalls) != 0 || !strings.Contains(out.Content, "max_steps") || out.Meta[middleware.MetaStopNote] != protocol.StopMaxSteps {
+		t.Fatalf("output %+v, want the last answer stripped of its calls, saying it was cut", out)
+	}
+	msgs := r.host.replay().Messages
+	checkAnswered(t, msgs)
+	if last := msgs[len(msgs)-1]; last.ID != out.ID {
+		t.Fatalf("thread ends on %+v, not on the output", last)
+	}
+}
+
+// A run whose last allowed step went back to the model (a hook asked for
+// another call) ends on a note that it was cut, not on the answer before.
+func TestEngine_MaxStepsAfterJumpModelEndsOnNote(t *testing.T) {
+	again := func(ctx context.Context, rt *middleware.Runtime, st *state.State) (middleware.Result, error) {
+		return middleware.Result{Jump: middleware.JumpModel}, nil
+	}
+	chain := newChain(t, &mw{name: "again", rec: &recorder{}, am: again})
+	scripted := model.NewScripted(func(n int, req *model.Request) model.Reply { return model.Reply{Text: "answer"} })
+	r := executeSteps(t, &state.State{}, chain, scripted, nil, 2)
+	if r.out.Status != protocol.StatusIncomplete || r.out.StopReason != protocol.StopMaxSteps || scripted.Calls() != 2 {
+		t.Fatalf("outcome %s (%s) after %d calls", r.out.Status, r.out.StopReason, scripted.Calls())
+	}
+	if r.out.Output == nil || !strings.Contains(r.out.Output.Content, "[STOPPED: max_steps]") {
+		t.Fatalf("output %+v", r.out.Output)
+	}
+	msgs := r.host.replay().Messages
+	if last := msgs[len(msgs)-1]; last.Role != model.RoleAssistant || last.ID != r.out.Output.ID {
+		t.Fatalf("thread ends on %+v", last)
 	}
 }

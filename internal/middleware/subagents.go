@@ -442,7 +442,7 @@ func taskResult(st *protocol.SubagentStatus, timeout int) *ToolResult {
 	if strings.TrimSpace(answer) == "" {
 		answer = "(The subagent finished without a text answer.)"
 	}
-	if st.Status == protocol.StatusSuccess {
+	if st.Status == protocol.StatusSuccess || st.Status == protocol.StatusIncomplete {
 		if st.StopReason != "" {
 			head += fmt.Sprintf(" (stopped early: %s)", st.StopReason)
 		}

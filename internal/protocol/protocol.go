@@ -28,7 +28,28 @@ const (
 	StatusSteered     Status = "steered"
 	StatusRejected    Status = "rejected"
 	StatusTimeout     Status = "timeout"
+	// StatusIncomplete is a run a guard ended before the agent finished
+	// (max_steps, loop detection, a budget or limit, a safety stop): it has
+	// an output, and IncompleteDetails says why, as OpenAI's Responses
+	// API does. A client that reads only the status must not take it for
+	// a success.
+	StatusIncomplete Status = "incomplete"
 )
+
+// IncompleteDetails says why a run ended incomplete. Reason is its
+// stop_reason.
+type IncompleteDetails struct {
+	Reason string `json:"reason"`
+}
+
+// IncompleteFor is the incomplete_details of a run that ended in status
+// with stopReason: nil unless the status is incomplete.
+func IncompleteFor(status Status, stopReason string) *IncompleteDetails {
+	if status != StatusIncomplete {
+		return nil
+	}
+	return &IncompleteDetails{Reason: stopReason}
+}
 
 // Terminal reports whether a run in status s will never change again.
 func (s Status) Terminal() bool {
@@ -47,6 +68,9 @@ const (
 	StopMaxSteps            = "max_steps"
 	StopSafety              = "safety"
 	StopToolLimitCapped     = "tool_limit_capped"
+	// StopRejectedCallRepeated ends a run whose model kept asking for a
+	// tool call a person had rejected (approval's max_rejected_repeats).
+	StopRejectedCallRepeated = "rejected_call_repeated"
 	// StopStoreFull ends a run (status error) that JetStream had no room
 	// to save for longer than the worker's store_full_wait.
 	StopStoreFull = "store_full"
@@ -153,21 +177,23 @@ type Parent struct {
 
 // Run is the run record stored in the runs bucket under "<tenant>.<run>".
 type Run struct {
-	RunID             string         `json:"run_id"`
-	ThreadID          string         `json:"thread_id"`
-	Tenant            string         `json:"tenant"`
-	Agent             string         `json:"agent"`
-	Status            Status         `json:"status"`
-	MultitaskStrategy string         `json:"multitask_strategy,omitempty"`
-	Attempt           int            `json:"attempt"`
-	CreatedAt         time.Time      `json:"created_at"`
-	StartedAt         *time.Time     `json:"started_at,omitempty"`
-	FinishedAt        *time.Time     `json:"finished_at,omitempty"`
-	StopReason        string         `json:"stop_reason,omitempty"`
-	Error             string         `json:"error,omitempty"`
-	Output            *model.Message `json:"output,omitempty"`
-	Parent            *Parent        `json:"parent,omitempty"`
-	Metadata          map[string]any `json:"metadata,omitempty"`
+	RunID             string     `json:"run_id"`
+	ThreadID          string     `json:"thread_id"`
+	Tenant            string     `json:"tenant"`
+	Agent             string     `json:"agent"`
+	Status            Status     `json:"status"`
+	MultitaskStrategy string     `json:"multitask_strategy,omitempty"`
+	Attempt           int        `json:"attempt"`
+	CreatedAt         time.Time  `json:"created_at"`
+	StartedAt         *time.Time `json:"started_at,omitempty"`
+	FinishedAt        *time.Time `json:"finished_at,omitempty"`
+	StopReason        string     `json:"stop_reason,omitempty"`
+	// IncompleteDetails is set when Status is incomplete.
+	IncompleteDetails *IncompleteDetails `json:"incomplete_details,omitempty"`
+	Error             string             `json:"error,omitempty"`
+	Output            *model.Message     `json:"output,omitempty"`
+	Parent            *Parent            `json:"parent,omitempty"`
+	Metadata          map[string]any     `json:"metadata,omitempty"`
 	// SupersededBy names the run that steered or rolled back this one.
 	SupersededBy string `json:"superseded_by,omitempty"`
 	// Interrupt says what a person must answer before an interrupted run's
@@ -443,12 +469,14 @@ func KindOf(eventType string) string {
 
 // FinishedData is the data of run.finished.
 type FinishedData struct {
-	Status       Status         `json:"status"`
-	StopReason   string         `json:"stop_reason,omitempty"`
-	Error        string         `json:"error,omitempty"`
-	Output       *model.Message `json:"output,omitempty"`
-	SupersededBy string         `json:"superseded_by,omitempty"`
-	Interrupt    *Interrupt     `json:"interrupt,omitempty"`
+	Status     Status `json:"status"`
+	StopReason string `json:"stop_reason,omitempty"`
+	// IncompleteDetails is set when Status is incomplete.
+	IncompleteDetails *IncompleteDetails `json:"incomplete_details,omitempty"`
+	Error             string             `json:"error,omitempty"`
+	Output            *model.Message     `json:"output,omitempty"`
+	SupersededBy      string             `json:"superseded_by,omitempty"`
+	Interrupt         *Interrupt         `json:"interrupt,omitempty"`
 }
 
 // Interrupt kinds.

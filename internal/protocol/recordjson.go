@@ -105,6 +105,7 @@ func appendFinishedData(b []byte, d *FinishedData) ([]byte, bool) {
 	b = append(b, `{"status":`...)
 	b = appendJSONString(b, string(d.Status))
 	b = appendOptString(b, `,"stop_reason":`, d.StopReason)
+	b = appendIncomplete(b, d.IncompleteDetails)
 	b = appendOptString(b, `,"error":`, d.Error)
 	if d.Output != nil {
 		b = append(b, `,"output":`...)
@@ -118,6 +119,15 @@ func appendFinishedData(b []byte, d *FinishedData) ([]byte, bool) {
 		b = appendInterrupt(b, d.Interrupt)
 	}
 	return append(b, '}'), true
+}
+
+func appendIncomplete(b []byte, d *IncompleteDetails) []byte {
+	if d == nil {
+		return b
+	}
+	b = append(b, `,"incomplete_details":{"reason":`...)
+	b = appendJSONString(b, d.Reason)
+	return append(b, '}')
 }
 
 func appendMarshal(b []byte, v any) ([]byte, error) {
@@ -160,6 +170,7 @@ func appendRun(b []byte, r *Run) ([]byte, bool) {
 		}
 	}
 	b = appendOptString(b, `,"stop_reason":`, r.StopReason)
+	b = appendIncomplete(b, r.IncompleteDetails)
 	b = appendOptString(b, `,"error":`, r.Error)
 	if r.Output != nil {
 		b = append(b, `,"output":`...)

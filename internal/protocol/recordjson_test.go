@@ -258,6 +258,16 @@ func TestRecordJSONHandEncodesEveryday(t *testing.T) {
 		t.Fatal("a finished run's record fell back to encoding/json")
 	}
 	checkSame(t, r, AppendRunJSON, appendRun)
+	capped := everydayRun(now, nil)
+	capped.Status, capped.StopReason, capped.IncompleteDetails = StatusIncomplete, StopLoopCapped, IncompleteFor(StatusIncomplete, StopLoopCapped)
+	data, ok := appendRun(nil, capped)
+	if !ok {
+		t.Fatal("an incomplete run's record fell back to encoding/json")
+	}
+	if !bytes.Contains(data, []byte(`"status":"incomplete","multitask_strategy"`)) || !bytes.Contains(data, []byte(`"stop_reason":"loop_capped","incomplete_details":{"reason":"loop_capped"}`)) {
+		t.Fatalf("incomplete record: %s", data)
+	}
+	checkSame(t, capped, AppendRunJSON, appendRun)
 	th := everydayThread(now)
 	if _, ok := appendThread(nil, th); !ok {
 		t.Fatal("a leased thread's record fell back to encoding/json")
@@ -396,6 +406,7 @@ func TestEventDataJSONMatchesEncodingJSON(t *testing.T) {
 		StartedData{Attempt: 1, Worker: "w1", Agent: "chatbot", MultitaskStrategy: StrategyEnqueue, QueuedAt: &now},
 		QueuedData{Agent: "chatbot", MultitaskStrategy: StrategyEnqueue},
 		FinishedData{Status: StatusSuccess, Output: everydayRun(now, nil).Output},
+		FinishedData{Status: StatusIncomplete, StopReason: StopMaxSteps, IncompleteDetails: IncompleteFor(StatusIncomplete, StopMaxSteps), Output: everydayRun(now, nil).Output},
 		&FinishedData{Status: StatusInterrupted, Interrupt: &Interrupt{Kind: InterruptApproval, RunID: "r1", AllowedDecisions: []string{"approve"}}},
 	}
 	for _, v := range everyday {

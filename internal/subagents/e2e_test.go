@@ -463,8 +463,8 @@ func TestSubagentLimitEndToEnd_DeerFlow3857(t *testing.T) {
 	lead := e.watch("t1", "lead1")
 	e.submit("t1", "lead1", "delegate a lot")
 	fin := lead.finished(t, 30*time.Second)
-	if fin.Status != protocol.StatusSuccess || fin.StopReason != protocol.StopSubagentLimitCapped {
-		t.Fatalf("lead ended %s (%s), want success with stop_reason subagent_limit_capped", fin.Status, fin.StopReason)
+	if fin.Status != protocol.StatusIncomplete || fin.StopReason != protocol.StopSubagentLimitCapped {
+		t.Fatalf("lead ended %s (%s), want incomplete with stop_reason subagent_limit_capped", fin.Status, fin.StopReason)
 	}
 	if !strings.Contains(fin.Output.Content, "[SUBAGENT LIMIT REACHED]") || !strings.Contains(fin.Output.Content, "turn 2") {
 		t.Errorf("final answer %q", fin.Output.Content)

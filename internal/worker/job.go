@@ -861,6 +861,7 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 	ended := time.Now().UTC()
 	end := func(r *protocol.Run) {
 		r.Status, r.StopReason, r.Error, r.Output, r.SupersededBy, r.FinishedAt = status, stopReason, errText, out.Output, supersededBy, &ended
+		r.IncompleteDetails = protocol.IncompleteFor(status, stopReason)
 		r.Interrupt, r.Usage, r.CancelRequested = out.Interrupt, usage, false
 		r.Seq = finishedSeq
 	}

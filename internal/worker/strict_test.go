@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -166,9 +167,9 @@ func TestSteeredMidToolThenValidNextRequest(t *testing.T) {
 	}
 }
 
-// A run the loop guard stops reports loop_capped on its record and its
-// run.finished, not a bare success, and leaves no raw tool call behind
-// (deer-flow #4176, #2319).
+// A run the loop guard stops ends incomplete with loop_capped on its
+// record and its run.finished, not a success, and leaves no raw tool call
+// behind (deer-flow #4176, #2319).
 func TestLoopCappedRunReportsStopReason(t *testing.T) {
 	h := newHarness(t)
 	srv, m := strictModel(t, func(req *openaitest.Request) openaitest.Reply {
@@ -178,8 +179,9 @@ func TestLoopCappedRunReportsStopReason(t *testing.T) {
 	w := h.watch("default", "t1", "loopy")
 	h.submit(request("t1", "loopy", "what time is it"))
 	fin := w.finished(t, 15*time.Second)
-	if fin.Status != protocol.StatusSuccess || fin.StopReason != protocol.StopLoopCapped {
-		t.Fatalf("run ended %s with stop reason %q, want success with loop_capped", fin.Status, fin.StopReason)
+	if fin.Status != protocol.StatusIncomplete || fin.StopReason != protocol.StopLoopCapped ||
+		fin.IncompleteDetails == nil || fin.IncompleteDetails.Reason != protocol.StopLoopCapped {
+		t.Fatalf("run ended %s with stop reason %q (%+v), want incomplete with loop_capped", fin.Status, fin.StopReason, fin.IncompleteDetails)
 	}
 	if fin.Output == nil || len(fin.Output.ToolCalls) != 0 || !strings.Contains(fin.Output.Content, "[FORCED STOP]") {
 		t.Fatalf("output %+v", fin.Output)
@@ -199,8 +201,9 @@ func TestLoopCappedRunReportsStopReason(t *testing.T) {
 	if len(lastCompleted.ToolCalls) != 0 || !strings.Contains(lastCompleted.Content, "[FORCED STOP]") {
 		t.Fatalf("last message.completed %+v", lastCompleted)
 	}
-	if rec := h.run("default", "loopy"); rec.StopReason != protocol.StopLoopCapped {
-		t.Fatalf("record stop reason %q", rec.StopReason)
+	if rec := h.run("default", "loopy"); rec.Status != protocol.StatusIncomplete || rec.StopReason != protocol.StopLoopCapped ||
+		rec.IncompleteDetails == nil || rec.IncompleteDetails.Reason != protocol.StopLoopCapped {
+		t.Fatalf("record %s, stop reason %q, %+v", rec.Status, rec.StopReason, rec.IncompleteDetails)
 	}
 	if n := srv.Count(); n != 5 {
 		t.Fatalf("%d model calls, want 5 (the 5th identical call set stops)", n)
@@ -213,5 +216,45 @@ func TestLoopCappedRunReportsStopReason(t *testing.T) {
 	last := req4.Messages[len(req4.Messages)-1]
 	if last.Role != "user" || !strings.Contains(last.Content, "[LOOP DETECTED]") {
 		t.Fatalf("4th request ends with %+v", last)
+	}
+}
+
+// A run cut by max_steps ends incomplete on an answer that says it was
+// cut, with no tool call left unanswered: the next run on the thread
+// sends a transcript a strict provider accepts.
+func TestMaxStepsRunEndsIncompleteAndThreadContinues(t *testing.T) {
+	h := newHarness(t)
+	srv, m := strictModel(t, func(req *openaitest.Request) openaitest.Reply {
+		if req.LastMessage().Content == "and now?" {
+			return openaitest.Text("continued")
+		}
+		return openaitest.Reply{ToolCalls: []openaitest.Call{{Name: "current_time", Arguments: fmt.Sprintf(`{"timezone":"UTC","n":%d}`, len(req.Messages))}}}
+	})
+	h.startWorker(m, nil)
+	w := h.watch("default", "t1", "capped")
+	req := request("t1", "capped", "keep calling tools")
+	req.Config.MaxSteps = 2
+	h.submit(req)
+	fin := w.finished(t, 15*time.Second)
+	if fin.Status != protocol.StatusIncomplete || fin.StopReason != protocol.StopMaxSteps ||
+		fin.IncompleteDetails == nil || fin.IncompleteDetails.Reason != protocol.StopMaxSteps {
+		t.Fatalf("run ended %s (%s, %+v), want incomplete with max_steps", fin.Status, fin.StopReason, fin.IncompleteDetails)
+	}
+	if fin.Output == nil || len(fin.Output.ToolCalls) != 0 || !strings.Contains(fin.Output.Content, "[STOPPED: max_steps]") {
+		t.Fatalf("output %+v, want the cut answer without tool calls", fin.Output)
+	}
+	if rec := h.run("default", "capped"); rec.Status != protocol.StatusIncomplete || rec.Output == nil || rec.IncompleteDetails == nil {
+		t.Fatalf("record %s output %+v details %+v", rec.Status, rec.Output, rec.IncompleteDetails)
+	}
+	w2 := h.watch("default", "t1", "next")
+	h.submit(request("t1", "next", "and now?"))
+	if fin := w2.finished(t, 15*time.Second); fin.Status != protocol.StatusSuccess || fin.Output.Content != "continued" {
+		t.Fatalf("next run %s: %s %+v", fin.Status, fin.Error, fin.Output)
+	}
+	if n := srv.Count(); n != 3 {
+		t.Fatalf("%d model calls, want 3 (2 steps, then the next run)", n)
+	}
+	if v := srv.Violations(); len(v) != 0 {
+		t.Fatalf("invalid requests: %v", v)
 	}
 }

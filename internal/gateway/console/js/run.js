@@ -5,7 +5,7 @@
 import { h, fill, field, timeEl, num, pretty, compact, errorBox, newID } from './dom.js';
 import { APIError, getJSON, postJSON, events, paths } from './api.js';
 
-export const terminal = new Set(['success', 'error', 'cancelled', 'interrupted', 'steered', 'rejected', 'timeout']);
+export const terminal = new Set(['success', 'incomplete', 'error', 'cancelled', 'interrupted', 'steered', 'rejected', 'timeout']);
 
 export const threadHash = (t) => `#/threads/${encodeURIComponent(t)}`;
 export const runHash = (t, r) => `${threadHash(t)}/runs/${encodeURIComponent(r)}`;
