@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -194,18 +195,30 @@ func (a *Agents) Prepare(req *protocol.RunRequest) (*Prepared, error) {
 		return nil, err
 	}
 	chain := a.chains[p.Name]
+	if err := checkSwitches(p.Name, chain, req.Config); err != nil {
+		return nil, err
+	}
 	// The principal's tool policy is the last word on the run's tools:
 	// the prepared set loses what it may not use (so no middleware lists
 	// it), and the chain is held by the policy's gate and trim (so no
-	// middleware's own tool escapes it).
+	// middleware's own tool escapes it). The run's switches narrow it
+	// further, never widen it.
+	var allow func(name string) bool
 	if a.toolPolicy != nil {
-		if allow := a.toolPolicy(req.Tenant, req.Principal); allow != nil {
-			if set, err = filterTools(set, allow); err != nil {
-				return nil, err
-			}
-			if chain, err = middleware.WithToolPolicy(chain, allow); err != nil {
-				return nil, err
-			}
+		allow = a.toolPolicy(req.Tenant, req.Principal)
+	}
+	if off := switchedOffTools(req.Config); len(off) > 0 {
+		policy := allow
+		allow = func(name string) bool {
+			return !slices.Contains(off, name) && (policy == nil || policy(name))
+		}
+	}
+	if allow != nil {
+		if set, err = filterTools(set, allow); err != nil {
+			return nil, err
+		}
+		if chain, err = middleware.WithToolPolicy(chain, allow); err != nil {
+			return nil, err
 		}
 	}
 	maxSteps := p.MaxSteps
@@ -231,4 +244,43 @@ func filterTools(set *tools.Set, allow func(name string) bool) (*tools.Set, erro
 		}
 	}
 	return tools.NewSet(keep...)
+}
+
+// switches are the per-run switches: the middleware each turns off or
+// asks for, and the tools that middleware provides.
+var switches = []struct {
+	key, middleware string
+	get             func(protocol.RunConfig) *bool
+	tools           []string
+}{
+	{"clarification", "clarification", func(c protocol.RunConfig) *bool { return c.Clarification }, []string{middleware.ClarificationTool}},
+	{"subagents", "subagents", func(c protocol.RunConfig) *bool { return c.Subagents }, middleware.SubagentTools},
+	{"plan_mode", "todos", func(c protocol.RunConfig) *bool { return c.PlanMode }, []string{middleware.WriteTodosTool}},
+}
+
+// ErrSwitchUnavailable is the cause of a run that asked for a capability
+// (config.clarification, subagents or plan_mode true) its agent profile
+// does not have.
+var ErrSwitchUnavailable = errors.New("the agent does not have what the run's config asks for")
+
+// checkSwitches refuses a run that turns on what its profile's chain
+// lacks: a switch only keeps or removes what the profile has.
+func checkSwitches(agent string, chain *middleware.Chain, c protocol.RunConfig) error {
+	for _, sw := range switches {
+		if on := sw.get(c); on != nil && *on && !slices.Contains(chain.Names(), sw.middleware) {
+			return fmt.Errorf("%w: config.%s is true, but agent %q has no %s middleware; leave config.%s out or false", ErrSwitchUnavailable, sw.key, agent, sw.middleware, sw.key)
+		}
+	}
+	return nil
+}
+
+// switchedOffTools are the tools the run's switches turn off.
+func switchedOffTools(c protocol.RunConfig) []string {
+	var off []string
+	for _, sw := range switches {
+		if middleware.SwitchedOff(sw.get(c)) {
+			off = append(off, sw.tools...)
+		}
+	}
+	return off
 }

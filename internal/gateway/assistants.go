@@ -708,6 +708,15 @@ func underRun(run *protocol.RunConfig, a protocol.RunConfig) {
 	if run.TimeoutSeconds == 0 {
 		run.TimeoutSeconds = a.TimeoutSeconds
 	}
+	if run.Clarification == nil {
+		run.Clarification = a.Clarification
+	}
+	if run.Subagents == nil {
+		run.Subagents = a.Subagents
+	}
+	if run.PlanMode == nil {
+		run.PlanMode = a.PlanMode
+	}
 }
 
 // graphView is an assistant's graph in LangGraph's drawable shape: the
@@ -769,6 +778,9 @@ var settingsProperties = map[string]any{
 	"tool_approval_mode": map[string]any{"type": "string", "enum": []string{protocol.ApprovalDefault, protocol.ApprovalAlwaysTrust, protocol.ApprovalAlwaysAsk}},
 	"max_steps":          map[string]any{"type": "integer", "minimum": 1, "maximum": protocol.MaxRunSteps},
 	"timeout_seconds":    map[string]any{"type": "integer", "minimum": 1, "maximum": protocol.MaxTimeoutSeconds},
+	"clarification":      map[string]any{"type": "boolean", "description": "false: the run may not ask the person a question"},
+	"subagents":          map[string]any{"type": "boolean", "description": "false: the run may not start subagents"},
+	"plan_mode":          map[string]any{"type": "boolean", "description": "false: no todo list (write_todos) for the run"},
 }
 
 var contextSchema = map[string]any{"title": "Context", "type": "object", "properties": settingsProperties, "additionalProperties": false}

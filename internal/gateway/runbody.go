@@ -253,7 +253,8 @@ func runConfig(raw, ctxRaw json.RawMessage) (protocol.RunConfig, error) {
 
 // runConfigKeys are the settings of protocol.RunConfig, which config,
 // config.configurable and context may carry.
-var runConfigKeys = map[string]bool{"model": true, "tool_approval_mode": true, "max_steps": true, "timeout_seconds": true, "user_id": true}
+var runConfigKeys = map[string]bool{"model": true, "tool_approval_mode": true, "max_steps": true, "timeout_seconds": true, "user_id": true,
+	"clarification": true, "subagents": true, "plan_mode": true}
 
 // fillConfig sets the settings of keys that out leaves empty. LangGraph's
 // own configurable keys: thread_id is the path's (as LangGraph sets it),
@@ -284,6 +285,12 @@ func fillConfig(out *protocol.RunConfig, keys map[string]json.RawMessage, prefix
 			if out.UserID == "" {
 				err = json.Unmarshal(raw, &out.UserID)
 			}
+		case "clarification":
+			err = fillSwitch(&out.Clarification, raw)
+		case "subagents":
+			err = fillSwitch(&out.Subagents, raw)
+		case "plan_mode":
+			err = fillSwitch(&out.PlanMode, raw)
 		case "thread_id":
 			// LangGraph sets it from the path, whatever a client put
 			// there; so does natsagent.
@@ -293,7 +300,7 @@ func fillConfig(out *protocol.RunConfig, keys map[string]json.RawMessage, prefix
 				return errInvalid(field, fmt.Sprintf("%s: name the checkpoint to run from with the body's checkpoint_id or checkpoint, not in the config", field))
 			}
 		default:
-			return errInvalid(field, fmt.Sprintf("%s is not a setting natsagent reads: use model, tool_approval_mode, max_steps, timeout_seconds or user_id", field))
+			return errInvalid(field, fmt.Sprintf("%s is not a setting natsagent reads: use model, tool_approval_mode, max_steps, timeout_seconds, user_id, clarification, subagents or plan_mode", field))
 		}
 		if err != nil {
 			return errInvalid(field, fmt.Sprintf("%s: %v", field, err))
@@ -336,4 +343,18 @@ func clip(s string) string {
 		return s
 	}
 	return s[:40] + "..."
+}
+
+// fillSwitch sets a per-run switch that out leaves unset: true, false or
+// null (unset).
+func fillSwitch(sw **bool, raw json.RawMessage) error {
+	if *sw != nil || isNull(raw) {
+		return nil
+	}
+	var v bool
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return errors.New("must be true or false")
+	}
+	*sw = &v
+	return nil
 }

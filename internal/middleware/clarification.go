@@ -55,6 +55,9 @@ var clarificationSpec = model.ToolSpec{
 
 // WrapModelCall offers the tool.
 func (c *Clarification) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelRequest, next ModelHandler) (*ModelResponse, error) {
+	if SwitchedOff(rt.Config.Clarification) {
+		return next(ctx, req)
+	}
 	r := *req
 	r.Tools = append(append([]model.ToolSpec(nil), req.Tools...), clarificationSpec)
 	return next(ctx, &r)

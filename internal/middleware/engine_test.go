@@ -582,3 +582,88 @@ func TestEngine_MaxStepsAfterJumpModelEndsOnNote(t *testing.T) {
 		t.Fatalf("thread ends on %+v", last)
 	}
 }
+
+// todoChain is todos with the completion reminder.
+func todoChain(t *testing.T, reminder middleware.TodoReminder) *middleware.Chain {
+	t.Helper()
+	todos, err := middleware.NewTodos(middleware.Todos{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := middleware.NewTodoReminder(reminder)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newChain(t, todos, r)
+}
+
+// planThenAnswer writes a todo list of two open items, then answers
+// every later call without tools.
+func planThenAnswer() *model.Scripted {
+	return model.NewScripted(func(n int, req *model.Request) model.Reply {
+		if n == 0 {
+			return model.Reply{ToolCalls: []model.ToolCall{{ID: "call_todos", Name: middleware.WriteTodosTool,
+				Arguments: `{"todos":[{"content":"read the file","status":"completed"},{"content":"write the summary","status":"in_progress"}]}`}}}
+		}
+		return model.Reply{Text: fmt.Sprintf("answer %d", n)}
+	})
+}
+
+// A final answer given while todo items are open goes back to the model
+// once, with a reminder listing them after the transcript; the next
+// answer ends the run. The reminder is never stored.
+func TestEngine_TodoReminderOnceThenEnds(t *testing.T) {
+	scripted := planThenAnswer()
+	r := executeSteps(t, &state.State{}, todoChain(t, middleware.TodoReminder{}), scripted, nil, 20)
+	if r.out.Status != protocol.StatusSuccess || scripted.Calls() != 3 {
+		t.Fatalf("outcome %s after %d model calls, want success after 3", r.out.Status, scripted.Calls())
+	}
+	reqs := scripted.Requests()
+	for i, req := range reqs {
+		last := req.Messages[len(req.Messages)-1]
+		reminded := strings.Contains(last.Content, "write the summary") && strings.Contains(last.Content, "<system_reminder>")
+		if reminded != (i == 2) {
+			t.Fatalf("request %d ends with %+v (reminder expected only in request 2)", i, last)
+		}
+		if i == 2 && (last.Role != model.RoleUser || strings.Contains(last.Content, "read the file")) {
+			t.Fatalf("reminder %+v: a user message listing only the open item", last)
+		}
+	}
+	if r.out.Output == nil || r.out.Output.Content != "answer 2" {
+		t.Fatalf("output %+v", r.out.Output)
+	}
+	reminded := 0
+	for _, m := range r.host.replay().Messages {
+		if strings.Contains(m.Content, "<system_reminder>") {
+			t.Fatalf("the reminder was stored: %+v", m)
+		}
+		if m.Meta[middleware.MetaTodoReminder] != nil {
+			reminded++
+		}
+	}
+	if reminded != 1 {
+		t.Fatalf("%d answers marked as reminded, want 1", reminded)
+	}
+}
+
+// max_reminders: 2 sends the answer back twice; plan mode off for the run
+// sends it back never.
+func TestEngine_TodoReminderCountAndPlanModeOff(t *testing.T) {
+	scripted := planThenAnswer()
+	executeSteps(t, &state.State{}, todoChain(t, middleware.TodoReminder{MaxReminders: 2}), scripted, nil, 20)
+	if scripted.Calls() != 4 {
+		t.Fatalf("%d model calls with max_reminders 2, want 4", scripted.Calls())
+	}
+
+	off := false
+	st := &state.State{}
+	scripted = planThenAnswer()
+	host := &memHost{base: st.Clone()}
+	rt := &middleware.Runtime{RunID: "r1", ThreadID: "h1", Tenant: "default", Agent: "test", Logger: zap.NewNop(), Emit: host.Emit,
+		Config: protocol.RunConfig{PlanMode: &off}}
+	out := agent.Execute(context.Background(), &agent.Run{Runtime: rt, Chain: todoChain(t, middleware.TodoReminder{}), Model: scripted,
+		ModelName: "m", System: "sys", MaxSteps: 20, State: st, Input: []model.Message{{ID: "u1", Role: model.RoleUser, Content: "hi"}}, Host: host})
+	if out.Status != protocol.StatusSuccess || scripted.Calls() != 2 {
+		t.Fatalf("plan mode off: %s after %d calls, want success after 2", out.Status, scripted.Calls())
+	}
+}

@@ -21,6 +21,10 @@ const InterruptValue = protocol.InterruptValue
 // for a person's view (injected context, reminders).
 const MetaHidden = "hidden"
 
+// SwitchedOff reports whether a run's switch (config.clarification,
+// subagents, plan_mode) turned its capability off for the run.
+func SwitchedOff(sw *bool) bool { return sw != nil && !*sw }
+
 // LastAssistant returns the index of the last assistant message, or -1.
 func LastAssistant(st *state.State) int {
 	for i := len(st.Messages) - 1; i >= 0; i-- {

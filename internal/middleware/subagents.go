@@ -122,6 +122,9 @@ func (s *Subagents) offers(rt *Runtime) bool {
 
 // WrapModelCall offers the tools to a lead, hides them from a subagent.
 func (s *Subagents) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelRequest, next ModelHandler) (*ModelResponse, error) {
+	if SwitchedOff(rt.Config.Subagents) {
+		return next(ctx, req) // subagents off for this run: no tools, no prompt
+	}
 	return next(ctx, s.request(rt, req))
 }
 

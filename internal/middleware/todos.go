@@ -95,6 +95,9 @@ func todosOf(st *state.State) []Todo {
 
 // WrapModelCall offers write_todos and shows the current list.
 func (t *Todos) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelRequest, next ModelHandler) (*ModelResponse, error) {
+	if SwitchedOff(rt.Config.PlanMode) {
+		return next(ctx, req) // plan mode off for this run: no tool, no guide
+	}
 	return next(ctx, todosRequest(req))
 }
 

@@ -165,6 +165,12 @@ func (p *Policy) Check(tenant string, pr *protocol.Principal, req *protocol.RunR
 	if !grants(func(r *role) bool { return r.allAgents || r.agents[req.Agent] }) {
 		return &Error{Msg: fmt.Sprintf("%s may not run agent %s", who, req.Agent), Rule: rule + ".agents"}
 	}
+	allow := p.ToolFilter(tenant, pr)
+	for _, sw := range req.Config.Switches() {
+		if sw.Value != nil && *sw.Value && !allow(sw.Tool) {
+			return &Error{Msg: fmt.Sprintf("%s may not turn on config.%s: its tools do not include %s; leave config.%s out or false", who, sw.Key, sw.Tool, sw.Key), Rule: rule + ".tools"}
+		}
+	}
 	if req.Config.ToolApprovalMode == protocol.ApprovalAlwaysTrust && !grants(func(r *role) bool { return r.alwaysTrust }) {
 		return &Error{Msg: fmt.Sprintf("%s may not choose tool_approval_mode always_trust", who), Rule: rule + ".always_trust"}
 	}

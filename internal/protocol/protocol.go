@@ -166,6 +166,30 @@ type RunConfig struct {
 	TimeoutSeconds int `json:"timeout_seconds,omitempty"`
 	// UserID owns per-user data such as memory ("default" when empty).
 	UserID string `json:"user_id,omitempty"`
+	// Per-run switches (docs/protocol.md 2.2): nil keeps what the agent
+	// profile has; false turns the capability off for this run; true
+	// asks for it, and a submitter refuses the run when the principal's
+	// policy denies its tool (ask_clarification, task, write_todos).
+	Clarification *bool `json:"clarification,omitempty"`
+	Subagents     *bool `json:"subagents,omitempty"`
+	PlanMode      *bool `json:"plan_mode,omitempty"`
+}
+
+// Switch is one per-run switch of a RunConfig: its key under config, its
+// value, and the tool whose offer it turns off or asks for.
+type Switch struct {
+	Key   string
+	Tool  string
+	Value *bool
+}
+
+// Switches lists the config's per-run switches, set or not.
+func (c RunConfig) Switches() []Switch {
+	return []Switch{
+		{Key: "clarification", Tool: "ask_clarification", Value: c.Clarification},
+		{Key: "subagents", Tool: "task", Value: c.Subagents},
+		{Key: "plan_mode", Tool: "write_todos", Value: c.PlanMode},
+	}
 }
 
 // Parent links a subagent run to the tool call that started it.
