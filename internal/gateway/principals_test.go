@@ -320,3 +320,53 @@ func TestFirstRunOwnsANewThread(t *testing.T) {
 	}
 	e.do("GET", "/threads/n1", nil, bearer(aliceKey)...).expect(t, http.StatusNotFound)
 }
+
+// TestRunSwitches: a run may turn clarification, subagents and plan mode
+// off for itself, whoever asks; turning one on is refused (403) when the
+// principal's roles do not offer its tool, and a value that is not a
+// boolean is 400. What is off is neither offered to the model nor
+// described in its prompt.
+func TestRunSwitches(t *testing.T) {
+	e := newPolicyEnv(t)
+	for _, c := range []struct {
+		name string
+		body map[string]any
+		want string
+	}{
+		{"viewer turns plan mode on", with(input("plan (bob)"), "config", map[string]any{"configurable": map[string]any{"plan_mode": true}}),
+			"role viewer may not turn on config.plan_mode: its tools do not include write_todos"},
+		{"viewer turns subagents on in context", with(input("delegate (bob)"), "context", map[string]any{"subagents": true}),
+			"may not turn on config.subagents: its tools do not include task"},
+		{"viewer turns clarification on", with(input("ask me (bob)"), "config", map[string]any{"clarification": true}),
+			"may not turn on config.clarification: its tools do not include ask_clarification"},
+	} {
+		r := e.do("POST", "/threads/s1/runs/wait?format=natsagent", c.body, bearer(bobKey)...).expect(t, http.StatusForbidden)
+		if er := r.apiError(t); er.Code != CodeForbidden || !strings.Contains(er.Message, c.want) {
+			t.Errorf("%s: %+v, want %q", c.name, er, c.want)
+		}
+	}
+	r := e.do("POST", "/threads/s2/runs/wait?format=natsagent", with(input("x"), "config", map[string]any{"configurable": map[string]any{"plan_mode": "yes"}}), bearer(aliceKey)...).
+		expect(t, http.StatusBadRequest)
+	if er := r.apiError(t); !strings.Contains(er.Message, "config.configurable.plan_mode") {
+		t.Errorf("a string switch: %+v", er)
+	}
+
+	// Turning off is always allowed, and removes the tools and the guide.
+	e.do("POST", "/threads/s3/runs/wait?format=natsagent", with(input("off (alice)"), "config",
+		map[string]any{"configurable": map[string]any{"plan_mode": false, "clarification": false}, "subagents": false}), bearer(aliceKey)...).expect(t, http.StatusOK)
+	e.do("POST", "/threads/s4/runs/wait?format=natsagent", with(input("on (alice)"), "context", map[string]any{"plan_mode": true, "clarification": true}), bearer(aliceKey)...).
+		expect(t, http.StatusOK)
+	e.do("POST", "/threads/s5/runs/wait?format=natsagent", with(input("off (bob)"), "config", map[string]any{"plan_mode": false}), bearer(bobKey)...).expect(t, http.StatusOK)
+	off, on := e.sent("off (alice)"), e.sent("on (alice)")
+	for _, tool := range []string{middleware.WriteTodosTool, middleware.ClarificationTool} {
+		if slices.Contains(toolNames(off), tool) {
+			t.Errorf("switched off, %s is offered: %v", tool, toolNames(off))
+		}
+		if !slices.Contains(toolNames(on), tool) {
+			t.Errorf("switched on, %s is not offered: %v", tool, toolNames(on))
+		}
+	}
+	if strings.Contains(off.Messages[0].Content, "write_todos") || !strings.Contains(on.Messages[0].Content, "write_todos") {
+		t.Errorf("the todo guide follows plan_mode: off %q / on %q", off.Messages[0].Content, on.Messages[0].Content)
+	}
+}
