@@ -18,6 +18,15 @@ package middleware
 // "always_trust" runs everything; mode "always_ask" (LangGraph's
 // interrupt_before tools) asks before every call of a lead agent but
 // ask_clarification.
+//
+// A rejected call is not asked about again in the run that carries the
+// rejection (deepagents #2946): when the model re-issues it (same tool,
+// same arguments as canonical JSON), the middleware answers it as not run
+// without a new interrupt, max_rejected_repeats times (default 2); the
+// next repeat strips the response's tool calls and ends the run incomplete
+// with stop_reason rejected_call_repeated. Rejections and repeats are
+// marked on their tool messages (meta rejected_call, rejected_repeat), so
+// the count is the same on every worker and after a redelivery.
 
 import (
 	"context"
@@ -50,8 +59,18 @@ type ToolApproval struct {
 	Decisions []string `json:"allowed_decisions"`
 	// Mode is the default approval mode when a run sets none.
 	Mode string `json:"mode"`
-	kind string
+	// MaxRejectedRepeats is how many re-issues of a rejected call a run
+	// answers before it ends (default 2).
+	MaxRejectedRepeats int `json:"max_rejected_repeats"`
+	kind               string
 }
+
+// Meta keys of the tool messages that answer a rejected call and its
+// repeats; the value is the call's key (callIdentity).
+const (
+	MetaRejectedCall   = "rejected_call"
+	MetaRejectedRepeat = "rejected_repeat"
+)
 
 // NewToolApproval checks the settings for a chain of the given kind.
 func NewToolApproval(a ToolApproval, kind string) (*ToolApproval, error) {
@@ -74,6 +93,12 @@ func NewToolApproval(a ToolApproval, kind string) (*ToolApproval, error) {
 	case protocol.ApprovalDefault, protocol.ApprovalAlwaysTrust, protocol.ApprovalAlwaysAsk:
 	default:
 		return nil, fmt.Errorf("mode: %q is not one of default, always_trust, always_ask", a.Mode)
+	}
+	if a.MaxRejectedRepeats == 0 {
+		a.MaxRejectedRepeats = 2
+	}
+	if a.MaxRejectedRepeats < 1 || a.MaxRejectedRepeats > 100 {
+		return nil, fmt.Errorf("max_rejected_repeats must be 1 to 100, not %d", a.MaxRejectedRepeats)
 	}
 	a.kind = kind
 	return &a, nil
@@ -125,6 +150,10 @@ func (a *ToolApproval) AfterModel(ctx context.Context, rt *Runtime, st *state.St
 		}
 		answered[x.ToolCallID] = true
 	}
+	repeats, stop := a.repeated(rt, st, i, answered)
+	if stop != nil {
+		return *stop, nil
+	}
 	var reqs []protocol.ActionRequest
 	for _, c := range m.ToolCalls {
 		if a.gatedIn(rt, c.Name) && !answered[c.ID] {
@@ -137,7 +166,7 @@ func (a *ToolApproval) AfterModel(ctx context.Context, rt *Runtime, st *state.St
 		}
 	}
 	if len(reqs) == 0 {
-		return Result{}, nil
+		return Result{Update: state.Update{Messages: repeats}}, nil
 	}
 	intr := &protocol.Interrupt{
 		Kind:             protocol.InterruptApproval,
@@ -153,7 +182,63 @@ func (a *ToolApproval) AfterModel(ctx context.Context, rt *Runtime, st *state.St
 	if rt.Emit != nil {
 		rt.Emit(EventApprovalRequested, intr)
 	}
+	u.Messages = repeats
 	return Result{Update: u, Interrupt: intr}, nil
+}
+
+// repeated answers the calls of the response at index i that a person
+// rejected earlier in this run (marking them answered), or returns the
+// result that ends the run when the repeats went past the cap.
+func (a *ToolApproval) repeated(rt *Runtime, st *state.State, i int, answered map[string]bool) ([]model.Message, *Result) {
+	rejected := map[string]bool{}
+	sent := 0
+	for _, m := range st.Messages {
+		if m.Role != model.RoleTool || m.Meta["run_id"] != rt.RunID {
+			continue
+		}
+		if k, ok := m.Meta[MetaRejectedCall].(string); ok {
+			rejected[k] = true
+		}
+		if m.Meta[MetaRejectedRepeat] != nil {
+			sent++
+		}
+	}
+	if len(rejected) == 0 {
+		return nil, nil
+	}
+	var out []model.Message
+	for _, c := range st.Messages[i].ToolCalls {
+		key := callIdentity(c.Name, c.Arguments)
+		if answered[c.ID] || !rejected[key] {
+			continue
+		}
+		answered[c.ID] = true
+		out = append(out, model.Message{
+			ID: "repeat_" + c.ID, Role: model.RoleTool, ToolCallID: c.ID, Name: c.Name, Status: model.ToolStatusError,
+			Content: fmt.Sprintf("Not run: the person already rejected this %s call with these arguments in this run. Do not ask for it again: go on without it, or give your answer and say what you could not do.", c.Name),
+			Meta:    map[string]any{"run_id": rt.RunID, MetaRejectedRepeat: key},
+		})
+	}
+	if len(out) > 0 && sent+len(out) > a.MaxRejectedRepeats {
+		res := stopWith(st, i, protocol.StopRejectedCallRepeated, fmt.Sprintf(
+			"[STOPPED: rejected_call_repeated] The model kept asking for a tool call the person had rejected (more than %d times), so the run was stopped. Nothing it asked for again was run.", a.MaxRejectedRepeats))
+		return nil, &res
+	}
+	return out, nil
+}
+
+// callIdentity is a call's tool and its arguments as canonical JSON (keys
+// sorted, no spacing), so a re-issue matches however it is formatted.
+func callIdentity(name, args string) string {
+	var v any
+	dec := json.NewDecoder(strings.NewReader(args))
+	dec.UseNumber()
+	if err := dec.Decode(&v); err == nil {
+		if canon, err := json.Marshal(v); err == nil {
+			return name + " " + string(canon)
+		}
+	}
+	return name + " " + strings.TrimSpace(args)
 }
 
 // BeforeAgent applies a resume's decisions.
@@ -193,7 +278,9 @@ func (a *ToolApproval) BeforeAgent(ctx context.Context, rt *Runtime, st *state.S
 			if strings.TrimSpace(d.Message) != "" {
 				text = fmt.Sprintf("The person reviewing this call rejected it: %s. %s was not run. Do not call it again unless the person asks for it.", strings.TrimSpace(d.Message), req.Name)
 			}
-			u.Messages = append(u.Messages, decisionResult(rt, req, text, model.ToolStatusError))
+			result := decisionResult(rt, req, text, model.ToolStatusError)
+			result.Meta[MetaRejectedCall] = callIdentity(req.Name, req.Arguments)
+			u.Messages = append(u.Messages, result)
 		case protocol.DecisionRespond:
 			u.Messages = append(u.Messages, decisionResult(rt, req, d.Message, model.ToolStatusSuccess))
 		}

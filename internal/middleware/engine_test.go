@@ -667,3 +667,66 @@ func TestEngine_TodoReminderCountAndPlanModeOff(t *testing.T) {
 		t.Fatalf("plan mode off: %s after %d calls, want success after 2", out.Status, scripted.Calls())
 	}
 }
+
+// rejectThenRepeat runs a call that asks for approval, rejects it in a
+// resume run, and returns that run's outcome: the scripted model re-issues
+// the rejected call (arguments spaced and ordered differently) repeats
+// times, then answers.
+func rejectThenRepeat(t *testing.T, maxRepeats, repeats int) (agent.Outcome, *model.Scripted, []string) {
+	t.Helper()
+	approval, err := middleware.NewToolApproval(middleware.ToolApproval{Tools: []string{"echo"}, MaxRejectedRepeats: maxRepeats}, middleware.KindLead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain := newChain(t, approval)
+	first := model.NewScripted(func(n int, req *model.Request) model.Reply {
+		return model.Reply{ToolCalls: []model.ToolCall{{ID: "call_0", Name: "echo", Arguments: `{"path":"a.txt","x":1}`}}}
+	})
+	r := executeSteps(t, &state.State{}, chain, first, echoTool(t), 20)
+	if r.out.Status != protocol.StatusInterrupted {
+		t.Fatalf("first run %s, want interrupted for approval", r.out.Status)
+	}
+	st := r.host.replay()
+	again := model.NewScripted(func(n int, req *model.Request) model.Reply {
+		if n < repeats {
+			return model.Reply{ToolCalls: []model.ToolCall{{ID: fmt.Sprintf("call_r%d", n), Name: "echo", Arguments: `{ "x": 1, "path": "a.txt" }`}}}
+		}
+		return model.Reply{Text: "giving up on echo"}
+	})
+	host := &memHost{base: st.Clone()}
+	rt := &middleware.Runtime{RunID: "r2", ThreadID: "h1", Tenant: "default", Agent: "test", Tools: echoTool(t), Logger: zap.NewNop(), Emit: host.Emit,
+		Resume: []byte(`{"decisions":[{"type":"reject","message":"not that file"}]}`)}
+	out := agent.Execute(context.Background(), &agent.Run{Runtime: rt, Chain: chain, Model: again, ModelName: "m", System: "sys", MaxSteps: 20, State: st, Host: host})
+	if err := host.Checkpoint(context.Background(), out.Pending); err != nil {
+		t.Fatal(err)
+	}
+	var results []string
+	for _, m := range host.replay().Messages {
+		if m.Role == model.RoleTool && m.Meta["run_id"] == "r2" {
+			results = append(results, m.Content)
+		}
+	}
+	checkAnswered(t, host.replay().Messages)
+	return out, again, results
+}
+
+// A call a person rejected and the model asks for again is answered by
+// the middleware, without a second approval round, up to the cap; past
+// it the run stops incomplete (deepagents #2946).
+func TestEngine_RejectedCallRepeatCap(t *testing.T) {
+	out, m, results := rejectThenRepeat(t, 2, 2)
+	if out.Status != protocol.StatusSuccess || m.Calls() != 3 || out.Output.Content != "giving up on echo" {
+		t.Fatalf("two repeats under a cap of 2: %s (%s) after %d calls, output %+v", out.Status, out.StopReason, m.Calls(), out.Output)
+	}
+	if len(results) != 3 || !strings.Contains(results[0], "not that file") || !strings.Contains(results[1], "already rejected") || !strings.Contains(results[2], "already rejected") {
+		t.Fatalf("tool results of the resume run: %q", results)
+	}
+
+	out, m, _ = rejectThenRepeat(t, 2, 5)
+	if out.Status != protocol.StatusIncomplete || out.StopReason != protocol.StopRejectedCallRepeated || m.Calls() != 3 {
+		t.Fatalf("five repeats under a cap of 2: %s (%s) after %d calls, want incomplete after 3", out.Status, out.StopReason, m.Calls())
+	}
+	if out.Interrupt != nil || out.Output == nil || len(out.Output.ToolCalls) != 0 || !strings.Contains(out.Output.Content, "rejected_call_repeated") {
+		t.Fatalf("output %+v, interrupt %+v", out.Output, out.Interrupt)
+	}
+}
