@@ -583,18 +583,14 @@ func TestEngine_MaxStepsAfterJumpModelEndsOnNote(t *testing.T) {
 	}
 }
 
-// todoChain is todos with the completion reminder.
-func todoChain(t *testing.T, reminder middleware.TodoReminder) *middleware.Chain {
+// todoChain is todos with reminders completion reminders (nil: default).
+func todoChain(t *testing.T, reminders *int) *middleware.Chain {
 	t.Helper()
-	todos, err := middleware.NewTodos(middleware.Todos{})
+	todos, err := middleware.NewTodos(middleware.Todos{CompletionReminders: reminders})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := middleware.NewTodoReminder(reminder)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return newChain(t, todos, r)
+	return newChain(t, todos)
 }
 
 // planThenAnswer writes a todo list of two open items, then answers
@@ -614,7 +610,7 @@ func planThenAnswer() *model.Scripted {
 // answer ends the run. The reminder is never stored.
 func TestEngine_TodoReminderOnceThenEnds(t *testing.T) {
 	scripted := planThenAnswer()
-	r := executeSteps(t, &state.State{}, todoChain(t, middleware.TodoReminder{}), scripted, nil, 20)
+	r := executeSteps(t, &state.State{}, todoChain(t, nil), scripted, nil, 20)
 	if r.out.Status != protocol.StatusSuccess || scripted.Calls() != 3 {
 		t.Fatalf("outcome %s after %d model calls, want success after 3", r.out.Status, scripted.Calls())
 	}
@@ -646,22 +642,24 @@ func TestEngine_TodoReminderOnceThenEnds(t *testing.T) {
 	}
 }
 
-// max_reminders: 2 sends the answer back twice; plan mode off for the run
-// sends it back never.
+// completion_reminders 2 sends the answer back twice, 0 never; so does
+// plan mode off for the run.
 func TestEngine_TodoReminderCountAndPlanModeOff(t *testing.T) {
-	scripted := planThenAnswer()
-	executeSteps(t, &state.State{}, todoChain(t, middleware.TodoReminder{MaxReminders: 2}), scripted, nil, 20)
-	if scripted.Calls() != 4 {
-		t.Fatalf("%d model calls with max_reminders 2, want 4", scripted.Calls())
+	for n, want := range map[int]int{0: 2, 2: 4} {
+		scripted := planThenAnswer()
+		executeSteps(t, &state.State{}, todoChain(t, &n), scripted, nil, 20)
+		if scripted.Calls() != want {
+			t.Fatalf("%d model calls with completion_reminders %d, want %d", scripted.Calls(), n, want)
+		}
 	}
 
 	off := false
 	st := &state.State{}
-	scripted = planThenAnswer()
+	scripted := planThenAnswer()
 	host := &memHost{base: st.Clone()}
 	rt := &middleware.Runtime{RunID: "r1", ThreadID: "h1", Tenant: "default", Agent: "test", Logger: zap.NewNop(), Emit: host.Emit,
 		Config: protocol.RunConfig{PlanMode: &off}}
-	out := agent.Execute(context.Background(), &agent.Run{Runtime: rt, Chain: todoChain(t, middleware.TodoReminder{}), Model: scripted,
+	out := agent.Execute(context.Background(), &agent.Run{Runtime: rt, Chain: todoChain(t, nil), Model: scripted,
 		ModelName: "m", System: "sys", MaxSteps: 20, State: st, Input: []model.Message{{ID: "u1", Role: model.RoleUser, Content: "hi"}}, Host: host})
 	if out.Status != protocol.StatusSuccess || scripted.Calls() != 2 {
 		t.Fatalf("plan mode off: %s after %d calls, want success after 2", out.Status, scripted.Calls())

@@ -131,8 +131,6 @@ func Builtins() []Builtin {
 		// [subagents]
 		{Name: "todos", Segment: SegmentBase,
 			Build: build(NewTodos)},
-		{Name: "todo_reminder", Segment: SegmentBase, After: []string{"todos"},
-			Build: build(NewTodoReminder)},
 		// [todos]
 		{Name: "dynamic_context", Segment: SegmentBase,
 			Build: build(NewDynamicContext)},

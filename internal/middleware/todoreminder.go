@@ -1,9 +1,10 @@
 package middleware
 
-// Todo completion reminder, after DeerFlow's TodoMiddleware. Boundary:
-// model response (after-model) and model call (request-only note). When
+// Todo completion reminder (part of the todos middleware), after
+// DeerFlow's TodoMiddleware. Boundary: model response (after-model) and
+// model call (request-only note). When
 // the model gives a final answer while items of its todo list are not
-// completed, the run goes back to the model once (max_reminders) with a
+// completed, the run goes back to the model once (completion_reminders) with a
 // trailing note that lists the open items and asks it to finish them or
 // update the list; the note never enters state (invariant 3). Reads the
 // state value "todos" and the run's messages; writes only a mark on the
@@ -12,7 +13,6 @@ package middleware
 // of runs whose plan mode is off (config.plan_mode false).
 
 import (
-	"context"
 	"fmt"
 	"strings"
 
@@ -26,41 +26,20 @@ const MetaTodoReminder = "todo_reminder"
 
 const todoReminderName = "todo_completion_reminder"
 
-// TodoReminder asks the model to finish open todo items before its final
-// answer ends the run.
-type TodoReminder struct {
-	// MaxReminders bounds the reminders per run (default 1; 0 in the
-	// settings means the default, enabled: false turns it off).
-	MaxReminders int `json:"max_reminders"`
-}
-
-// NewTodoReminder fills the default and checks the bound.
-func NewTodoReminder(t TodoReminder) (*TodoReminder, error) {
-	if t.MaxReminders == 0 {
-		t.MaxReminders = 1
-	}
-	if t.MaxReminders < 1 || t.MaxReminders > 5 {
-		return nil, fmt.Errorf("max_reminders must be 1 to 5, not %d", t.MaxReminders)
-	}
-	return &t, nil
-}
-
-// Name implements Middleware.
-func (*TodoReminder) Name() string { return "todo_reminder" }
-
-// AfterModel sends a final answer back to the model while todo items are
-// open, at most MaxReminders times per run.
-func (t *TodoReminder) AfterModel(ctx context.Context, rt *Runtime, st *state.State) (Result, error) {
-	if SwitchedOff(rt.Config.PlanMode) {
-		return Result{}, nil
+// remind sends a final answer back to the model while todo items are
+// open, at most CompletionReminders times per run. It is the last step of
+// the todos middleware's after-model hook.
+func (t *Todos) remind(rt *Runtime, st *state.State) Result {
+	if t.reminders() == 0 || SwitchedOff(rt.Config.PlanMode) {
+		return Result{}
 	}
 	i := LastAssistant(st)
 	if i < 0 || i != len(st.Messages)-1 {
-		return Result{}, nil
+		return Result{}
 	}
 	answer := st.Messages[i]
 	if len(answer.ToolCalls) > 0 || answer.Meta["run_id"] != rt.RunID {
-		return Result{}, nil
+		return Result{}
 	}
 	var open []Todo
 	for _, item := range todosOf(st) {
@@ -69,7 +48,7 @@ func (t *TodoReminder) AfterModel(ctx context.Context, rt *Runtime, st *state.St
 		}
 	}
 	if len(open) == 0 {
-		return Result{}, nil
+		return Result{}
 	}
 	sent := 0
 	for _, m := range st.Messages {
@@ -77,8 +56,8 @@ func (t *TodoReminder) AfterModel(ctx context.Context, rt *Runtime, st *state.St
 			sent++
 		}
 	}
-	if sent >= t.MaxReminders {
-		return Result{}, nil
+	if sent >= t.reminders() {
+		return Result{}
 	}
 	marked := answer.Clone()
 	if marked.Meta == nil {
@@ -86,7 +65,15 @@ func (t *TodoReminder) AfterModel(ctx context.Context, rt *Runtime, st *state.St
 	}
 	marked.Meta[MetaTodoReminder] = sent + 1
 	queueGuidance(rt, todoReminderName, reminderText(open))
-	return Result{Update: state.Update{Messages: []model.Message{marked}}, Jump: JumpModel}, nil
+	return Result{Update: state.Update{Messages: []model.Message{marked}}, Jump: JumpModel}
+}
+
+// reminders is the number of reminders a run gets (default 1).
+func (t *Todos) reminders() int {
+	if t.CompletionReminders == nil {
+		return 1
+	}
+	return *t.CompletionReminders
 }
 
 func reminderText(open []Todo) string {
@@ -99,12 +86,10 @@ func reminderText(open []Todo) string {
 	return b.String()
 }
 
-// WrapModelCall adds a pending reminder to the request, after the
-// transcript; it is dropped once a call carried it.
-func (t *TodoReminder) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelRequest, next ModelHandler) (*ModelResponse, error) {
-	resp, err := next(ctx, withGuidance(rt, todoReminderName, req))
-	if err == nil {
-		clearGuidance(rt, todoReminderName)
-	}
-	return resp, err
+// withReminder is req with a pending reminder after the transcript; the
+// reminder is dropped once a call carried it (carried).
+func withReminder(rt *Runtime, req *ModelRequest) *ModelRequest {
+	return withGuidance(rt, todoReminderName, req)
 }
+
+func carried(rt *Runtime) { clearGuidance(rt, todoReminderName) }

@@ -13,6 +13,10 @@ package middleware
 // view however the transcript is later compacted (the list lives in
 // state, not only in past tool calls).
 //
+// A final answer given while items are open is sent back to the model
+// with a request-only reminder, completion_reminders times per run
+// (todoreminder.go).
+//
 // Statuses are pending, in_progress and completed. Like LangChain's,
 // several items may be in_progress at once (independent work done in
 // parallel); nothing else about the order of work is enforced.
@@ -56,6 +60,9 @@ type Todo = protocol.Todo
 type Todos struct {
 	// MaxItems bounds the list (default 50).
 	MaxItems int `json:"max_items"`
+	// CompletionReminders is how many times a run's final answer is sent
+	// back while items are open (default 1, 0 none; todoreminder.go).
+	CompletionReminders *int `json:"completion_reminders"`
 }
 
 // NewTodos fills the default and checks the bound.
@@ -65,6 +72,9 @@ func NewTodos(t Todos) (*Todos, error) {
 	}
 	if t.MaxItems < 1 || t.MaxItems > 200 {
 		return nil, fmt.Errorf("max_items must be 1 to 200, not %d", t.MaxItems)
+	}
+	if n := t.CompletionReminders; n != nil && (*n < 0 || *n > 5) {
+		return nil, fmt.Errorf("completion_reminders must be 0 to 5, not %d", *n)
 	}
 	return &t, nil
 }
@@ -98,7 +108,11 @@ func (t *Todos) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelReques
 	if SwitchedOff(rt.Config.PlanMode) {
 		return next(ctx, req) // plan mode off for this run: no tool, no guide
 	}
-	return next(ctx, todosRequest(req))
+	resp, err := next(ctx, withReminder(rt, todosRequest(req)))
+	if err == nil {
+		carried(rt)
+	}
+	return resp, err
 }
 
 // todosRequest is the model call's request with the todo tool and list
@@ -121,7 +135,8 @@ func todosRequest(req *ModelRequest) *ModelRequest {
 }
 
 // AfterModel refuses every write_todos call of a response that has more
-// than one.
+// than one; on a final answer it may send the run back with a reminder
+// of the open items (remind).
 func (t *Todos) AfterModel(ctx context.Context, rt *Runtime, st *state.State) (Result, error) {
 	i := LastAssistant(st)
 	if i < 0 {
@@ -130,7 +145,7 @@ func (t *Todos) AfterModel(ctx context.Context, rt *Runtime, st *state.State) (R
 	calls := st.Messages[i].ToolCalls
 	n := countWrites(calls)
 	if n < 2 {
-		return Result{}, nil
+		return t.remind(rt, st), nil
 	}
 	answered := make(map[string]bool)
 	for _, m := range st.Messages[i+1:] {
