@@ -92,10 +92,15 @@ func TestDefaultChain_SkillThenItsToolThenTodos(t *testing.T) {
 		return model.Reply{Text: "The report is at /out/report.pdf."}
 	})
 	r := execute(t, chain, scripted, profile, model.Message{ID: "u1", Role: model.RoleUser, Content: "Make the Q3 report"})
-	if r.out.Status != protocol.StatusSuccess || scripted.Calls() != 4 {
+	// The parallel writes were refused, so the item is still open at the
+	// answer: the todos middleware sends it back once with a reminder.
+	if r.out.Status != protocol.StatusSuccess || scripted.Calls() != 5 {
 		t.Fatalf("outcome %+v after %d calls", r.out, scripted.Calls())
 	}
 	reqs := scripted.Requests()
+	if last := reqs[4].Messages[len(reqs[4].Messages)-1]; !strings.Contains(last.Content, "[in_progress] Make the PDF") {
+		t.Errorf("the fifth request ends with %+v, want the todo reminder", last)
+	}
 	mustAcceptAll(t, reqs)
 
 	if got := offeredTools(reqs[0].Tools); slices.Contains(got, "make_pdf") || !slices.Contains(got, "read_file") || !slices.Contains(got, "write_todos") || !slices.Contains(got, "current_time") {
