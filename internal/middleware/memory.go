@@ -32,6 +32,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/state"
+	"github.com/natsagent/natsagent/internal/tools"
 )
 
 // MemoryStore is the deployment's per-user memory as the memory
@@ -256,7 +257,11 @@ var rememberSpec = model.ToolSpec{
 	Description: "Save one short note about the user to their long-term memory, kept across conversations. " +
 		"Use it only when the user asks you to remember something, or states a lasting preference they want kept. " +
 		"Never save secrets such as passwords, keys or tokens.",
-	Parameters: json.RawMessage(`{"type":"object","properties":{"note":{"type":"string","description":"the note, one line of at most 500 characters"}},"required":["note"],"additionalProperties":false}`),
+	Parameters: tools.SchemaJSON[rememberArgs](),
+}
+
+type rememberArgs struct {
+	Note *string `json:"note" jsonschema:"the note, one line of at most 500 characters"`
 }
 
 // WrapModelCall adds the memory to the system prompt and offers remember.
@@ -328,9 +333,7 @@ func (m *Memory) WrapToolCall(ctx context.Context, rt *Runtime, call *ToolCall, 
 	fail := func(format string, a ...any) (*ToolResult, error) {
 		return &ToolResult{Message: model.Message{Content: "Error: " + fmt.Sprintf(format, a...), Status: model.ToolStatusError}}, nil
 	}
-	var args struct {
-		Note *string `json:"note"`
-	}
+	var args rememberArgs
 	dec := json.NewDecoder(strings.NewReader(memoryArgs(call.Call.Arguments, "{}")))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&args); err != nil || args.Note == nil {

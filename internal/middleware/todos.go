@@ -28,6 +28,7 @@ import (
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
+	"github.com/natsagent/natsagent/internal/tools"
 )
 
 // TodosValue is the state value holding the todo list.
@@ -76,7 +77,18 @@ var writeTodosSpec = model.ToolSpec{
 	Name: WriteTodosTool,
 	Description: "Replaces your todo list for the current task. Send the whole list every time, " +
 		"each item with its content and status (pending, in_progress or completed).",
-	Parameters: json.RawMessage(`{"type":"object","properties":{"todos":{"type":"array","description":"The whole todo list; it replaces the previous one. [] clears it.","items":{"type":"object","properties":{"content":{"type":"string","description":"What to do"},"status":{"type":"string","enum":["pending","in_progress","completed"]}},"required":["content","status"]}}},"required":["todos"]}`),
+	Parameters: tools.SchemaJSON[writeTodosArgs](),
+}
+
+type writeTodosArgs struct {
+	// A pointer: a missing list is an error, [] clears the list.
+	Todos *[]todoArg `json:"todos" jsonschema:"The whole todo list; it replaces the previous one. [] clears it."`
+}
+
+// todoArg is one item as the model writes it (a Todo).
+type todoArg struct {
+	Content string `json:"content" jsonschema:"What to do"`
+	Status  string `json:"status" schema:"enum=pending|in_progress|completed" jsonschema:"pending, in_progress or completed"`
 }
 
 const todosGuide = "## Todo list\n\nFor a task of three steps or more, plan and track it with write_todos. " +
@@ -216,9 +228,7 @@ func summary(list []Todo) string {
 // parse checks write_todos' arguments; its errors are meant for the model.
 func (t *Todos) parse(args string) ([]Todo, error) {
 	const shape = `write_todos takes {"todos": [{"content": "...", "status": "pending"}, ...]}`
-	var in struct {
-		Todos *[]Todo `json:"todos"`
-	}
+	var in writeTodosArgs
 	if err := json.Unmarshal([]byte(args), &in); err != nil {
 		return nil, fmt.Errorf("%s: %v", shape, err)
 	}
@@ -230,7 +240,8 @@ func (t *Todos) parse(args string) ([]Todo, error) {
 		return nil, fmt.Errorf("%d items is more than the %d allowed; merge or drop some", len(list), t.MaxItems)
 	}
 	out := make([]Todo, len(list))
-	for i, item := range list {
+	for i, arg := range list {
+		item := Todo(arg)
 		item.Content = strings.TrimSpace(item.Content)
 		switch {
 		case item.Content == "":

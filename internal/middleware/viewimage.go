@@ -110,7 +110,11 @@ var viewImageSpec = model.ToolSpec{
 	Name: ViewImageTool,
 	Description: "Looks at an image file of the workdir (PNG, JPEG, GIF or WebP). " +
 		"The image is shown to you with your next request.",
-	Parameters: json.RawMessage(`{"type":"object","properties":{"path":{"type":"string","description":"Path of the image in the workdir, such as /uploads/chart.png"}},"required":["path"]}`),
+	Parameters: tools.SchemaJSON[viewImageArgs](),
+}
+
+type viewImageArgs struct {
+	Path string `json:"path" jsonschema:"Path of the image in the workdir, such as /uploads/chart.png"`
 }
 
 // viewRun is a run's view_image memory: the model of its latest call and
@@ -233,9 +237,7 @@ func (v *ViewImage) WrapToolCall(ctx context.Context, rt *Runtime, call *ToolCal
 	if call.Call.Name != ViewImageTool {
 		return next(ctx, call)
 	}
-	var args struct {
-		Path string `json:"path"`
-	}
+	var args viewImageArgs
 	if err := json.Unmarshal([]byte(call.Call.Arguments), &args); err != nil || strings.TrimSpace(args.Path) == "" {
 		return errorResult(`Error: view_image takes {"path": "/path/to/image.png"}.`), nil
 	}
