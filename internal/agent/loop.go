@@ -109,6 +109,8 @@ type loop struct {
 	// toolCall is the tool chain, composed at the first tool call: most
 	// runs make none, and composing costs an allocation per wrapper.
 	toolCall middleware.ToolHandler
+	// images are the run's input images, read for model requests.
+	images inputImages
 }
 
 // toolHandler returns the tool chain, composing it on first use.
@@ -510,7 +512,8 @@ func (l *loop) callModel(ctx context.Context, req *middleware.ModelRequest) (*mi
 	// The transcript goes to the provider as it is (providers send only
 	// the wire fields, never Meta or Status): no copy per call.
 	middleware.RecordSent(ctx, req)
-	mreq := &model.Request{Model: req.ModelName, System: req.System, Messages: req.Messages, Tools: req.Tools}
+	msgs := l.images.resolve(ctx, l.rt.Files, req.Messages)
+	mreq := &model.Request{Model: req.ModelName, System: req.System, Messages: msgs, Tools: req.Tools}
 	msgID := middleware.MessageID(ctx)
 	if err := l.fenced(); err != nil {
 		return nil, err

@@ -47,8 +47,9 @@ type Message struct {
 	Status string `json:"status,omitempty"`
 	// Parts, when not empty, is a user message's content as parts (text
 	// and images) for providers that take content arrays; Content then
-	// holds the text alone, for text-only readers. Images are data URLs:
-	// such a message belongs in one request, never in stored state.
+	// holds the text alone, for text-only readers. Stored state holds
+	// images as references (PartImageFile) or http(s) URLs; data URLs
+	// belong in one request, never in stored state.
 	Parts []Part `json:"parts,omitempty"`
 	// Meta carries middleware annotations (hidden flags, usage markers,
 	// stop notes). It is stored with the message but never sent to a model.
@@ -59,14 +60,26 @@ type Message struct {
 const (
 	PartText     = "text"
 	PartImageURL = "image_url"
+	// PartImageFile is an image stored in the thread's workdir, named by
+	// its content; the worker turns it into a data URL for each request.
+	PartImageFile = "image_file"
 )
 
-// Part is one piece of a multi-part message: text, or an image given by
-// URL (a data: URL for inline bytes).
+// Part is one piece of a multi-part message: text, an image given by URL
+// (a data: URL for inline bytes), or an image file of the thread.
 type Part struct {
-	Type     string `json:"type"`
-	Text     string `json:"text,omitempty"`
-	ImageURL string `json:"image_url,omitempty"`
+	Type     string     `json:"type"`
+	Text     string     `json:"text,omitempty"`
+	ImageURL string     `json:"image_url,omitempty"`
+	Image    *ImageFile `json:"image_file,omitempty"`
+}
+
+// ImageFile names an image of the thread's workdir by its content: the
+// file is protocol.InputImagePath of it, in the run's own thread.
+type ImageFile struct {
+	SHA256 string `json:"sha256"`
+	MIME   string `json:"mime_type"`
+	Size   int64  `json:"size,omitempty"`
 }
 
 // ToolCall is one call an assistant message asks for. Arguments is the raw

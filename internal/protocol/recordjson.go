@@ -402,6 +402,17 @@ func appendMessage(b []byte, m *model.Message) ([]byte, bool) {
 			b = appendJSONString(b, p.Type)
 			b = appendOptString(b, `,"text":`, p.Text)
 			b = appendOptString(b, `,"image_url":`, p.ImageURL)
+			if img := p.Image; img != nil {
+				b = append(b, `,"image_file":{"sha256":`...)
+				b = appendJSONString(b, img.SHA256)
+				b = append(b, `,"mime_type":`...)
+				b = appendJSONString(b, img.MIME)
+				if img.Size != 0 {
+					b = append(b, `,"size":`...)
+					b = strconv.AppendInt(b, img.Size, 10)
+				}
+				b = append(b, '}')
+			}
 			b = append(b, '}')
 		}
 		b = append(b, ']')
