@@ -16,6 +16,7 @@ import (
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/submit"
 )
 
 // ErrNotFound is returned for a run, thread or file the tenant does not
@@ -94,6 +95,23 @@ func (c *Client) Tenant() string { return c.tenant }
 // UserInput is the input of a run that says text as the user.
 func UserInput(text string) *RunInput {
 	return &RunInput{Messages: []Message{{Role: model.RoleUser, Content: text}}}
+}
+
+// ImageInput is the input of one user message of text and images (PNG,
+// JPEG, GIF or WebP bytes). The images are stored first in the thread's
+// workdir, named by their SHA-256, and the message references them: a
+// run request never carries image bytes. The worker sends them to the
+// model as image parts. It needs a deployment that keeps files in NATS.
+func (c *Client) ImageInput(ctx context.Context, thread, text string, images ...[]byte) (*RunInput, error) {
+	wd, err := c.workdir(ctx, thread)
+	if err != nil {
+		return nil, err
+	}
+	m, err := submit.ImageMessage(ctx, wd, text, images...)
+	if err != nil {
+		return nil, fmt.Errorf("natsagent: %w", err)
+	}
+	return &RunInput{Messages: []Message{m}}, nil
 }
 
 // Submitted is a run request the runs stream stored.

@@ -23,6 +23,7 @@ import (
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/config"
 	"github.com/natsagent/natsagent/internal/events"
+	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -298,4 +299,17 @@ func parseErr(err error) error {
 func usageErr(std stdio, name, format string, args ...any) error {
 	fmt.Fprintf(std.err, "natsagent %s: %s\n", name, fmt.Sprintf(format, args...))
 	return errUsage
+}
+
+// workdir opens a thread's workdir in the deployment's object store.
+func (c *client) workdir(ctx context.Context, thread string) (files.Workdir, error) {
+	obj, err := c.js.ObjectStore(ctx, c.names.FilesBucket())
+	if err != nil {
+		return nil, fmt.Errorf("the deployment keeps no files in NATS (object store %s): %w", c.names.FilesBucket(), err)
+	}
+	index, err := c.js.KeyValue(ctx, c.names.ThreadsBucket())
+	if err != nil {
+		return nil, err
+	}
+	return files.NewObjectStore(obj, index, c.tenant, thread), nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/submit"
 )
 
 // runFlags are the flags of the commands that submit a run and follow it.
@@ -51,6 +52,8 @@ command prints how to follow it again (natsagent tail) or cancel it.`, std)
 	maxSteps := fs.Int("max-steps", 0, "most model calls of this run (default: the agent's)")
 	approval := fs.String("approval-mode", "", "tool approval: default (ask before sensitive tools) or always_trust")
 	timeout := fs.Duration("timeout", 0, "wall-time bound of the run, ended timeout beyond it (default: the worker's)")
+	var images imagesFlag
+	fs.Var(&images, "image", "an image file (PNG, JPEG, GIF or WebP) sent with the message; repeat for more")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return parseErr(err)
@@ -79,12 +82,41 @@ command prints how to follow it again (natsagent tail) or cancel it.`, std)
 			TimeoutSeconds: int((*timeout + time.Second - 1) / time.Second),
 		},
 	}
+	var imgs [][]byte
+	for _, name := range images {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			return usageErr(std, "run", "--image: %v", err)
+		}
+		imgs = append(imgs, data)
+	}
 	c, err := f.connect(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.close()
+	if len(imgs) > 0 {
+		wd, err := c.workdir(ctx, req.ThreadID)
+		if err != nil {
+			return err
+		}
+		m, err := submit.ImageMessage(ctx, wd, text, imgs...)
+		if err != nil {
+			return fmt.Errorf("--image: %w", err)
+		}
+		req.Input.Messages[0] = m
+	}
 	return launch(ctx, c, std, f, req)
+}
+
+// imagesFlag is --image, repeated.
+type imagesFlag []string
+
+func (f *imagesFlag) String() string { return strings.Join(*f, ",") }
+
+func (f *imagesFlag) Set(v string) error {
+	*f = append(*f, v)
+	return nil
 }
 
 // message is the text of a run: the arguments, or stdin.
