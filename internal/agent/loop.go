@@ -508,7 +508,10 @@ func (l *loop) afterStep(ctx context.Context, msgID string, resp *middleware.Mod
 // streams deltas as events.
 func (l *loop) callModel(ctx context.Context, req *middleware.ModelRequest) (*middleware.ModelResponse, error) {
 	// The transcript goes to the provider as it is (providers send only
-	// the wire fields, never Meta or Status): no copy per call.
+	// the wire fields, never Meta or Status), copied only when the
+	// request has a dynamic context, which goes last, after the history,
+	// so the prompt's prefix stays stable (middleware/promptcontext.go).
+	req = middleware.Sent(req)
 	middleware.RecordSent(ctx, req)
 	mreq := &model.Request{Model: req.ModelName, System: req.System, Messages: req.Messages, Tools: req.Tools}
 	msgID := middleware.MessageID(ctx)
