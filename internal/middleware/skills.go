@@ -248,13 +248,28 @@ func setActivated(rt *Runtime, names []string) state.Update {
 	return u
 }
 
-// BeforeAgent lists the user's skills and activates the preloaded ones.
+// BeforeAgent lists the user's skills, activates the preloaded ones and
+// the one the run's user message names with /name (skillslash.go).
 func (s *Skills) BeforeAgent(ctx context.Context, rt *Runtime, st *state.State) (Result, error) {
-	if _, err := s.view(ctx, rt); err != nil {
+	v, err := s.view(ctx, rt)
+	if err != nil {
 		return Result{}, err
 	}
-	return s.reconcile(rt, st, s.Preload), nil
+	msg, name, ok := slashActivation(rt, st, v)
+	if !ok {
+		return s.reconcile(rt, st, s.Preload), nil
+	}
+	res := s.reconcile(rt, st, append(slices.Clone(s.Preload), name))
+	res.Update.Messages = append(res.Update.Messages, msg)
+	if rt.Emit != nil {
+		rt.Emit(EventSkillSlash, map[string]any{"skill": name, "message_id": msg.ID})
+	}
+	return res, nil
 }
+
+// EventSkillSlash is emitted with {"skill", "message_id"} when a user's
+// /name activated a skill.
+const EventSkillSlash = "skill.activated"
 
 // BeforeModel completes the union of the skills the last tool batch
 // activated.
