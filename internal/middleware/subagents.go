@@ -147,6 +147,9 @@ func (s *Subagents) request(rt *Runtime, req *ModelRequest) *ModelRequest {
 		}
 	}
 	c.System = appendSection(c.System, s.prompt)
+	if req.State != nil {
+		return withContextSection(&c, ledgerSection(RunningSubagents(rt, req.State)))
+	}
 	return &c
 }
 
@@ -345,6 +348,7 @@ func (s *Subagents) delegate(ctx context.Context, rt *Runtime, call *ToolCall, w
 		return res, err
 	}
 	res = taskResult(st, s.TaskTimeoutSeconds)
+	meta[MetaSubagentStatus] = string(st.Status)
 	res.Message.Meta = meta
 	return res, nil
 }
