@@ -20,7 +20,7 @@ import (
 )
 
 // ContextMessageName is the name of the trailing context message.
-const ContextMessageName = "context"
+const ContextMessageName = model.ContextMessageName
 
 // contextPreamble opens the trailing context message: it tells the model
 // the message is the system's, not the person's.

@@ -138,7 +138,7 @@ func (d *Demo) Generate(ctx context.Context, req *Request, onDelta func(Delta)) 
 
 	lastUser := -1
 	for i, m := range req.Messages {
-		if m.Role == RoleUser {
+		if m.Role == RoleUser && m.Name != ContextMessageName {
 			lastUser = i
 		}
 	}

@@ -142,11 +142,17 @@ func (r *Request) WithSystem() []Message {
 	return append([]Message{{Role: RoleSystem, Content: r.System}}, r.Messages...)
 }
 
-// LastUserContent is the content of the request's last user message, or
-// "" when it has none.
+// ContextMessageName names the trailing user message that carries a
+// run's dynamic context (the todo list, notes saved during the run: the
+// middleware package's promptcontext.go). It is the system's, not the
+// person's: code looking for the person's last message skips it.
+const ContextMessageName = "context"
+
+// LastUserContent is the content of the request's last user message (the
+// trailing context message aside), or "" when it has none.
 func (r *Request) LastUserContent() string {
 	for i := len(r.Messages) - 1; i >= 0; i-- {
-		if r.Messages[i].Role == RoleUser {
+		if r.Messages[i].Role == RoleUser && r.Messages[i].Name != ContextMessageName {
 			return r.Messages[i].Content
 		}
 	}

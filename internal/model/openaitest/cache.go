@@ -64,13 +64,15 @@ func conversationKey(req *Request) string {
 // answered with reply, and remembers its prompt; ok is false when the
 // simulation is off.
 func (s *Server) cachedUsage(req *Request, reply Reply) (*Usage, bool) {
+	s.mu.Lock()
+	on := s.prompts != nil
+	s.mu.Unlock()
+	if !on {
+		return nil, false
+	}
 	prompt := PromptBytes(req)
 	key := conversationKey(req)
 	s.mu.Lock()
-	if s.prompts == nil {
-		s.mu.Unlock()
-		return nil, false
-	}
 	prev := s.prompts[key]
 	s.prompts[key] = prompt
 	s.mu.Unlock()
