@@ -362,7 +362,12 @@ func (s *Skills) request(ctx context.Context, rt *Runtime, req *ModelRequest) (*
 	if !offered[ReadFileTool] {
 		c.Tools = append(c.Tools, s.readSpec)
 	}
-	c.System = appendSection(c.System, s.prompt(v, active))
+	// The list marks the skills active when the run's first call was
+	// made: one read later in the run leaves the system prompt, and so
+	// the provider's cached prefix, as it was (promptcontext.go); the
+	// tools it unlocks are offered from the next call all the same.
+	listed := Scratch(rt, "skills:listed", func() []string { return active })
+	c.System = appendSection(c.System, s.prompt(v, listed))
 	return &c, nil
 }
 
