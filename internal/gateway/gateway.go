@@ -224,6 +224,7 @@ func (s *Server) routes() {
 	m := http.NewServeMux()
 	m.HandleFunc("GET /healthz", s.healthz)
 	m.HandleFunc("GET /readyz", s.readyz)
+	m.HandleFunc("GET /info", s.info)
 	if s.cfg.MetricsHandler != nil {
 		m.Handle("GET /metrics", s.cfg.MetricsHandler)
 	}
