@@ -168,14 +168,23 @@ func (s *Server) searchThreads(w http.ResponseWriter, r *http.Request, tenant st
 	}
 	var top []protocol.Thread
 	var total int
-	if len(b.Ids) == 0 && (b.SortBy == "" || b.SortBy == "updated_at") && b.SortOrder != "asc" {
+	switch {
+	case len(b.Ids) == 0 && (b.SortBy == "" || b.SortBy == "updated_at") && b.SortOrder != "asc":
 		// Newest first: read back from the newest writes only as far as
 		// the page needs (threadscan.go).
 		top, total, err = s.newestThreads(r.Context(), tenant, p.offset+p.limit, s.threadMatcher(r, &b))
 		if err != nil {
 			return errUnavailable("the threads bucket is not available", err)
 		}
-	} else {
+	case len(b.Ids) == 0 && b.SortBy == "created_at":
+		// By creation: read the creation index from the end the order
+		// starts at, only as far as the page needs.
+		owner, _ := s.ownerFilter(r)
+		top, total, err = s.createdThreads(r.Context(), tenant, b.SortOrder != "asc", p.offset+p.limit, owner, s.threadMatcher(r, &b))
+		if err != nil {
+			return errUnavailable("the threads bucket is not available", err)
+		}
+	default:
 		found, err := s.matchingThreads(r, tenant, &b)
 		if err != nil {
 			return err
@@ -267,6 +276,22 @@ func (s *Server) countThreads(w http.ResponseWriter, r *http.Request, tenant str
 	}
 	if err := b.check(); err != nil {
 		return err
+	}
+	if len(b.Ids) == 0 && len(b.Metadata) == 0 && b.Status == "" {
+		// Every thread the request may see: counted by subject, from the
+		// records or the creation index, reading none (threadindex.go).
+		_, owners := s.ownerFilter(r)
+		if owners != nil {
+			if err := s.ensureIndexed(r.Context(), tenant); err != nil {
+				return errUnavailable("the threads bucket is not available", err)
+			}
+		}
+		n, err := s.stores.Threads.Count(r.Context(), tenant, owners)
+		if err != nil {
+			return errUnavailable("the threads bucket is not available", err)
+		}
+		writeJSON(w, http.StatusOK, n)
+		return nil
 	}
 	all, err := s.matchingThreads(r, tenant, &b)
 	if err != nil {

@@ -33,9 +33,23 @@ func (s *Threads) GetLatest(ctx context.Context, tenant, thread string) (*protoc
 	return getAfter[protocol.Thread](ctx, s.js, s.bucket, bus.Key(tenant, thread), 0)
 }
 
-// Put creates (rev 0) or compare-and-sets (rev > 0) a thread record.
+// Put creates (rev 0) or compare-and-sets (rev > 0) a thread record. A
+// creation writes the thread's creation index key first (threadindex.go),
+// so a record never exists unindexed but for a writer that died between
+// the two.
 func (s *Threads) Put(ctx context.Context, t *protocol.Thread, rev uint64) (uint64, error) {
-	return put(ctx, s.kv, bus.Key(t.Tenant, t.ThreadID), t, rev)
+	if rev > 0 {
+		return put(ctx, s.kv, bus.Key(t.Tenant, t.ThreadID), t, rev)
+	}
+	indexed, err := s.indexCreated(ctx, t)
+	if err != nil {
+		return 0, err
+	}
+	n, err := put(ctx, s.kv, bus.Key(t.Tenant, t.ThreadID), t, 0)
+	if err != nil && indexed {
+		s.unindexCreated(ctx, t, err)
+	}
+	return n, err
 }
 
 // Mutate applies fn to the current record (a new one if the thread does
