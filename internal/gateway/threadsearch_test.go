@@ -374,6 +374,11 @@ func TestThreadsSearchByCreation(t *testing.T) {
 	if err != nil || complete || visited < 10 || visited >= n/2 {
 		t.Fatalf("a page of 10 visited %d of %d (complete %v, %v)", visited, n, complete, err)
 	}
+	visited = 0
+	complete, err = e.stores.Threads.Created(ctx, "big", false, 10, nil, func(string, uint64) { visited++ }, func() bool { return visited >= 10 })
+	if err != nil || complete || visited < 10 || visited >= n/2 {
+		t.Fatalf("a page of the 10 oldest visited %d of %d (complete %v, %v)", visited, n, complete, err)
+	}
 
 	// Created now (through the gateway, and as a worker creates one):
 	// first newest, last oldest.

@@ -248,10 +248,10 @@ func (s *Threads) Reindex(ctx context.Context, tenant string) (added, removed in
 }
 
 // Created calls visit with tenant's creation index entries whose owner
-// token owner accepts (nil: every one), by windows of the stream from its
-// newest end (desc) or its oldest (asc), each window in the order asked,
-// and after each window asks enough whether to stop. It reports whether
-// it visited every entry.
+// token owner accepts (nil: every one), newest first by windows of the
+// stream from its end (desc), or oldest first by batches from its start,
+// and after each window or batch asks enough whether to stop. It reports
+// whether it visited every entry.
 func (s *Threads) Created(ctx context.Context, tenant string, desc bool, want int, owner func(string) bool, visit func(thread string, seq uint64), enough func() bool) (bool, error) {
 	if !protocol.ValidToken(tenant) {
 		return true, nil
@@ -264,39 +264,53 @@ func (s *Threads) Created(ctx context.Context, tenant string, desc bool, want in
 		return true, nil
 	}
 	filter := s.createdFilter(tenant, "*")
+	accept := func(m scannedMsg) {
+		toks := strings.Split(m.subject, ".")
+		if !m.deleted && len(toks) == 6 && (owner == nil || owner(toks[5])) {
+			visit(toks[3], m.seq)
+		}
+	}
+	if !desc {
+		// Oldest first: batches from the stream's start, each as many
+		// entries as one answer holds. The server counts what is pending
+		// after a batch from its subject totals when the batch starts at
+		// the stream's first sequence, and by reading blocks when it
+		// starts further on: the first batch is cheap, and it usually
+		// holds the page.
+		for seq := first; ; {
+			msgs, more, err := s.directBatch(ctx, filter, seq)
+			if err != nil {
+				return false, err
+			}
+			for _, m := range msgs {
+				accept(m)
+				seq = m.seq + 1
+			}
+			if !more || len(msgs) == 0 {
+				return true, nil
+			}
+			if enough() {
+				return false, nil
+			}
+		}
+	}
 	w := uint64(min(max(8*want, minWindow), maxFirstWindow))
 	lo, hi := first, last+1 // the part of the stream not read yet: [lo, hi)
 	for lo < hi {
 		from, to := lo, hi
 		if to-from > w {
-			if desc {
-				from = to - w
-			} else {
-				to = from + w
-			}
+			from = to - w
 		}
 		var got []scannedMsg
 		err := s.readRaw(ctx, filter, from, to, func(m scannedMsg) { got = append(got, m) })
 		if err != nil {
 			return false, err
 		}
-		if desc {
-			slices.Reverse(got)
-		}
+		slices.Reverse(got)
 		for _, m := range got {
-			toks := strings.Split(m.subject, ".")
-			if m.deleted || len(toks) != 6 {
-				continue
-			}
-			if owner == nil || owner(toks[5]) {
-				visit(toks[3], m.seq)
-			}
+			accept(m)
 		}
-		if desc {
-			hi = from
-		} else {
-			lo = to
-		}
+		hi = from
 		if lo >= hi {
 			return true, nil
 		}
