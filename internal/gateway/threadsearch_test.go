@@ -147,6 +147,27 @@ func TestThreadsSearchOwnThreadsOnly(t *testing.T) {
 	if len(out) != 1 || out[0].ThreadID != "tb" {
 		t.Fatalf("bob sees %+v", out)
 	}
+	// By creation, from the index: each user's own, all for ops.
+	for _, c := range []struct {
+		who  []string
+		want string
+	}{{alice, "[ta]"}, {bob, "[tb]"}, {ops, "[tb ta]"}} {
+		for _, path := range []string{"/threads/search", "/threads?limit=10"} {
+			var got []threadView
+			if path == "/threads/search" {
+				p.do("POST", path, map[string]any{"sort_by": "created_at"}, c.who...).expect(t, http.StatusOK).decode(t, &got)
+			} else {
+				p.do("GET", path, nil, c.who...).expect(t, http.StatusOK).decode(t, &got)
+			}
+			var ids []string
+			for _, th := range got {
+				ids = append(ids, th.ThreadID)
+			}
+			if fmt.Sprint(ids) != c.want {
+				t.Fatalf("%s: %s lists %v, want %s", path, c.who[1][:5], ids, c.want)
+			}
+		}
+	}
 }
 
 // TestThreadIndexFollowsOtherWriters: a thread written by another process
