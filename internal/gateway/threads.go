@@ -102,13 +102,19 @@ func (s *Server) createThread(w http.ResponseWriter, r *http.Request, tenant str
 	return nil
 }
 
-// getThread: GET /threads/{thread_id}.
+// getThread: GET /threads/{thread_id}, with the thread's values as a
+// search shows them.
 func (s *Server) getThread(w http.ResponseWriter, r *http.Request, tenant string) error {
 	th, err := s.thread(r, tenant)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, viewThread(th))
+	trimThread(th)
+	view := []searchedThread{{threadView: viewThread(th)}}
+	if err := s.loadValues(r.Context(), []protocol.Thread{*th}, view); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, view[0])
 	return nil
 }
 
