@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,10 +53,7 @@ type job struct {
 	drained   bool
 	abandoned bool // lease lost: never touch the message again
 	finished  chan struct{}
-	// progressed is when (unix nanos) the last in-progress signal that
-	// the server confirmed was sent, or the request was received.
-	progressed atomic.Int64
-	span       trace.Span // the run's span; nil when the process does not trace
+	span      trace.Span // the run's span; nil when the process does not trace
 	// fullSince is when (unix nanos) the run's current wait for room in a
 	// full store began (0: not waiting); fullTries counts its tries.
 	fullSince atomic.Int64
@@ -91,7 +86,6 @@ func (w *Worker) handle(base context.Context, msg jetstream.Msg) {
 		return
 	}
 	j := &job{w: w, msg: msg, id: w.jobIDs.Add(1), seq: meta.Sequence.Stream, log: w.log, wake: make(chan struct{}, 1), finished: make(chan struct{})}
-	j.progressed.Store(time.Now().UnixNano())
 	w.track(j)
 	hasSlot := true
 	defer func() {
@@ -556,6 +550,8 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	// first (the run is handed back unstarted; the lease stays, for the
 	// next delivery to take over) or after the event.
 	stream.SetFence(lease.live)
+	stream.SetHold(lease.pausedNow)
+	lease.onResume = stream.Resume
 	stream.SetResumable(req.StreamResumable)
 	j.hold.Lock()
 	if j.drained || w.isDraining() {
@@ -598,7 +594,7 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	}
 	lease.onPreempt = func(p protocol.Preemption) { j.preempted(p) }
 	lease.onLost = func() { cancelRun(agent.ErrLeaseLost) }
-	lease.fenceFor(w.cfg.Settings.AckWait*3/4, leaseTakenAt(th, now), &j.progressed)
+	lease.fenceFor(w.cfg.Settings.AckWait, leaseTakenAt(th, now))
 	defer lease.stopFence()
 	lease.checkPreempt()
 	if rec != nil && rec.CancelRequested {
@@ -753,9 +749,9 @@ func (h *runHost) delta(ctx context.Context, u state.Update) (id, title string, 
 // Emit publishes an event of the run.
 func (h *runHost) Emit(eventType string, data any) { h.stream.Emit(eventType, data, "") }
 
-// Fenced is agent.Fence: agent.ErrLeaseLost once the run lost its lease
-// or its fence ran out.
-func (h *runHost) Fenced() error { return h.lease.Fenced() }
+// Fenced is agent.Fence: it waits while the run is paused (its lease's
+// renewal is late), and is agent.ErrLeaseLost once the run lost its lease.
+func (h *runHost) Fenced(ctx context.Context) error { return h.lease.Fenced(ctx) }
 
 // finalize records the outcome, gives the thread back, publishes the one
 // terminal event and acks the request, in that order: a crash between any
@@ -1182,43 +1178,8 @@ func (j *job) heartbeat() *leaseHandle {
 	if abandoned {
 		return nil
 	}
-	// msg.InProgress, with a reply subject: the answer (progressConfirmed)
-	// feeds the lease's fence.
-	reply := j.w.progressInbox + "." + strconv.FormatUint(j.id, 10) + "." + strconv.FormatInt(time.Now().UnixNano(), 10)
-	_ = j.w.nc.PublishRequest(j.msg.Reply(), reply, ackProgress)
+	_ = j.msg.InProgress()
 	return lease
-}
-
-var ackProgress = []byte("+WPI")
-
-// progressConfirmed takes the server's answer to an in-progress signal
-// (subject <progressInbox>.<job id>.<unix nanos sent>).
-func (w *Worker) progressConfirmed(m *nats.Msg) {
-	rest := strings.TrimPrefix(m.Subject, w.progressInbox+".")
-	idText, sentText, ok := strings.Cut(rest, ".")
-	id, err1 := strconv.ParseUint(idText, 10, 64)
-	sent, err2 := strconv.ParseInt(sentText, 10, 64)
-	if !ok || err1 != nil || err2 != nil {
-		return
-	}
-	w.mu.Lock()
-	j := w.held[id]
-	w.mu.Unlock()
-	if j == nil {
-		return
-	}
-	for {
-		old := j.progressed.Load()
-		if sent <= old || j.progressed.CompareAndSwap(old, sent) {
-			break
-		}
-	}
-	j.hold.Lock()
-	lease := j.lease
-	j.hold.Unlock()
-	if lease != nil {
-		lease.refence()
-	}
 }
 
 // runTimeout is the wall time req's run may take.
