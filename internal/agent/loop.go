@@ -571,7 +571,7 @@ func (l *loop) runTools(ctx context.Context, handler middleware.ToolHandler, cal
 				errs[i] = err
 				return
 			}
-			results[i], errs[i] = toolStep(ctx, handler, &middleware.ToolCall{Call: c, Tool: l.rt.Tools.Get(c.Name), State: l.st, Env: &env})
+			results[i], errs[i] = toolStep(ctx, handler, &middleware.ToolCall{Call: c, Tool: l.rt.Tools.Get(c.Name), State: l.st, Env: &env}, l.rt.Metrics)
 		}()
 	}
 	wg.Wait()
