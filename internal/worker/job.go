@@ -129,6 +129,9 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 		}
 		snap, err := j.look(ctx, first)
 		first = false
+		if testHookLooked != nil && err == nil {
+			testHookLooked(j)
+		}
 		if err != nil {
 			if j.waitRoom(ctx, err) {
 				continue
@@ -476,6 +479,10 @@ func (j *job) finishPending(ctx context.Context, status protocol.Status, stopRea
 
 var errAlreadyFinished = errors.New("run already finished")
 
+// testHookLooked, set by tests only, runs after a request's snapshot was
+// read and before it is decided on.
+var testHookLooked func(*job)
+
 // errStateUnavailable stops a run whose thread state could not be read
 // for a reason that passes (a leader election, a node loss): it is handed
 // back, not failed.
@@ -600,11 +607,28 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	if rec != nil && rec.CancelRequested {
 		cancelRun(ErrCancelled)
 	}
+	go j.cancelledMeanwhile(ctx, cancelRun)
 
 	host := &runHost{j: j, lease: lease, stream: stream}
 	out := j.execute(runCtx, preemptCtx, host)
 	lease.stopFence()
 	j.finalize(ctx, lease, host, out)
+}
+
+// cancelledMeanwhile stops the run if a cancel ended its record between
+// the read that decided to start it and the lease it took: the cancel
+// writes the record, then looks for a lease to signal (cancelIfStarted);
+// the run takes the lease, then reads the record here, from the leader.
+// One of the two sees the other.
+func (j *job) cancelledMeanwhile(ctx context.Context, cancelRun context.CancelCauseFunc) {
+	rec, _, err := j.w.stores.Runs.GetLatest(ctx, j.req.Tenant, j.req.RunID)
+	if err != nil || rec.ThreadID != j.req.ThreadID || (rec.MsgSeq != 0 && rec.MsgSeq != j.seq) {
+		return
+	}
+	if rec.CancelRequested || rec.Status == protocol.StatusCancelled {
+		j.log.Info("the run was cancelled while it took its thread; stopping it")
+		cancelRun(ErrCancelled)
+	}
 }
 
 // execute prepares the run and drives the agent loop.
@@ -883,6 +907,9 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 	// release and the record, the next delivery of the request finds
 	// the summary on the thread and finishes the run from it
 	// (finishFromLastRun), without running it again.
+	if preempting(req) {
+		j.recordOverwritten(ctx, lease)
+	}
 	rollback := errors.Is(out.Stopped, ErrRolledBack) || errors.Is(out.Stopped, ErrCancelRollback)
 	// A rollback takes the run's files back too, before the thread is
 	// released to the next run.
@@ -976,6 +1003,48 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		fields = append(fields, zap.Duration("duration", time.Since(j.startedAt)))
 	}
 	j.log.Info("run finished", fields...)
+}
+
+// recordOverwritten makes sure the run whose summary this run's release
+// replaces (the thread's last_run) has its terminal record and its
+// run.finished, before the summary is gone. Only a steer or rollback can
+// take a thread whose last run released it but whose worker stopped
+// before the record (enqueued runs wait behind that run's request): its
+// redelivery, finding neither a terminal record nor its summary, would
+// run it again.
+func (j *job) recordOverwritten(ctx context.Context, lease *leaseHandle) {
+	w := j.w
+	lease.mu.Lock()
+	prev := lease.th.LastRun
+	lease.mu.Unlock()
+	if prev == nil || prev.RunID == j.req.RunID {
+		return
+	}
+	rec, _, err := w.stores.Runs.GetLatest(ctx, j.req.Tenant, prev.RunID)
+	if err == nil && rec.Status.Terminal() {
+		return
+	}
+	if err != nil && !errors.Is(err, kv.ErrNotFound) {
+		j.log.Warn("could not read the record of the thread's last run before replacing its summary", zap.String("last_run", prev.RunID), zap.Error(err))
+		return
+	}
+	last := *prev
+	rec, err = writeEnded(ctx, w.stores.Runs, &last)
+	own := err == nil
+	if errors.Is(err, errAlreadyFinished) || errors.Is(err, kv.ErrExists) {
+		rec, _, err = w.stores.Runs.GetLatest(ctx, j.req.Tenant, prev.RunID)
+	}
+	if err != nil {
+		j.log.Warn("could not record the end of the thread's last run from its summary", zap.String("last_run", prev.RunID), zap.Error(err))
+		return
+	}
+	j.log.Info("the thread's last run ended without its record; recorded it from its summary before replacing it", zap.String("last_run", prev.RunID))
+	if own {
+		w.ended(rec)
+	}
+	if err := w.pub.EnsureFinished(ctx, rec); err != nil {
+		j.log.Warn("could not publish run.finished of the thread's last run", zap.String("last_run", prev.RunID), zap.Error(err))
+	}
 }
 
 // endedRecord is the run's terminal record: its record as read before it
