@@ -16,6 +16,7 @@ import (
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/limits"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/state"
 )
 
 type verdict int
@@ -176,6 +177,9 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 		// is busy (no delivery is spent, nothing is dead-lettered).
 		return decision{verdict: verdictWait}, err
 	}
+	// The lease keeps the head it was taken at: the run's state at that
+	// head is read while the lease is written, not after it.
+	pre := j.prefetchState(ctx, th)
 	now := time.Now().UTC()
 	var evicted []string
 	next, nextRev, err := w.stores.Threads.MutateFrom(ctx, req.Tenant, req.ThreadID, th, rev, func(t *protocol.Thread) error {
@@ -208,6 +212,11 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 		evicted = t.AddRecentRun(req.RunID)
 		return nil
 	})
+	if err != nil {
+		pre.drop()
+	} else {
+		j.pre = pre
+	}
 	if errors.Is(err, errRetryAdmit) {
 		return decision{verdict: verdictRetry}, nil
 	}
@@ -540,4 +549,61 @@ func (j *job) countEventBytes(ctx context.Context, n int64) {
 	if err := w.cfg.Limits.AddEventBytes(ctx, j.req.Tenant, n); err != nil {
 		j.log.Warn("could not count the run's event bytes for the tenant's quota", zap.Error(err))
 	}
+}
+
+// statePrefetch is a run's thread state read from a head while the run's
+// lease is being written (job.prefetchState).
+type statePrefetch struct {
+	head   string
+	done   chan struct{}
+	st     *state.State
+	chain  []*kv.Delta
+	err    error
+	cancel context.CancelFunc
+}
+
+// prefetchState starts reading the state at th's head, for the run about
+// to take th's lease: the lease's write leaves the head as it is, so the
+// run needs that state once the lease is its own, and the read goes out
+// beside the write instead of after it. Nil when there is nothing to read
+// (a new thread, or one without a checkpoint).
+func (j *job) prefetchState(ctx context.Context, th *protocol.Thread) *statePrefetch {
+	if th == nil || th.Head == "" {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	p := &statePrefetch{head: th.Head, done: make(chan struct{}), cancel: cancel}
+	go func() {
+		defer close(p.done)
+		p.st, p.chain, p.err = j.w.stores.Checkpoints.Load(ctx, j.req.Tenant, j.req.ThreadID, p.head)
+	}()
+	return p
+}
+
+// drop abandons a prefetch whose lease was not taken.
+func (p *statePrefetch) drop() {
+	if p != nil {
+		p.cancel()
+	}
+}
+
+// loadState is the run's state at head: the prefetched one when it was
+// read at that head and without error, else read now.
+func (j *job) loadState(ctx context.Context, head string) (*state.State, []*kv.Delta, error) {
+	p := j.pre
+	j.pre = nil
+	if p != nil {
+		defer p.cancel()
+		if p.head == head {
+			select {
+			case <-p.done:
+				if p.err == nil {
+					return p.st, p.chain, nil
+				}
+			case <-ctx.Done():
+				return nil, nil, context.Cause(ctx)
+			}
+		}
+	}
+	return j.w.stores.Checkpoints.Load(ctx, j.req.Tenant, j.req.ThreadID, head)
 }

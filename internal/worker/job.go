@@ -70,6 +70,10 @@ type job struct {
 	seen        *protocol.Lease
 	seenAt      time.Time
 	waitedLapse bool
+
+	// pre is the thread state being read while the lease was taken
+	// (admit), for execute; nil once used.
+	pre *statePrefetch
 }
 
 // handle takes one delivered request to its end. It owns one slot on entry
@@ -122,6 +126,7 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 	}
 	j.req = req
 	j.key = bus.Key(req.Tenant, req.RunID)
+	defer func() { j.pre.drop() }()
 	// Lazy: most runs log nothing, and With copies the encoder with the
 	// fields encoded, kept for the whole run.
 	j.log = w.log.WithLazy(zap.String("tenant", req.Tenant), zap.String("thread_id", req.ThreadID), zap.String("run_id", req.RunID))
@@ -620,7 +625,7 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 	if err != nil {
 		return agent.Outcome{Status: protocol.StatusError, Error: err.Error()}
 	}
-	st, chain, err := w.stores.Checkpoints.Load(ctx, req.Tenant, req.ThreadID, lease.head())
+	st, chain, err := j.loadState(ctx, lease.head())
 	if err != nil {
 		if ctx.Err() != nil {
 			return agent.Outcome{Stopped: context.Cause(ctx)}
