@@ -71,6 +71,9 @@ type job struct {
 	seenAt      time.Time
 	waitedLapse bool
 
+	// guessWaits counts the looks again at a tentative lease (admit).
+	guessWaits int
+
 	// pre is the thread state being read while the lease was taken
 	// (admit), for execute; nil once used.
 	pre *statePrefetch
@@ -140,6 +143,20 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 		}
 		snap, err := j.look(ctx, first)
 		first = false
+		if snap != nil && snap.spec != nil {
+			// The lease was taken beside the reads (guessLease): it
+			// stands if this request is its thread's oldest.
+			if err == nil && snap.head == headSelf {
+				j.start(ctx, meta, nil, 0, snap.spec, snap.specRev)
+				return
+			}
+			if derr := j.dropGuess(ctx, snap.spec, snap.specRev); err == nil {
+				err = derr
+			}
+			if err == nil {
+				continue // decided the usual way
+			}
+		}
 		if err != nil {
 			if j.waitRoom(ctx, err) {
 				continue
@@ -180,6 +197,11 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 			return
 		}
 		if d.verdict == verdictRetry {
+			continue
+		}
+		if d.verdict == verdictWait && d.soon && j.guessWaits < guessWaitsMax {
+			j.guessWaits++
+			sleep(ctx, guessWait)
 			continue
 		}
 		// Rejected or waiting: the run needs a record (and run.queued) now.

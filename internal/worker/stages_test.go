@@ -19,9 +19,9 @@ import (
 // wait on the server that the next write needs; the latency of a run is
 // about this many round trips, so the count must not grow back unseen.
 const (
-	// A run a plain publish sent, on a new thread: look, lease,
+	// A run a plain publish sent, on a new thread: look ∥ lease,
 	// checkpoint, release, terminal record, run.finished.
-	stagesNewThread = 6
+	stagesNewThread = 5
 	// The same on a thread an earlier run left idle: look, lease,
 	// checkpoint, release, terminal record, run.finished.
 	stagesIdleThread = 6
@@ -112,4 +112,47 @@ func roundsText(pubs []natstest.Pub, last int) string {
 		b.WriteByte('\n')
 	}
 	return b.String()
+}
+
+// Two requests of a new thread delivered together: both may take the
+// thread's lease beside their reads (guessLease), and the younger must
+// give it back. Whichever way the race goes, the older run goes first and
+// is not refused (its strategy is reject: a lease it mistook for another
+// run's would refuse it), the younger follows, and the thread counts two
+// leases (the one given back left no trace).
+func TestGuessedLeaseKeepsOrder(t *testing.T) {
+	// A long ack wait: a run stalled by a loaded machine is not taken
+	// over (a second attempt and lease), which the counts below exclude.
+	h := newHarnessWith(t, bus.Settings{AckWait: 30 * time.Second})
+	var watchers [][2]*watcher
+	for i := range 8 {
+		thread := fmt.Sprintf("pair%d", i)
+		old, young := request(thread, thread+"-old", "first"), request(thread, thread+"-young", "second")
+		old.MultitaskStrategy = protocol.StrategyReject
+		watchers = append(watchers, [2]*watcher{h.watch(protocol.DefaultTenant, thread, old.RunID), h.watch(protocol.DefaultTenant, thread, young.RunID)})
+		h.submit(old)
+		h.submit(young)
+	}
+	h.startWorker(textModel("ok", 1, 0), func(c *Config) { c.Concurrency = 16 })
+	for i, w := range watchers {
+		thread := fmt.Sprintf("pair%d", i)
+		oldFin, youngFin := w[0].finished(t, time.Minute), w[1].finished(t, time.Minute)
+		if oldFin.Status != protocol.StatusSuccess || youngFin.Status != protocol.StatusSuccess {
+			t.Fatalf("%s: older run %s (%s), younger %s (%s)", thread, oldFin.Status, oldFin.Error, youngFin.Status, youngFin.Error)
+		}
+		oldRec, youngRec := h.view(protocol.DefaultTenant, thread, thread+"-old"), h.view(protocol.DefaultTenant, thread, thread+"-young")
+		if youngRec.StartedAt.Before(*oldRec.FinishedAt) {
+			t.Errorf("%s: the younger run started at %s, before the older one finished at %s", thread, youngRec.StartedAt, oldRec.FinishedAt)
+		}
+		if oldRec.Attempt != 1 || youngRec.Attempt != 1 {
+			t.Errorf("%s: attempts %d and %d, want 1 each", thread, oldRec.Attempt, youngRec.Attempt)
+		}
+		th, _, err := h.stores.Threads.Get(context.Background(), protocol.DefaultTenant, thread)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if th.Lease != nil || th.Epoch != 2 || strings.Join(th.RecentRuns, ",") != thread+"-old,"+thread+"-young" {
+			t.Errorf("%s: thread lease %+v, epoch %d, recent runs %v; want no lease, epoch 2, the two runs in order", thread, th.Lease, th.Epoch, th.RecentRuns)
+		}
+	}
 }
