@@ -190,7 +190,7 @@ func TestConsoleLiveTotalsAndAnsweredApproval(t *testing.T) {
 	if got := p.eval(t, "location.hash"); !strings.HasSuffix(got, "/"+asked) {
 		t.Fatalf("the page left the interrupted run for %s", got)
 	}
-	testdeployWaitRun(t, e, "live", answer.RunID, auth)
+	waitRunEnded(t, e, "live", answer.RunID, auth)
 
 	p.do(t, "open the thread again", chromedp.Click(chromedp.ID("run-thread-link")))
 	row := fmt.Sprintf(`#runs tr[data-run-id=%q] .run-note`, asked)
@@ -201,8 +201,8 @@ func TestConsoleLiveTotalsAndAnsweredApproval(t *testing.T) {
 	p.checkClean(t, base)
 }
 
-// testdeployWaitRun waits until a run ended.
-func testdeployWaitRun(t *testing.T, e *env, thread, run string, auth []string) {
+// waitRunEnded waits until a run ended, read over HTTP with auth.
+func waitRunEnded(t *testing.T, e *env, thread, run string, auth []string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -226,6 +226,9 @@ func TestConsoleThreads(t *testing.T) {
 	m := model.NewScripted(func(_ int, req *model.Request) model.Reply {
 		if req.Messages[len(req.Messages)-1].Role == model.RoleTool {
 			return model.Reply{Text: "done"}
+		}
+		if strings.Contains(lastUser(req), "slowly") {
+			return model.Reply{Text: strings.Repeat("word ", 600), Pieces: 600, PieceDelay: 100 * time.Millisecond}
 		}
 		return model.Reply{ToolCalls: []model.ToolCall{{ID: "w1", Name: "write_file", Arguments: `{"path":"/a.txt","content":"a"}`}}}
 	})
@@ -261,7 +264,7 @@ func TestConsoleThreads(t *testing.T) {
 		"Authorization", "Bearer "+otherKey).expect(t, http.StatusOK)
 	// The newest: a run waiting for approval, titled from its markup-laden prompt.
 	rec := e.do("POST", "/threads/waiting/runs", input(`save <b>bold</b> <img src="/console/evil.png">`), auth...).expect(t, http.StatusOK).run(t)
-	testdeployWaitRun(t, e, "waiting", rec.RunID, auth)
+	waitRunEnded(t, e, "waiting", rec.RunID, auth)
 
 	rows := `JSON.stringify([...document.querySelectorAll("#threads-table tbody tr")].map((tr) => tr.dataset.threadId))`
 	shown := func(what string, ok func([]string) bool) []string {
@@ -366,6 +369,31 @@ func TestConsoleThreads(t *testing.T) {
 	}
 	e.do("GET", "/threads/t23", nil, auth...).expect(t, http.StatusNotFound)
 	e.do("GET", "/threads/theirs", nil, "Authorization", "Bearer "+otherKey).expect(t, http.StatusOK)
+
+	// A busy thread, deleted from its own page: the gateway refuses while
+	// its run lives; the page offers to cancel the run first, and does.
+	busy := e.do("POST", "/threads/busy1/runs", input("talk slowly"), auth...).expect(t, http.StatusOK).run(t)
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var th threadView
+		e.do("GET", "/threads/busy1", nil, auth...).expect(t, http.StatusOK).decode(t, &th)
+		if th.Status == "busy" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the thread is still %s", th.Status)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	p.do(t, "open the busy thread", chromedp.Navigate(base+"/console/#/threads/busy1"))
+	p.waitText(t, "#thread-info", contains("busy"))
+	p.do(t, "delete the busy thread", chromedp.Click(chromedp.ID("delete-thread")),
+		chromedp.WaitVisible(chromedp.ID("confirm-yes")), chromedp.Click(chromedp.ID("confirm-yes")))
+	p.waitText(t, "#thread-note .error", contains("busy"))
+	e.do("GET", "/threads/busy1", nil, auth...).expect(t, http.StatusOK)
+	p.do(t, "cancel and delete", chromedp.Click(chromedp.ID("delete-cancel-run")))
+	p.waitEval(t, "the thread list", "location.hash", equals("#/"))
+	e.do("GET", "/threads/busy1", nil, auth...).expect(t, http.StatusNotFound)
+	e.do("GET", "/threads/busy1/runs/"+busy.RunID, nil, auth...).expect(t, http.StatusNotFound)
 
 	p.mu.Lock()
 	for _, u := range p.requests {

@@ -241,8 +241,7 @@ function threadsView(signal, params) {
       confirm: 'Delete thread',
     });
     if (!ok || signal.aborted) return;
-    await deleteWithStatus(t.thread_id, busy, note, signal);
-    refresh();
+    await deleteWithStatus(t.thread_id, busy, note, signal, refresh);
   }
 
   filter.addEventListener('submit', (e) => {
@@ -264,29 +263,29 @@ function threadsView(signal, params) {
   return refresh();
 }
 
-// deleteWithStatus deletes a thread the person confirmed deleting and says
-// how it went in note. A thread that became busy meanwhile is offered
-// again with its run cancelled first.
-async function deleteWithStatus(thread, cancel, note, signal) {
+// deleteWithStatus deletes a thread the person confirmed deleting, says
+// how it went in note, and calls done once the thread is gone. A thread
+// that became busy meanwhile is offered again with its run cancelled
+// first.
+async function deleteWithStatus(thread, cancel, note, signal, done) {
   note.textContent = `Deleting thread ${thread}…`;
   try {
     await deleteThread(thread, { cancel, signal });
     note.textContent = `Deleted thread ${thread}.`;
-    return true;
   } catch (err) {
-    if (signal.aborted) return false;
-    if (err.status === 404) {
-      note.textContent = `Thread ${thread} was already gone.`;
-      return true;
+    if (signal.aborted) return;
+    if (err.status !== 404) {
+      const parts = [errorBox(err)];
+      if (err.status === 409 && err.code === 'busy' && !cancel) {
+        parts.push(h('button', { type: 'button', id: 'delete-cancel-run', class: 'danger',
+          onclick: () => deleteWithStatus(thread, true, note, signal, done) }, 'Cancel its run and delete'));
+      }
+      fill(note, parts);
+      return;
     }
-    const parts = [errorBox(err)];
-    if (err.status === 409 && err.code === 'busy' && !cancel) {
-      parts.push(h('button', { type: 'button', id: 'delete-cancel-run', class: 'danger',
-        onclick: () => deleteWithStatus(thread, true, note, signal) }, 'Cancel its run and delete'));
-    }
-    fill(note, parts);
-    return false;
+    note.textContent = `Thread ${thread} was already gone.`;
   }
+  done();
 }
 
 function threadsTable(threads, filtered, remove) {
@@ -415,7 +414,7 @@ async function threadView(thread, signal) {
       text: `Thread ${thread}, with its messages, runs, files and token usage, is deleted for good.`,
       confirm: 'Delete thread',
     });
-    if (ok && !signal.aborted && (await deleteWithStatus(thread, false, note, signal))) go('#/');
+    if (ok && !signal.aborted) await deleteWithStatus(thread, false, note, signal, () => go('#/'));
   });
   append(main, head, info, h('div', { class: 'buttons' }, del), note,
     h('div', { class: 'run-grid' },
