@@ -65,6 +65,13 @@ type job struct {
 	seen        *protocol.Lease
 	seenAt      time.Time
 	waitedLapse bool
+
+	// guessWaits counts the looks again at a tentative lease (admit).
+	guessWaits int
+
+	// pre is the thread state being read while the lease was taken
+	// (admit), for execute; nil once used.
+	pre *statePrefetch
 }
 
 // handle takes one delivered request to its end. It owns one slot on entry
@@ -116,6 +123,7 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 	}
 	j.req = req
 	j.key = bus.Key(req.Tenant, req.RunID)
+	defer func() { j.pre.drop() }()
 	// Lazy: most runs log nothing, and With copies the encoder with the
 	// fields encoded, kept for the whole run.
 	j.log = w.log.WithLazy(zap.String("tenant", req.Tenant), zap.String("thread_id", req.ThreadID), zap.String("run_id", req.RunID))
@@ -131,6 +139,20 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 		first = false
 		if testHookLooked != nil && err == nil {
 			testHookLooked(j)
+		}
+		if snap != nil && snap.spec != nil {
+			// The lease was taken beside the reads (guessLease): it
+			// stands if this request is its thread's oldest.
+			if err == nil && snap.head == headSelf {
+				j.start(ctx, meta, nil, 0, snap.spec, snap.specRev)
+				return
+			}
+			if derr := j.dropGuess(ctx, snap.spec, snap.specRev); err == nil {
+				err = derr
+			}
+			if err == nil {
+				continue // decided the usual way
+			}
 		}
 		if err != nil {
 			if j.waitRoom(ctx, err) {
@@ -172,6 +194,11 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 			return
 		}
 		if d.verdict == verdictRetry {
+			continue
+		}
+		if d.verdict == verdictWait && d.soon && j.guessWaits < guessWaitsMax {
+			j.guessWaits++
+			sleep(ctx, guessWait)
 			continue
 		}
 		// Rejected or waiting: the run needs a record (and run.queued) now.
@@ -640,7 +667,7 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 	if err != nil {
 		return agent.Outcome{Status: protocol.StatusError, Error: err.Error()}
 	}
-	st, chain, err := w.stores.Checkpoints.Load(ctx, req.Tenant, req.ThreadID, lease.head())
+	st, chain, err := j.loadState(ctx, lease.head())
 	if err != nil {
 		if ctx.Err() != nil {
 			return agent.Outcome{Stopped: context.Cause(ctx)}

@@ -259,11 +259,12 @@ func (l *leaseHandle) expire() {
 			l.resumed = make(chan struct{})
 		}
 		l.fence.Reset(time.Until(stopAt))
+		unconfirmed := now.Sub(l.renewed) // read under l.fmu: confirmed moves it
 		l.fmu.Unlock()
 		if paused {
 			l.w.cfg.Metrics.FencePause()
 			l.w.log.Warn("lease renewal not confirmed in time: the run pauses until it is", zap.String("tenant", l.tenant),
-				zap.String("thread_id", l.thread), zap.String("run_id", l.run), zap.Duration("unconfirmed_for", now.Sub(l.renewed)))
+				zap.String("thread_id", l.thread), zap.String("run_id", l.run), zap.Duration("unconfirmed_for", unconfirmed))
 		}
 		return
 	}
