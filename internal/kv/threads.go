@@ -52,6 +52,25 @@ func (s *Threads) Put(ctx context.Context, t *protocol.Thread, rev uint64) (uint
 	return n, err
 }
 
+// CreateNew creates the record of a thread whose key was never written
+// (or is gone with its history), in one round trip: unlike Put with rev
+// 0 it does not read the key again when it is refused, to see whether its
+// last entry was a delete. Refused with ErrExists, writing nothing, when
+// the key has an entry, a delete included.
+func (s *Threads) CreateNew(ctx context.Context, t *protocol.Thread) (uint64, error) {
+	data, err := encode(t)
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := bound(ctx)
+	defer cancel()
+	n, err := s.kv.Update(ctx, bus.Key(t.Tenant, t.ThreadID), data, 0)
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+		return 0, ErrExists
+	}
+	return n, bus.MarkStoreFull(s.bucket, err)
+}
+
 // Mutate applies fn to the current record (a new one if the thread does
 // not exist yet) and writes it with CAS, retrying on conflict. If fn
 // returns an error nothing is written and the error is returned unchanged.
