@@ -67,14 +67,27 @@ func (s *Threads) createdFilter(tenant, owner string) string {
 // indexCreated writes the creation index key of t before its record is
 // created. It reports whether it wrote it (false: it was there).
 func (s *Threads) indexCreated(ctx context.Context, t *protocol.Thread) (bool, error) {
+	return s.writeCreated(ctx, t, false)
+}
+
+// writeCreated writes t's creation index key unless it exists. With
+// oneTrip it is refused, in one round trip, also when the key's last
+// entry is a delete (kv.Create reads the key again to see that).
+func (s *Threads) writeCreated(ctx context.Context, t *protocol.Thread, oneTrip bool) (bool, error) {
 	data, _ := json.Marshal(CreatedEntry{CreatedAt: t.CreatedAt})
 	ctx, cancel := bound(ctx)
 	defer cancel()
-	_, err := s.kv.Create(ctx, CreatedKey(t.Tenant, t.ThreadID, t.Owner), data)
+	key := CreatedKey(t.Tenant, t.ThreadID, t.Owner)
+	var err error
+	if oneTrip {
+		_, err = s.kv.Update(ctx, key, data, 0)
+	} else {
+		_, err = s.kv.Create(ctx, key, data)
+	}
 	switch {
 	case err == nil:
 		return true, nil
-	case errors.Is(err, jetstream.ErrKeyExists):
+	case errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyRevisionMismatch):
 		return false, nil
 	default:
 		return false, fmt.Errorf("index thread %s: %w", t.ThreadID, bus.MarkStoreFull(s.bucket, err))

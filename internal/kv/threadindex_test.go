@@ -145,3 +145,29 @@ func TestThreadReindex(t *testing.T) {
 		t.Fatalf("count %d", n)
 	}
 }
+
+// TestCreateNewIndexesTheThread: the worker's one-round-trip create of a
+// new thread (a plain publish's first run) indexes it like Put does, and
+// a refused create of another owner's thread leaves no key of its own.
+func TestCreateNewIndexesTheThread(t *testing.T) {
+	s := openStores(t)
+	ctx := context.Background()
+	if _, err := s.Threads.Put(ctx, indexThread("ta", "first", ""), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Threads.CreateNew(ctx, indexThread("ta", "second", "alice")); err != nil {
+		t.Fatal(err)
+	}
+	if got := created(t, s, "ta", false, nil); fmt.Sprint(got) != "[first second]" {
+		t.Fatalf("threads by creation: %v, want [first second]", got)
+	}
+	if _, err := s.Threads.CreateNew(ctx, indexThread("ta", "second", "mallory")); err != ErrExists {
+		t.Fatalf("a second create: %v, want ErrExists", err)
+	}
+	if n, _ := s.Threads.Count(ctx, "ta", []string{"mallory"}); n != 0 {
+		t.Fatalf("mallory has %d indexed threads after a refused create", n)
+	}
+	if n, _ := s.Threads.Count(ctx, "ta", nil); n != 2 {
+		t.Fatalf("ta has %d threads, want 2", n)
+	}
+}

@@ -55,20 +55,43 @@ func (s *Threads) Put(ctx context.Context, t *protocol.Thread, rev uint64) (uint
 // CreateNew creates the record of a thread whose key was never written
 // (or is gone with its history), in one round trip: unlike Put with rev
 // 0 it does not read the key again when it is refused, to see whether its
-// last entry was a delete. Refused with ErrExists, writing nothing, when
-// the key has an entry, a delete included.
+// last entry was a delete, and its creation index key is written at the
+// same time as the record, not before it. Refused with ErrExists when the
+// key has an entry, a delete included; an index key it wrote for a
+// thread that turns out to be another owner's is removed again.
 func (s *Threads) CreateNew(ctx context.Context, t *protocol.Thread) (uint64, error) {
 	data, err := encode(t)
 	if err != nil {
 		return 0, err
 	}
-	ctx, cancel := bound(ctx)
-	defer cancel()
-	n, err := s.kv.Update(ctx, bus.Key(t.Tenant, t.ThreadID), data, 0)
-	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
-		return 0, ErrExists
+	type indexed struct {
+		ok  bool
+		err error
 	}
-	return n, bus.MarkStoreFull(s.bucket, err)
+	ix := make(chan indexed, 1)
+	go func() {
+		ok, err := s.writeCreated(ctx, t, true)
+		ix <- indexed{ok, err}
+	}()
+	bctx, cancel := bound(ctx)
+	defer cancel()
+	n, err := s.kv.Update(bctx, bus.Key(t.Tenant, t.ThreadID), data, 0)
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+		err = ErrExists
+	}
+	// An index write that failed leaves the record unindexed, as a writer
+	// that died between the two would: the repair (threadindex.go) adds
+	// the key.
+	if r := <-ix; r.ok && err != nil {
+		s.unindexCreated(ctx, t, err)
+	}
+	if err != nil {
+		if errors.Is(err, ErrExists) {
+			return 0, err
+		}
+		return 0, bus.MarkStoreFull(s.bucket, err)
+	}
+	return n, nil
 }
 
 // Mutate applies fn to the current record (a new one if the thread does
