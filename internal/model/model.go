@@ -198,6 +198,25 @@ type Model interface {
 	Generate(ctx context.Context, req *Request, onDelta func(Delta)) (*Response, error)
 }
 
+// Defaulted is implemented by a Model that answers a Request naming no
+// model with a model of its own choice: DefaultModel names it, so spans
+// and metrics can say which model a run called.
+type Defaulted interface {
+	DefaultModel() string
+}
+
+// NameOf is the model a Request for name reaches on m: name, else m's
+// default (empty when m has none it can tell).
+func NameOf(m Model, name string) string {
+	if name != "" {
+		return name
+	}
+	if d, ok := m.(Defaulted); ok {
+		return d.DefaultModel()
+	}
+	return ""
+}
+
 // Func adapts a function to the Model interface.
 type Func func(ctx context.Context, req *Request, onDelta func(Delta)) (*Response, error)
 
