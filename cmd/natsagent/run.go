@@ -10,10 +10,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/natsagent/natsagent/internal/events"
+	"github.com/natsagent/natsagent"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
-	"github.com/natsagent/natsagent/internal/submit"
 )
 
 // runFlags are the flags of the commands that submit a run and follow it.
@@ -96,15 +95,11 @@ command prints how to follow it again (natsagent tail) or cancel it.`, std)
 	}
 	defer c.close()
 	if len(imgs) > 0 {
-		wd, err := c.workdir(ctx, req.ThreadID)
-		if err != nil {
-			return err
-		}
-		m, err := submit.ImageMessage(ctx, wd, text, imgs...)
+		in, err := c.api.ImageInput(ctx, req.ThreadID, text, imgs...)
 		if err != nil {
 			return fmt.Errorf("--image: %w", err)
 		}
-		req.Input.Messages[0] = m
+		req.Input.Messages = in.Messages
 	}
 	return launch(ctx, c, std, f, req)
 }
@@ -154,12 +149,12 @@ func launch(ctx context.Context, c *client, std stdio, f *runFlags, req *protoco
 	if err != nil {
 		return usageErr(std, "run", "%v", err)
 	}
-	var fd *events.Follow
+	var fd *natsagent.Events
 	if !f.detach {
 		if err := protocol.CheckToken("thread id", req.ThreadID); err != nil {
 			return err
 		}
-		fd, err = c.openFollow(ctx, c.names.RunEvents(req.Tenant, req.ThreadID, req.RunID), start{all: true})
+		fd, err = c.api.Follow(ctx, req.ThreadID, req.RunID, nil)
 		if err != nil {
 			return fmt.Errorf("read the run's events: %w", err)
 		}
@@ -193,9 +188,9 @@ func launch(ctx context.Context, c *client, std stdio, f *runFlags, req *protoco
 }
 
 // follow prints a run's events until it ends; Ctrl-C detaches.
-func follow(ctx context.Context, c *client, std stdio, f *clientFlags, fd *events.Follow, rec *protocol.Run) error {
+func follow(ctx context.Context, c *client, std stdio, f *clientFlags, fd *natsagent.Events, rec *protocol.Run) error {
 	r := newRenderer(std.out, styleFor(std), f.json, false)
-	fin, err := c.followRun(ctx, fd, r, rec.RunID)
+	fin, err := c.followRun(ctx, fd, r, rec.ThreadID, rec.RunID)
 	if errors.Is(err, errDetached) {
 		r.endLine()
 		fmt.Fprintf(std.err, "detached: run %s goes on. Follow it again: natsagent tail --run %s%s   cancel it: natsagent cancel --run %s%s\n",

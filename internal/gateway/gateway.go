@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -138,6 +139,10 @@ type Server struct {
 	submitTimeout time.Duration
 	// cancelTimeout bounds a cancel request.
 	cancelTimeout time.Duration
+	// indexed holds the tenants whose thread creation index this process
+	// checked, and repaired if it was behind (a cache of that check only:
+	// any gateway answers the same without it).
+	indexed sync.Map
 }
 
 // New binds a gateway to a NATS connection. The deployment's assets must
@@ -229,6 +234,7 @@ func (s *Server) routes() {
 	m := http.NewServeMux()
 	m.HandleFunc("GET /healthz", s.healthz)
 	m.HandleFunc("GET /readyz", s.readyz)
+	m.HandleFunc("GET /info", s.info)
 	if s.cfg.MetricsHandler != nil {
 		m.Handle("GET /metrics", s.cfg.MetricsHandler)
 	}

@@ -148,6 +148,9 @@ func (s *Subagents) request(rt *Runtime, req *ModelRequest) *ModelRequest {
 		}
 	}
 	c.System = appendSection(c.System, s.prompt)
+	if req.State != nil {
+		return withContextSection(&c, ledgerSection(RunningSubagents(rt, req.State)))
+	}
 	return &c
 }
 
@@ -232,7 +235,7 @@ func (s *Subagents) WrapToolCall(ctx context.Context, rt *Runtime, call *ToolCal
 		if st.Status.Terminal() {
 			s.finished(rt, call.Call.ID, st)
 		}
-		return jsonResult(statusView(st, "")), nil
+		return withChildUsage(jsonResult(statusView(st, "")), st), nil
 	case SubagentCancelTool:
 		q, res := s.query(rt, call)
 		if res != nil {
@@ -242,7 +245,7 @@ func (s *Subagents) WrapToolCall(ctx context.Context, rt *Runtime, call *ToolCal
 		if err != nil {
 			return s.failed(ctx, "cancel the subagent", err)
 		}
-		return jsonResult(statusView(st, "")), nil
+		return withChildUsage(jsonResult(statusView(st, "")), st), nil
 	default: // SubagentAwaitTool
 		q, res := s.query(rt, call)
 		if res != nil {
@@ -262,8 +265,52 @@ func (s *Subagents) WrapToolCall(ctx context.Context, rt *Runtime, call *ToolCal
 		if st.TimedOut {
 			msg = fmt.Sprintf("The subagent is still running after %d s; await it again or check it with subagent_status. Do not treat its work as done.", timeout)
 		}
-		return jsonResult(statusView(st, msg)), nil
+		return withChildUsage(jsonResult(statusView(st, msg)), st), nil
 	}
+}
+
+// MetaSubagentUsage is the tool-result meta holding a finished child's
+// token usage ({"run_id", "input_tokens", "output_tokens"}), set on the
+// result that first or again reports the child ended; the token budget
+// counts each child once by its run id.
+const MetaSubagentUsage = "subagent_usage"
+
+// withChildUsage records on res the usage of a child st reports ended.
+func withChildUsage(res *ToolResult, st *protocol.SubagentStatus) *ToolResult {
+	if st == nil || !st.Status.Terminal() || st.Usage == nil {
+		return res
+	}
+	if res.Message.Meta == nil {
+		res.Message.Meta = map[string]any{}
+	}
+	res.Message.Meta[MetaSubagentUsage] = map[string]any{"run_id": st.RunID, "input_tokens": st.Usage.Input, "output_tokens": st.Usage.Output}
+	return res
+}
+
+// ChildUsage sums the usage of run runID's children that its part of the
+// transcript reports ended, each child once whatever the number of
+// results that report it (task, then subagent_status).
+func ChildUsage(st *state.State, runID string) (in, out int) {
+	seen := make(map[string]bool)
+	for i := len(st.Messages) - 1; i >= 0; i-- {
+		m := &st.Messages[i]
+		if id, _ := m.Meta["run_id"].(string); id != runID && id != "" {
+			break
+		}
+		raw, ok := m.Meta[MetaSubagentUsage].(map[string]any)
+		if !ok || m.Role != model.RoleTool {
+			continue
+		}
+		child, _ := raw["run_id"].(string)
+		if child == "" || seen[child] {
+			continue
+		}
+		seen[child] = true
+		u := usageFromMeta(raw)
+		in += u.Input
+		out += u.Output
+	}
+	return in, out
 }
 
 func (s *Subagents) blocked(text string) *ToolResult {
@@ -364,7 +411,9 @@ func (s *Subagents) delegate(ctx context.Context, rt *Runtime, call *ToolCall, w
 		return res, err
 	}
 	res = taskResult(st, s.TaskTimeoutSeconds)
+	meta[MetaSubagentStatus] = string(st.Status)
 	res.Message.Meta = meta
+	withChildUsage(res, st)
 	return res, nil
 }
 

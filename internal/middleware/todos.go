@@ -9,9 +9,11 @@ package middleware
 // list, after LangChain's TodoListMiddleware. Several write_todos calls in
 // one response are refused, each with an error result, since their order
 // is undefined; the response's other calls run normally. Each request
-// shows the current list in the system prompt, so the model keeps it in
-// view however the transcript is later compacted (the list lives in
-// state, not only in past tool calls).
+// shows the current list in its trailing context message (after the
+// history, so a change leaves the cached prefix alone: promptcontext.go),
+// so the model keeps it in view however the transcript is later compacted
+// (the list lives in state, not only in past tool calls). The system
+// prompt holds only the fixed guide.
 //
 // Statuses are pending, in_progress and completed. Like LangChain's,
 // several items may be in_progress at once (independent work done in
@@ -117,15 +119,16 @@ func todosRequest(req *ModelRequest) *ModelRequest {
 	if !slices.ContainsFunc(req.Tools, func(s model.ToolSpec) bool { return s.Name == WriteTodosTool }) {
 		c.Tools = append(slices.Clip(req.Tools), writeTodosSpec)
 	}
-	var b strings.Builder
-	b.WriteString(todosGuide)
+	c.System = appendSection(c.System, todosGuide)
 	if list := todosOf(req.State); len(list) > 0 {
-		b.WriteString("\n\nYour current todo list:\n")
+		var b strings.Builder
+		b.WriteString("<todo_list>\nYour current todo list:\n")
 		for i, item := range list {
-			fmt.Fprintf(&b, "%d. [%s] %s\n", i+1, item.Status, oneLine(item.Content))
+			fmt.Fprintf(&b, "%d. [%s] %s\n", i+1, item.Status, escapeMemory.Replace(oneLine(item.Content)))
 		}
+		b.WriteString("</todo_list>")
+		return withContextSection(&c, b.String())
 	}
-	c.System = appendSection(c.System, strings.TrimRight(b.String(), "\n"))
 	return &c
 }
 

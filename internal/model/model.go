@@ -155,11 +155,17 @@ func (r *Request) WithSystem() []Message {
 	return append([]Message{{Role: RoleSystem, Content: r.System}}, r.Messages...)
 }
 
-// LastUserContent is the content of the request's last user message, or
-// "" when it has none.
+// ContextMessageName names the trailing user message that carries a
+// run's dynamic context (the todo list, notes saved during the run: the
+// middleware package's promptcontext.go). It is the system's, not the
+// person's: code looking for the person's last message skips it.
+const ContextMessageName = "context"
+
+// LastUserContent is the content of the request's last user message (the
+// trailing context message aside), or "" when it has none.
 func (r *Request) LastUserContent() string {
 	for i := len(r.Messages) - 1; i >= 0; i-- {
-		if r.Messages[i].Role == RoleUser {
+		if r.Messages[i].Role == RoleUser && r.Messages[i].Name != ContextMessageName {
 			return r.Messages[i].Content
 		}
 	}
@@ -203,6 +209,25 @@ type Delta struct {
 // wraps ctx.Err().
 type Model interface {
 	Generate(ctx context.Context, req *Request, onDelta func(Delta)) (*Response, error)
+}
+
+// Defaulted is implemented by a Model that answers a Request naming no
+// model with a model of its own choice: DefaultModel names it, so spans
+// and metrics can say which model a run called.
+type Defaulted interface {
+	DefaultModel() string
+}
+
+// NameOf is the model a Request for name reaches on m: name, else m's
+// default (empty when m has none it can tell).
+func NameOf(m Model, name string) string {
+	if name != "" {
+		return name
+	}
+	if d, ok := m.(Defaulted); ok {
+		return d.DefaultModel()
+	}
+	return ""
 }
 
 // Func adapts a function to the Model interface.

@@ -264,6 +264,9 @@ func appendThread(b []byte, t *Thread) ([]byte, bool) {
 		if l.HandedOver {
 			b = append(b, `,"handed_over":true`...)
 		}
+		if l.Tentative {
+			b = append(b, `,"tentative":true`...)
+		}
 		if l.Attempt != 0 {
 			b = append(b, `,"attempt":`...)
 			b = strconv.AppendInt(b, int64(l.Attempt), 10)
