@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -16,11 +17,21 @@ import (
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/submit"
 )
 
 // ErrNotFound is returned for a run, thread or file the tenant does not
 // have (or no longer has: records expire with the retention settings).
 var ErrNotFound = errors.New("not found")
+
+// ErrRunIDTaken is returned by [Client.Submit] for a run id the tenant
+// already used for another request (another thread's run, or a request
+// that is gone and left no record). Nothing was queued: choose another id.
+var ErrRunIDTaken = errors.New("run id already taken")
+
+// DefaultClientName is the Natsagent-Submitter header of a client's run
+// requests when ClientConfig.Name is empty.
+const DefaultClientName = "natsagent-go"
 
 // ClientConfig configures a [Client]; the zero value (or nil) talks to the
 // deployment with prefix "agent" as tenant "default".
@@ -34,19 +45,26 @@ type ClientConfig struct {
 	// MaxRequestBytes bounds an encoded run request as the workers do
 	// (0: 256 KiB, the default of nats.max_request_bytes).
 	MaxRequestBytes int
+	// Name names the client in the Natsagent-Submitter header of its run
+	// requests, for the workers' logs ("": DefaultClientName). The header
+	// also makes the worker announce each run: its first event is
+	// run.queued, as for a run submitted through the gateway.
+	Name string
 }
 
 // Client starts and follows runs over NATS. It speaks the wire protocol
-// only (docs/protocol.md): it publishes run requests, reads events from
-// the events stream, sends cancel requests, and reads records, state,
-// files and usage from the KV buckets and the object store, never writing
-// them. It is safe for concurrent use.
+// only (docs/protocol.md): it publishes run requests and compaction jobs,
+// reads events from the events stream, sends cancel and delete requests,
+// and reads records, state, files and usage from the KV buckets and the
+// object store, never writing them. It is safe for concurrent use. The
+// natsagent command's client commands are built on it.
 type Client struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	names  bus.Names
 	tenant string
 	maxReq int
+	name   string
 	stores *kv.Stores
 }
 
@@ -85,8 +103,16 @@ func NewClient(nc *nats.Conn, cfg *ClientConfig) (*Client, error) {
 	if maxReq <= 0 {
 		maxReq = protocol.DefaultMaxRequestBytes
 	}
-	return &Client{nc: nc, js: js, names: names, tenant: tenant, maxReq: maxReq, stores: stores}, nil
+	name := cfg.Name
+	if name == "" {
+		name = DefaultClientName
+	}
+	return &Client{nc: nc, js: js, names: names, tenant: tenant, maxReq: maxReq, name: name, stores: stores}, nil
 }
+
+// MaxRequestBytes is the bound on an encoded run request the client
+// checks, as the workers do.
+func (c *Client) MaxRequestBytes() int { return c.maxReq }
 
 // Tenant is the tenant the client acts as.
 func (c *Client) Tenant() string { return c.tenant }
@@ -94,6 +120,23 @@ func (c *Client) Tenant() string { return c.tenant }
 // UserInput is the input of a run that says text as the user.
 func UserInput(text string) *RunInput {
 	return &RunInput{Messages: []Message{{Role: model.RoleUser, Content: text}}}
+}
+
+// ImageInput is the input of one user message of text and images (PNG,
+// JPEG, GIF or WebP bytes). The images are stored first in the thread's
+// workdir, named by their SHA-256, and the message references them: a
+// run request never carries image bytes. The worker sends them to the
+// model as image parts. It needs a deployment that keeps files in NATS.
+func (c *Client) ImageInput(ctx context.Context, thread, text string, images ...[]byte) (*RunInput, error) {
+	wd, err := c.workdir(ctx, thread)
+	if err != nil {
+		return nil, err
+	}
+	m, err := submit.ImageMessage(ctx, wd, text, images...)
+	if err != nil {
+		return nil, fmt.Errorf("natsagent: %w", err)
+	}
+	return &RunInput{Messages: []Message{m}}, nil
 }
 
 // Submitted is a run request the runs stream stored.
@@ -113,6 +156,10 @@ type Submitted struct {
 // Principal or a Parent: those come from authentication and from the
 // subagent service. Submitting the same request again
 // (same run id) is safe: the stream keeps one copy and answers Duplicate.
+// A run id the tenant used for another request is refused with
+// [ErrRunIDTaken] when the client can tell (the stream still holds the
+// other request, or a record names another thread); otherwise the worker
+// refuses it (the run ends error).
 func (c *Client) Submit(ctx context.Context, req RunRequest) (*Submitted, error) {
 	if req.Tenant != "" && req.Tenant != c.tenant {
 		return nil, fmt.Errorf("natsagent: the request names tenant %q; this client acts as %q", req.Tenant, c.tenant)
@@ -147,11 +194,49 @@ func (c *Client) Submit(ctx context.Context, req RunRequest) (*Submitted, error)
 	m := nats.NewMsg(c.names.RunSubject(c.tenant, req.ThreadID))
 	m.Data = data
 	m.Header.Set(jetstream.MsgIDHeader, protocol.RunMsgID(c.tenant, req.RunID))
+	m.Header.Set(protocol.HeaderSubmitter, c.name)
 	ack, err := bus.PublishMsg(ctx, c.js, m)
 	if err != nil {
 		return nil, fmt.Errorf("natsagent: submit run %s: %w", req.RunID, err)
 	}
+	if ack.Duplicate {
+		if err := c.checkDuplicate(ctx, req.ThreadID, req.RunID, ack.Sequence); err != nil {
+			return nil, err
+		}
+	}
 	return &Submitted{RunID: req.RunID, ThreadID: req.ThreadID, Sequence: ack.Sequence, Duplicate: ack.Duplicate}, nil
+}
+
+// checkDuplicate tells a retry of this run from another request under its
+// message id (docs/protocol.md 2.2): the stored message at seq must be
+// this thread's request, or, once a worker consumed it, the run's record
+// must be this thread's. A read the client may not make (a tenant account
+// without access to the runs stream, whose submit service checked
+// already) leaves the answer to the worker.
+func (c *Client) checkDuplicate(ctx context.Context, thread, run string, seq uint64) error {
+	m, err := bus.GetMsgFromLeader(ctx, c.js, c.names.RunsStream(), bus.MsgQuery{Seq: seq})
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		rec, _, err := c.stores.Runs.GetLatest(ctx, c.tenant, run)
+		switch {
+		case errors.Is(err, kv.ErrNotFound):
+			return fmt.Errorf("%w: run %s was submitted before (stream sequence %d) and left no run record; choose another run id", ErrRunIDTaken, run, seq)
+		case err != nil:
+			return nil
+		case rec.ThreadID != thread:
+			return fmt.Errorf("%w: run id %s is already used by a run on thread %s; choose another run id", ErrRunIDTaken, run, rec.ThreadID)
+		}
+		return nil
+	}
+	if err != nil {
+		return nil
+	}
+	if m.Subject != c.names.RunSubject(c.tenant, thread) || m.Header.Get(jetstream.MsgIDHeader) != protocol.RunMsgID(c.tenant, run) {
+		if other, ok := strings.CutPrefix(m.Subject, c.names.RunSubject(c.tenant, "")); ok && m.Header.Get(jetstream.MsgIDHeader) == protocol.RunMsgID(c.tenant, run) {
+			return fmt.Errorf("%w: run id %s is already used by a run on thread %s; choose another run id", ErrRunIDTaken, run, other)
+		}
+		return fmt.Errorf("%w: the runs stream holds another request under the message id of run %s (stream sequence %d); choose another run id", ErrRunIDTaken, run, seq)
+	}
+	return nil
 }
 
 // Steer submits text as a run that preempts the thread's active run at its
@@ -210,17 +295,11 @@ func (c *Client) Cancel(ctx context.Context, thread, run string) (Status, error)
 	if err != nil {
 		return "", fmt.Errorf("natsagent: cancel run %s: %w", run, err)
 	}
-	if msg.Header.Get("Nats-Service-Error-Code") != "" {
-		var er protocol.ErrorReply
-		_ = json.Unmarshal(msg.Data, &er)
-		text := er.Error.Message
-		if text == "" {
-			text = msg.Header.Get("Nats-Service-Error")
+	if err := serviceError(msg); err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return "", err
 		}
-		if er.Error.Code == protocol.CodeNotFound {
-			return "", fmt.Errorf("%w: %s", ErrNotFound, text)
-		}
-		return "", fmt.Errorf("natsagent: cancel run %s: %s", run, text)
+		return "", fmt.Errorf("natsagent: cancel run %s: %w", run, err)
 	}
 	var reply protocol.CancelReply
 	if err := json.Unmarshal(msg.Data, &reply); err != nil {
@@ -232,7 +311,8 @@ func (c *Client) Cancel(ctx context.Context, thread, run string) (Status, error)
 // Run reads a run as clients see it (docs/protocol.md 1.6): a running
 // run's record stays pending, or is missing until the run ends, and its
 // thread's lease says it runs. A run without a record is looked for on
-// the tenant's threads.
+// the tenant's threads, then among the requests no worker has taken yet
+// (status pending).
 func (c *Client) Run(ctx context.Context, run string) (*Run, error) {
 	if err := protocol.CheckToken("run id", run); err != nil {
 		return nil, err
@@ -244,9 +324,44 @@ func (c *Client) Run(ctx context.Context, run string) (*Run, error) {
 		rec, _, err = c.stores.Runs.GetLatest(ctx, c.tenant, run)
 	}
 	if errors.Is(err, kv.ErrNotFound) {
-		return nil, fmt.Errorf("%w: run %s in tenant %s", ErrNotFound, run, c.tenant)
+		rec, err = c.queued(ctx, run)
 	}
 	return rec, err
+}
+
+// maxQueuedScan bounds the requests of the tenant that queued reads.
+const maxQueuedScan = 1000
+
+// queued is the view of a run no worker has taken yet: nothing but its
+// request in the runs stream names it (a run the client submitted has no
+// record until a worker sees it). The tenant's waiting requests are read
+// in order, at most maxQueuedScan of them, so this serves a miss, not a
+// hot path.
+func (c *Client) queued(ctx context.Context, run string) (*Run, error) {
+	notFound := fmt.Errorf("%w: run %s in tenant %s", ErrNotFound, run, c.tenant)
+	subject := c.names.RunSubject(c.tenant, "*")
+	id := protocol.RunMsgID(c.tenant, run)
+	seq := uint64(1)
+	for range maxQueuedScan {
+		m, err := bus.GetMsgFromLeader(ctx, c.js, c.names.RunsStream(), bus.MsgQuery{Seq: seq, NextBySubject: subject})
+		if err != nil {
+			// Not found, or a stream this client may not read (a
+			// tenant account): the run is not known.
+			return nil, notFound
+		}
+		seq = m.Sequence + 1
+		if m.Header.Get(jetstream.MsgIDHeader) != id {
+			continue
+		}
+		var req protocol.RunRequest
+		if json.Unmarshal(m.Data, &req) != nil || protocol.CheckToken("thread id", req.ThreadID) != nil ||
+			m.Subject != c.names.RunSubject(c.tenant, req.ThreadID) {
+			return nil, notFound
+		}
+		return &Run{RunID: run, ThreadID: req.ThreadID, Tenant: c.tenant, Agent: req.Agent, Status: StatusPending,
+			MultitaskStrategy: req.MultitaskStrategy, Metadata: req.Metadata, CreatedAt: m.Time.UTC(), MsgSeq: m.Sequence}, nil
+	}
+	return nil, notFound
 }
 
 // Thread reads a thread record. A thread has one once its first run

@@ -2,13 +2,16 @@ package natsagent_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/natsagent/natsagent"
+	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/natsagenttest"
 )
 
@@ -241,5 +244,121 @@ func TestClient_Files(t *testing.T) {
 	}
 	if _, err := d.Client.ReadFile(ctx, "fth", "/../../default/other/x"); err == nil {
 		t.Error("a path escaping the thread was read")
+	}
+}
+
+// A run no worker has taken yet is read from its request (pending); its id
+// on another thread is refused; a client's runs open with run.queued.
+func TestClient_QueuedRunAndTakenRunID(t *testing.T) {
+	dep := testdeploy.Start(t, bus.Settings{})
+	ctx := bg(t)
+	c, err := natsagent.NewClient(dep.NC, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := c.Submit(ctx, natsagent.RunRequest{RunID: "q1", ThreadID: "qa", Agent: "chatbot", Input: natsagent.UserInput("hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := c.Run(ctx, "q1")
+	if err != nil || rec.Status != natsagent.StatusPending || rec.ThreadID != "qa" || rec.Agent != "chatbot" || rec.MsgSeq != sub.Sequence {
+		t.Fatalf("a queued run reads %+v, %v", rec, err)
+	}
+	// Another tenant does not see it.
+	other, err := natsagent.NewClient(dep.NC, &natsagent.ClientConfig{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Run(ctx, "q1"); !errors.Is(err, natsagent.ErrNotFound) {
+		t.Errorf("tenant acme read default's queued run: %v", err)
+	}
+	// The same id on another thread is refused; on its thread it is a
+	// duplicate.
+	if _, err := c.Submit(ctx, natsagent.RunRequest{RunID: "q1", ThreadID: "qb", Input: natsagent.UserInput("hi")}); !errors.Is(err, natsagent.ErrRunIDTaken) || !strings.Contains(err.Error(), "thread qa") {
+		t.Errorf("run id of thread qa reused on qb: %v", err)
+	}
+	if again, err := c.Submit(ctx, natsagent.RunRequest{RunID: "q1", ThreadID: "qa", Input: natsagent.UserInput("hi")}); err != nil || !again.Duplicate {
+		t.Errorf("a retry: %+v, %v", again, err)
+	}
+	// Another tenant's run of the same id is its own.
+	if s, err := other.Submit(ctx, natsagent.RunRequest{RunID: "q1", ThreadID: "qb", Input: natsagent.UserInput("hi")}); err != nil || s.Duplicate {
+		t.Errorf("tenant acme's run q1: %+v, %v", s, err)
+	}
+	// The request says who submitted it, so the worker announces the run.
+	m, err := dep.JS.Stream(ctx, dep.Settings.Names.RunsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := m.GetMsg(ctx, sub.Sequence)
+	if err != nil || raw.Header.Get(protocol.HeaderSubmitter) != natsagent.DefaultClientName {
+		t.Errorf("request headers %v, %v", raw.Header, err)
+	}
+}
+
+// FollowThread sees every run of a thread; RunOf refuses a run of another
+// thread; Checkpoints reads the thread's chain; FinishedEvent stands for a
+// run whose events expired; DeleteRun and DeleteThread remove them.
+func TestClient_ThreadFollowHistoryAndDelete(t *testing.T) {
+	d := natsagenttest.Start(t, natsagent.Config{}, natsagenttest.Text("one"), natsagenttest.Text("two"))
+	ctx := bg(t)
+	c := d.Client
+	evs, err := c.FollowThread(ctx, "ft", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer evs.Close()
+	first := d.Ask("ft", "", "a")
+	second := d.Ask("ft", "", "b")
+	natsagenttest.RequireStatus(t, second, natsagent.StatusSuccess)
+	var finished []string
+	var types []string
+	for len(finished) < 2 {
+		ev, err := evs.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		types = append(types, ev.Type)
+		var env protocol.Event
+		if err := json.Unmarshal(ev.Raw(), &env); err != nil || env.Type != ev.Type || env.RunID != ev.RunID {
+			t.Fatalf("raw %s of %+v: %v", ev.Raw(), ev.Event, err)
+		}
+		if ev.Finished() != nil {
+			finished = append(finished, ev.RunID)
+		}
+	}
+	if finished[0] != first.Run.RunID || finished[1] != second.Run.RunID || types[0] != natsagent.EventRunQueued {
+		t.Errorf("thread events: finished %v, types %v", finished, types)
+	}
+	if _, err := c.RunOf(ctx, "elsewhere", first.Run.RunID); !errors.Is(err, natsagent.ErrNotFound) {
+		t.Errorf("RunOf with another thread: %v", err)
+	}
+	if r, err := c.RunOf(ctx, "ft", first.Run.RunID); err != nil || r.Status != natsagent.StatusSuccess {
+		t.Errorf("RunOf: %+v, %v", r, err)
+	}
+	chain, err := c.Checkpoints(ctx, "ft")
+	if err != nil || len(chain) == 0 || chain[len(chain)-1].RunID != second.Run.RunID || chain[0].RunID != first.Run.RunID {
+		t.Fatalf("checkpoints: %d, %v", len(chain), err)
+	}
+	fin, err := natsagent.FinishedEvent(first.Run)
+	if err != nil || fin.Type != natsagent.EventRunFinished || fin.Finished().Output.Content != "one" {
+		t.Fatalf("finished event %+v, %v", fin, err)
+	}
+	if _, err := natsagent.FinishedEvent(&natsagent.Run{Status: natsagent.StatusPending}); err == nil {
+		t.Error("a run.finished for a pending run")
+	}
+	if _, err := c.DeleteRun(ctx, "ft", first.Run.RunID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RunOf(ctx, "ft", first.Run.RunID); !errors.Is(err, natsagent.ErrNotFound) {
+		t.Errorf("a deleted run reads %v", err)
+	}
+	if _, err := c.DeleteThread(ctx, "ft", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Thread(ctx, "ft"); !errors.Is(err, natsagent.ErrNotFound) {
+		t.Errorf("a deleted thread reads %v", err)
+	}
+	if _, err := c.DeleteThread(ctx, "a.b", nil); err == nil {
+		t.Error("a thread id with a dot was sent")
 	}
 }

@@ -19,7 +19,11 @@ type Event struct {
 	// StreamSeq is a stored event's sequence in the events stream (0 for
 	// a live event): follow again after it to resume.
 	StreamSeq uint64
+	raw       []byte
 }
+
+// Raw is the event's envelope as the worker published it (JSON).
+func (e *Event) Raw() []byte { return e.raw }
 
 // Finished decodes the data of a run.finished event (nil for any other).
 func (e *Event) Finished() *FinishedData {
@@ -53,8 +57,30 @@ type Events struct {
 // FollowOptions say where a follow starts.
 type FollowOptions struct {
 	// After resumes after this events-stream sequence (an Event's
-	// StreamSeq); 0 starts at the run's first retained event.
+	// StreamSeq); 0 starts at the first retained event.
 	After uint64
+	// NewOnly starts with the events stored after the follow opened.
+	NewOnly bool
+	// Since starts with the events stored at or after this time.
+	Since time.Time
+}
+
+func (o *FollowOptions) feed() events.FeedConfig {
+	// Close waits briefly for the consumer's deletion: a process that
+	// exits right after would leave it to expire.
+	cfg := events.FeedConfig{DropStale: true, DeleteTimeout: 2 * time.Second}
+	if o == nil {
+		return cfg
+	}
+	switch {
+	case o.After > 0:
+		cfg.After = o.After
+	case !o.Since.IsZero():
+		cfg.Since = o.Since
+	case o.NewOnly:
+		cfg.NewOnly = true
+	}
+	return cfg
 }
 
 // Follow streams a run's events from its first retained one (or after
@@ -64,24 +90,36 @@ func (c *Client) Follow(ctx context.Context, thread, run string, opts *FollowOpt
 	if err := checkIDs(thread, run); err != nil {
 		return nil, err
 	}
-	cfg := events.FeedConfig{DropStale: true}
-	if opts != nil {
-		cfg.After = opts.After
-	}
-	fw, err := events.OpenFollow(ctx, c.js, c.names, c.names.RunEvents(c.tenant, thread, run), cfg)
+	fw, err := events.OpenFollow(ctx, c.js, c.names, c.names.RunEvents(c.tenant, thread, run), opts.feed())
 	if err != nil {
 		return nil, fmt.Errorf("natsagent: follow run %s: %w", run, err)
 	}
 	return &Events{fw: fw}, nil
 }
 
-// Next returns the next event, waiting for it until ctx is done.
+// FollowThread streams the events of every run of a thread, in the order
+// they were stored (live deltas merged in), from where opts says (nil:
+// the first retained event).
+func (c *Client) FollowThread(ctx context.Context, thread string, opts *FollowOptions) (*Events, error) {
+	if err := protocol.CheckToken("thread id", thread); err != nil {
+		return nil, err
+	}
+	fw, err := events.OpenFollow(ctx, c.js, c.names, c.names.ThreadEvents(c.tenant, thread), opts.feed())
+	if err != nil {
+		return nil, fmt.Errorf("natsagent: follow thread %s: %w", thread, err)
+	}
+	return &Events{fw: fw}, nil
+}
+
+// Next returns the next event, waiting for it until ctx is done. A ctx
+// that ends (a timeout to look elsewhere now and then) leaves the stream
+// usable: call Next again.
 func (s *Events) Next(ctx context.Context) (*Event, error) {
 	it, err := s.fw.Next(ctx)
 	if err != nil {
 		return nil, err
 	}
-	ev := &Event{StreamSeq: it.StreamSeq}
+	ev := &Event{StreamSeq: it.StreamSeq, raw: it.Data}
 	if err := json.Unmarshal(it.Data, &ev.Event); err != nil {
 		return nil, fmt.Errorf("natsagent: undecodable event: %w", err)
 	}
@@ -98,7 +136,7 @@ func (c *Client) Wait(ctx context.Context, thread, run string) (*Run, error) {
 	if err := checkIDs(thread, run); err != nil {
 		return nil, err
 	}
-	if rec, err := c.runOf(ctx, thread, run); err == nil && rec.Status.Terminal() {
+	if rec, err := c.RunOf(ctx, thread, run); err == nil && rec.Status.Terminal() {
 		return rec, nil
 	} else if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, err
@@ -125,15 +163,19 @@ func (c *Client) Wait(ctx context.Context, thread, run string) (*Run, error) {
 			}
 			continue
 		}
-		if rec, rerr := c.runOf(ctx, thread, run); rerr == nil && rec.Status.Terminal() {
+		if rec, rerr := c.RunOf(ctx, thread, run); rerr == nil && rec.Status.Terminal() {
 			return rec, nil
 		}
 	}
 }
 
-// runOf is Run for a caller that knows the run's thread: the record and
-// that thread's record, never a search of the tenant's threads.
-func (c *Client) runOf(ctx context.Context, thread, run string) (*Run, error) {
+// RunOf is [Client.Run] for a caller that knows the run's thread: it
+// reads the run's record and that thread's record only, never a search of
+// the tenant's threads; a run of another thread is [ErrNotFound].
+func (c *Client) RunOf(ctx context.Context, thread, run string) (*Run, error) {
+	if err := checkIDs(thread, run); err != nil {
+		return nil, err
+	}
 	rec, err := c.stores.RunOfThread(ctx, c.tenant, thread, run)
 	if errors.Is(err, kv.ErrNotFound) {
 		return nil, fmt.Errorf("%w: run %s of thread %s in tenant %s", ErrNotFound, run, thread, c.tenant)
@@ -145,7 +187,7 @@ func (c *Client) runOf(ctx context.Context, thread, run string) (*Run, error) {
 // run.finished is published, so it is terminal already.
 func (c *Client) finalRecord(ctx context.Context, thread, run string) (*Run, error) {
 	for {
-		rec, err := c.runOf(ctx, thread, run)
+		rec, err := c.RunOf(ctx, thread, run)
 		if err != nil {
 			return nil, err
 		}

@@ -1,7 +1,12 @@
 package natsagent_test
 
 import (
+	"go/parser"
+	"go/token"
 	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -9,7 +14,8 @@ import (
 // Clients read the wire, not the engine: the gateway, the CLI and the
 // wire half of compaction must not depend on the worker's chain. The
 // gateway's whole dependency graph is checked; the CLI's own imports are
-// (its bench and soak commands run workers in-process on purpose).
+// (its bench and soak commands run workers in-process on purpose), and
+// TestCLIClientCommandsUseThePublicClient checks its client commands.
 func TestClientsDependOnTheWireOnly(t *testing.T) {
 	engine := []string{"internal/middleware", "internal/agent", "internal/worker"}
 	check := func(what string, args ...string) {
@@ -33,4 +39,80 @@ func TestClientsDependOnTheWireOnly(t *testing.T) {
 	check("internal/gateway", "list", "-deps", "./internal/gateway")
 	check("internal/compact", "list", "-deps", "./internal/compact")
 	check("cmd/natsagent", "list", "-f", `{{join .Imports "\n"}}`, "./cmd/natsagent")
+}
+
+// operatorFiles are the files of cmd/natsagent whose commands are not
+// client actions: they run workers in-process (bench, soak), manage NATS
+// accounts and JWTs (jwt, tenant) or erase a user with the service
+// account's JetStream access (users). They may import the engine and the
+// stores; every other file is a client command.
+var operatorFiles = []string{"bench.go", "soak.go", "jwt.go", "tenant.go", "users.go"}
+
+// The CLI's client commands go through the public natsagent.Client: no
+// file of cmd/natsagent but the operator files imports, directly or
+// through another internal package, the stores (internal/kv), the submit
+// path (internal/submit), the wiring of the binaries (internal/app) or
+// the engine. A new file is a client command unless listed above.
+func TestCLIClientCommandsUseThePublicClient(t *testing.T) {
+	const module = "github.com/natsagent/natsagent"
+	forbidden := []string{"internal/kv", "internal/submit", "internal/app", "internal/middleware", "internal/agent", "internal/worker", "internal/erase"}
+	bad := func(p string) string {
+		for _, f := range forbidden {
+			if p == module+"/"+f {
+				return f
+			}
+		}
+		return ""
+	}
+	files, err := filepath.Glob("cmd/natsagent/*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	byFile := map[string][]string{}
+	var pkgs []string
+	fset := token.NewFileSet()
+	for _, path := range files {
+		name := filepath.Base(path)
+		if strings.HasSuffix(name, "_test.go") || slices.Contains(operatorFiles, name) {
+			continue
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, is := range f.Imports {
+			p, _ := strconv.Unquote(is.Path.Value)
+			if f := bad(p); f != "" {
+				t.Errorf("cmd/natsagent/%s imports %s: a client command goes through natsagent.Client", name, f)
+			}
+			// The public package reads KV itself, behind its API.
+			if strings.HasPrefix(p, module+"/internal/") {
+				byFile[name] = append(byFile[name], p)
+				if !slices.Contains(pkgs, p) {
+					pkgs = append(pkgs, p)
+				}
+			}
+		}
+	}
+	if len(byFile) < 10 {
+		t.Fatalf("only %d client command files found in cmd/natsagent: %v", len(byFile), byFile)
+	}
+	out, err := exec.Command("go", append([]string{"list", "-deps", "-f", `{{.ImportPath}}: {{join .Deps " "}}`}, pkgs...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	deps := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		p, rest, _ := strings.Cut(line, ": ")
+		deps[p] = strings.Fields(rest)
+	}
+	for name, imports := range byFile {
+		for _, p := range imports {
+			for _, d := range deps[p] {
+				if f := bad(d); f != "" {
+					t.Errorf("cmd/natsagent/%s imports %s, which depends on %s: a client command goes through natsagent.Client", name, p, f)
+				}
+			}
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"reflect"
 
 	"github.com/google/jsonschema-go/jsonschema"
 
@@ -39,8 +40,10 @@ func ToolEnvFrom(ctx context.Context) *ToolEnv {
 }
 
 // NewTool builds a typed tool. The JSON schema the model sees is generated
-// from Args (a struct: `json` tags name the fields, `jsonschema` tags
-// describe them); the model's arguments are validated against it and
+// from Args as the built-in tools' are (a struct: `json` tags name the
+// fields, and a field without omitempty is required; `jsonschema` tags
+// describe them; `schema` tags add enum=a|b|c, minimum=N, maximum=N, or
+// "-" to hide a field); the model's arguments are validated against it and
 // decoded into Args before fn runs. A string Result is the tool's text;
 // any other Result is sent as JSON. An error from fn is a tool result the
 // model reads; it never fails the run.
@@ -51,7 +54,7 @@ func NewTool[Args, Result any](name, description string, fn func(ctx context.Con
 	if !protocol.ValidToken(name) {
 		panic(fmt.Sprintf("natsagent.NewTool: tool name %q must match ^[A-Za-z0-9_-]{1,128}$", name))
 	}
-	schema, err := jsonschema.For[Args](nil)
+	schema, err := tools.SchemaOf(reflect.TypeFor[Args]())
 	if err != nil {
 		panic(fmt.Sprintf("natsagent.NewTool(%s): %v", name, err))
 	}

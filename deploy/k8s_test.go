@@ -371,11 +371,11 @@ func containerPort(c corev1.Container, p intstr.IntOrString) (int32, bool) {
 }
 
 // checkPod checks what the gateway and the worker share: the selector
-// selects the pod, the image is the kustomization's name for it, the
-// configuration comes from the ConfigMap at the path --config names, it
+// selects the pod, the image is the one given, the configuration comes
+// from key natsagent.yaml of ConfigMap cm at the path --config names, it
 // runs as the image's non-root user, and each probe is an HTTP GET on
 // listenPort with the path given (handled in routesFile).
-func checkPod(t *testing.T, d appsv1.Deployment, image string, listenPort int, probes map[string]string, routesFile string) {
+func checkPod(t *testing.T, d appsv1.Deployment, image, cm string, listenPort int, probes map[string]string, routesFile string) {
 	t.Helper()
 	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
 	if err != nil || sel.Empty() || !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
@@ -396,13 +396,13 @@ func checkPod(t *testing.T, d appsv1.Deployment, image string, listenPort int, p
 			continue
 		}
 		for _, v := range d.Spec.Template.Spec.Volumes {
-			if v.Name == vm.Name && v.ConfigMap != nil && v.ConfigMap.Name == configMapName && path.Base(cfgPath) == configKey {
+			if v.Name == vm.Name && v.ConfigMap != nil && v.ConfigMap.Name == cm && path.Base(cfgPath) == configKey {
 				mounted = true
 			}
 		}
 	}
 	if !mounted {
-		t.Errorf("%s: --config %s is not %s of ConfigMap %s mounted at %s", d.Name, cfgPath, configKey, configMapName, path.Dir(cfgPath))
+		t.Errorf("%s: --config %s is not %s of ConfigMap %s mounted at %s", d.Name, cfgPath, configKey, cm, path.Dir(cfgPath))
 	}
 
 	uid := dockerfileUser(t)
@@ -480,7 +480,7 @@ func TestGatewayDeploymentAndService(t *testing.T) {
 	}
 	checkNATSUser(t, m, d, "gateway")
 	listen := portOf(t, cfg.Gateway.Listen)
-	checkPod(t, d, gatewayName, listen, map[string]string{"startup": "/healthz", "liveness": "/healthz", "readiness": "/readyz"}, "internal/gateway/gateway.go")
+	checkPod(t, d, gatewayName, configMapName, listen, map[string]string{"startup": "/healthz", "liveness": "/healthz", "readiness": "/readyz"}, "internal/gateway/gateway.go")
 	if d.Spec.Replicas == nil || *d.Spec.Replicas < 2 {
 		t.Error("run at least two gateways: a rollout or a node loss should not stop the API")
 	}
@@ -511,7 +511,7 @@ func TestWorkerDeployment(t *testing.T) {
 	if !ok {
 		t.Fatalf("%s: no --listen for the health endpoints in args %v", workerName, c.Args)
 	}
-	checkPod(t, d, workerName, portOf(t, listen), map[string]string{"startup": "/healthz", "liveness": "/healthz", "readiness": "/readyz"}, "cmd/worker/health.go")
+	checkPod(t, d, workerName, configMapName, portOf(t, listen), map[string]string{"startup": "/healthz", "liveness": "/healthz", "readiness": "/readyz"}, "cmd/worker/health.go")
 	if d.Spec.Replicas != nil {
 		t.Error("the worker Deployment sets replicas: the ScaledObject owns the count, and every apply would reset it")
 	}
@@ -558,17 +558,23 @@ func TestWorkerDeployment(t *testing.T) {
 
 func TestKEDAScalesWorkersOnTheirConsumerLag(t *testing.T) {
 	m := loadManifests(t)
-	so := m.scaled
 	cfg := loadConfigData(t, configKey, m.configMap.Data[configKey])
-	names := settingsOf(t, cfg).Names
+	checkScaledObject(t, m.scaled, workerName, cfg, m.kust.Namespace)
+}
 
-	if so.Spec.ScaleTargetRef.Name != workerName || (so.Spec.ScaleTargetRef.Kind != "" && so.Spec.ScaleTargetRef.Kind != "Deployment") {
-		t.Errorf("scaleTargetRef %+v, want Deployment %s", so.Spec.ScaleTargetRef, workerName)
+// checkScaledObject checks a ScaledObject against the worker Deployment it
+// scales, the configuration the workers read, and the NATS release of
+// nats-values.yaml in namespace.
+func checkScaledObject(t *testing.T, so scaledObject, worker string, cfg config.Config, namespace string) {
+	t.Helper()
+	names := settingsOf(t, cfg).Names
+	if so.Spec.ScaleTargetRef.Name != worker || (so.Spec.ScaleTargetRef.Kind != "" && so.Spec.ScaleTargetRef.Kind != "Deployment") {
+		t.Errorf("scaleTargetRef %+v, want Deployment %s", so.Spec.ScaleTargetRef, worker)
 	}
 	if so.Spec.MinReplicaCount == nil || *so.Spec.MinReplicaCount < 1 {
 		t.Error("minReplicaCount must be at least 1: workers also answer cancels and run background jobs")
 	}
-	if so.Spec.MaxReplicaCount == nil || *so.Spec.MaxReplicaCount < *so.Spec.MinReplicaCount {
+	if so.Spec.MaxReplicaCount == nil || so.Spec.MinReplicaCount == nil || *so.Spec.MaxReplicaCount < *so.Spec.MinReplicaCount {
 		t.Error("maxReplicaCount must be at least minReplicaCount")
 	}
 	if len(so.Spec.Triggers) != 1 || so.Spec.Triggers[0].Type != kedaTriggerType {
@@ -593,7 +599,7 @@ func TestKEDAScalesWorkersOnTheirConsumerLag(t *testing.T) {
 		t.Errorf("lagThreshold %q, want worker.concurrency (%d): the lag counts held runs too", md["lagThreshold"], cfg.Worker.Concurrency)
 	}
 	values := loadNATSValues(t)
-	wantEndpoint := fmt.Sprintf("%s-headless.%s.svc.cluster.local:%d", natsRelease, m.kust.Namespace, values.Config.Monitor.Port)
+	wantEndpoint := fmt.Sprintf("%s-headless.%s.svc.cluster.local:%d", natsRelease, namespace, values.Config.Monitor.Port)
 	if md["natsServerMonitoringEndpoint"] != wantEndpoint {
 		t.Errorf("natsServerMonitoringEndpoint %q, want %q (the Helm release's headless Service, monitoring port)", md["natsServerMonitoringEndpoint"], wantEndpoint)
 	}

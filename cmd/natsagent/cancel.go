@@ -2,13 +2,14 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/natsagent/natsagent"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -46,7 +47,7 @@ the thread now); runs queued behind it keep their place.`, std)
 	defer c.close()
 	switch {
 	case *run == "":
-		th, _, err := c.thread(ctx, *thread)
+		th, err := c.thread(ctx, *thread)
 		if err != nil {
 			return err
 		}
@@ -83,46 +84,20 @@ the thread now); runs queued behind it keep their place.`, std)
 	return nil
 }
 
-// cancel sends a cancel request and reads its answer.
+// cancel sends a cancel request through the client and says what to do
+// when it fails.
 func (c *client) cancel(ctx context.Context, thread, run string) (*protocol.CancelReply, error) {
 	ctx, cancel := context.WithTimeout(ctx, cancelTimeout)
 	defer cancel()
-	subject := c.names.CancelSubject(c.tenant, thread, run)
-	msg, err := c.nc.RequestWithContext(ctx, subject, nil)
+	status, err := c.api.Cancel(ctx, thread, run)
 	switch {
-	case errors.Is(err, nats.ErrNoResponders):
-		return nil, fmt.Errorf("no worker serves cancel requests on %s: start a worker of this deployment", subject)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
 		return nil, fmt.Errorf("no worker answered the cancel request within %s; the run may still stop: check it with natsagent runs --thread %s", cancelTimeout, thread)
+	case errors.Is(err, natsagent.ErrNotFound):
+		text := strings.TrimPrefix(err.Error(), natsagent.ErrNotFound.Error()+": ")
+		return nil, fmt.Errorf("%s: check the run and thread ids with natsagent runs --thread %s", text, thread)
 	case err != nil:
 		return nil, err
 	}
-	if code, text, ok := serviceError(msg); ok {
-		if code == protocol.CodeNotFound {
-			text += ": check the run and thread ids with natsagent runs --thread " + thread
-		}
-		return nil, errors.New(text)
-	}
-	var reply protocol.CancelReply
-	if err := json.Unmarshal(msg.Data, &reply); err != nil {
-		return nil, fmt.Errorf("decode the cancel reply: %w", err)
-	}
-	return &reply, nil
-}
-
-// serviceError is the refusal a workers' service (cancel, delete)
-// answered msg with: the code and message of its error body, or the
-// Nats-Service-Error header when the body has none; ok is false for an
-// answer that is not an error.
-func serviceError(msg *nats.Msg) (code, text string, ok bool) {
-	if msg.Header.Get("Nats-Service-Error-Code") == "" {
-		return "", "", false
-	}
-	var er protocol.ErrorReply
-	_ = json.Unmarshal(msg.Data, &er)
-	text = er.Error.Message
-	if text == "" {
-		text = msg.Header.Get("Nats-Service-Error")
-	}
-	return er.Error.Code, text, true
+	return &protocol.CancelReply{RunID: run, Status: status}, nil
 }

@@ -1,10 +1,12 @@
 package main
 
-// The client commands talk to a deployment over NATS directly, the way
-// the gateway does: KV for records, the events stream for events, run
-// requests on the runs stream, cancel as a core request. This file holds
-// what they share: the connection flags, the connection, and the errors
-// that say what to do.
+// The client commands talk to a deployment through the public Go client
+// (natsagent.Client), as any Go service would: run requests on the runs
+// stream, events from the events stream, cancel and delete as core
+// requests, records read from KV. They import neither internal/kv nor
+// internal/submit (TestClientsDependOnTheWireOnly). This file holds what
+// they share: the connection flags, the connection, and the errors that
+// say what to do.
 
 import (
 	"context"
@@ -14,16 +16,14 @@ import (
 	"net/url"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/natsagent/natsagent/internal/app"
+	"github.com/natsagent/natsagent"
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/config"
-	"github.com/natsagent/natsagent/internal/events"
-	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/natsconn"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -104,18 +104,13 @@ func natsErrors(err error) error {
 	return errors.New("invalid NATS settings in the environment:\n  " + strings.Join(keep, "\n  "))
 }
 
-// client is a connection to one deployment.
+// client is a connection to one deployment, through the public client.
 type client struct {
 	url    string
 	tenant string
-	names  bus.Names
-	// maxRequest bounds an encoded run request, as the workers do.
-	maxRequest int
-	nc         *nats.Conn
-	js         jetstream.JetStream
-	stores     *kv.Stores
-	pub        *events.Publisher
-	events     jetstream.Stream
+	prefix string
+	nc     *nats.Conn
+	api    *natsagent.Client
 }
 
 // connect dials NATS and binds the deployment's streams and buckets.
@@ -124,38 +119,25 @@ func (f *clientFlags) connect(ctx context.Context) (*client, error) {
 	if err != nil {
 		return nil, err
 	}
-	names, err := bus.NewNames(cfg.NATS.Prefix)
-	if err != nil {
+	if _, err := bus.NewNames(cfg.NATS.Prefix); err != nil {
 		return nil, fmt.Errorf("--prefix: %w", err)
 	}
-	nc, err := app.Connect(cfg, "natsagent-cli")
+	nc, err := natsconn.Connect(cfg, "natsagent-cli")
 	if err != nil {
 		return nil, unreachable(cfg.NATS.URL, err)
 	}
-	c := &client{url: cfg.NATS.URL, tenant: f.tenant, names: names, maxRequest: cfg.NATS.MaxRequestBytes, nc: nc}
-	if err := c.bind(ctx); err != nil {
+	c := &client{url: cfg.NATS.URL, tenant: f.tenant, prefix: cfg.NATS.Prefix, nc: nc}
+	if c.prefix == "" {
+		c.prefix = bus.DefaultPrefix
+	}
+	c.api, err = natsagent.NewClient(nc, &natsagent.ClientConfig{
+		Prefix: cfg.NATS.Prefix, Tenant: f.tenant, MaxRequestBytes: cfg.NATS.MaxRequestBytes, Name: submitter,
+	})
+	if err != nil {
 		nc.Close()
-		return nil, err
+		return nil, c.missing(err)
 	}
 	return c, nil
-}
-
-func (c *client) bind(ctx context.Context) (err error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if c.js, err = jetstream.New(c.nc); err != nil {
-		return err
-	}
-	if c.events, err = c.js.Stream(ctx, c.names.EventsStream()); err != nil {
-		return c.missing(err)
-	}
-	if c.stores, err = kv.Open(ctx, c.js, c.names); err != nil {
-		return c.missing(err)
-	}
-	if c.pub, err = events.NewPublisher(ctx, c.js, c.names, nil); err != nil {
-		return c.missing(err)
-	}
-	return nil
 }
 
 // missing explains a stream or bucket that is not there.
@@ -164,23 +146,15 @@ func (c *client) missing(err error) error {
 	case errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
 		return fmt.Errorf("JetStream is not enabled on the NATS server at %s (for this account): natsagent needs it; start nats-server with -js", c.url)
 	case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrBucketNotFound):
-		return fmt.Errorf("no natsagent deployment with prefix %q at %s (%v): check --prefix (or nats.prefix in --config), or start the gateway or a worker once: they create the streams and buckets", c.names.Prefix, c.url, err)
+		return fmt.Errorf("no natsagent deployment with prefix %q at %s (%v): check --prefix (or nats.prefix in --config), or start the gateway or a worker once: they create the streams and buckets", c.prefix, c.url, errors.Unwrap(err))
 	}
-	return fmt.Errorf("open the deployment with prefix %q at %s: %w", c.names.Prefix, c.url, err)
+	return fmt.Errorf("open the deployment with prefix %q at %s: %w", c.prefix, c.url, err)
 }
 
-func (c *client) close() {
-	// Asynchronous publishes (the thread's run index) must reach the
-	// server before the process exits.
-	select {
-	case <-c.js.PublishAsyncComplete():
-	case <-time.After(5 * time.Second):
-	}
-	c.nc.Close()
-}
+func (c *client) close() { c.nc.Close() }
 
 // unreachable names the URLs that were tried (without their user info)
-// and how to point elsewhere. The error itself comes from app.Connect,
+// and how to point elsewhere. The error itself comes from natsconn.Connect,
 // which masks credentials and explains refused ones.
 func unreachable(urls string, err error) error {
 	msg := err.Error()
@@ -215,38 +189,36 @@ func displayURLs(urls string) string {
 	return strings.Join(parts, ",")
 }
 
-// run reads a run of the client's tenant as clients see it (kv.RunView);
-// thread may be "" when unknown. A missing one is reported with how to
-// find the right id.
+// run reads a run of the client's tenant as clients see it; thread may be
+// "" when unknown. A missing one is reported with how to find the right
+// id, and a run of another thread than the one named is refused.
 func (c *client) run(ctx context.Context, thread, run string) (*protocol.Run, error) {
 	if err := protocol.CheckToken("run id", run); err != nil {
 		return nil, err
 	}
-	// The view: since protocol v2 a running run's record is pending, or
-	// missing until it ends, and its thread's lease says it runs.
-	var rec *protocol.Run
-	var err error
-	if thread == "" {
-		rec, err = c.stores.FindRunView(ctx, c.tenant, run)
-	} else {
-		rec, _, err = c.stores.RunView(ctx, c.tenant, thread, run)
-	}
-	if errors.Is(err, kv.ErrNotFound) {
+	rec, err := c.api.Run(ctx, run)
+	if errors.Is(err, natsagent.ErrNotFound) {
 		return nil, fmt.Errorf("run %s not found in tenant %s: list a thread's runs with `natsagent runs --thread <thread>`", run, c.tenant)
 	}
-	return rec, err
+	if err != nil {
+		return nil, err
+	}
+	if thread != "" && rec.ThreadID != thread {
+		return nil, fmt.Errorf("run %s is on thread %s, not %s", run, rec.ThreadID, thread)
+	}
+	return rec, nil
 }
 
 // thread reads a thread record of the client's tenant.
-func (c *client) thread(ctx context.Context, thread string) (*protocol.Thread, uint64, error) {
+func (c *client) thread(ctx context.Context, thread string) (*protocol.Thread, error) {
 	if err := protocol.CheckToken("thread id", thread); err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	th, rev, err := c.stores.Threads.Get(ctx, c.tenant, thread)
-	if errors.Is(err, kv.ErrNotFound) {
-		return nil, 0, fmt.Errorf("thread %s not found in tenant %s: list threads with `natsagent threads`", thread, c.tenant)
+	th, err := c.api.Thread(ctx, thread)
+	if errors.Is(err, natsagent.ErrNotFound) {
+		return nil, fmt.Errorf("thread %s not found in tenant %s: list threads with `natsagent threads`", thread, c.tenant)
 	}
-	return th, rev, err
+	return th, err
 }
 
 // parseArgs parses flags wherever they appear among the positional

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/natsagent/natsagent"
 	"github.com/natsagent/natsagent/internal/compact"
-	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -50,7 +50,7 @@ and after; --detach prints the job id only.`, std)
 	if err := req.Validate(); err != nil {
 		return err
 	}
-	th, _, err := c.thread(ctx, *thread)
+	th, err := c.thread(ctx, *thread)
 	if err != nil {
 		return err
 	}
@@ -58,16 +58,16 @@ and after; --detach prints the job id only.`, std)
 		return fmt.Errorf("thread %s is busy with run %s: compact it when it is idle", th.ThreadID, th.Lease.RunID)
 	}
 
-	var fd *events.Feed
+	var fd *natsagent.Events
 	if !*detach {
 		// Opened before the job is queued, so its result cannot be missed.
-		if fd, err = c.openFeed(ctx, c.names.EventSubject(c.tenant, *thread, *jobID, protocol.KindCustom), start{}); err != nil {
+		if fd, err = c.api.Follow(ctx, *thread, *jobID, start{}.options()); err != nil {
 			return err
 		}
 		defer fd.Close()
 	}
-	if _, err := compact.Enqueue(ctx, c.js, c.names, req); err != nil {
-		return fmt.Errorf("queue the compaction job: %w", err)
+	if _, err := c.api.Compact(ctx, *thread, &natsagent.CompactOptions{Agent: *agentName, JobID: *jobID}); err != nil {
+		return err
 	}
 	if *detach {
 		if f.json {
@@ -96,10 +96,10 @@ and after; --detach prints the job id only.`, std)
 }
 
 // awaitCompaction reads a compaction job's events until its result.
-func awaitCompaction(ctx context.Context, fd *events.Feed) (*protocol.CompressionData, error) {
+func awaitCompaction(ctx context.Context, fd *natsagent.Events) (*protocol.CompressionData, error) {
 	deadline := time.Now().Add(compactWait)
 	for time.Now().Before(deadline) {
-		m, err := fd.NextWithin(ctx, time.Until(deadline))
+		ev, err := nextWithin(ctx, fd, time.Until(deadline))
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, errDetached
@@ -109,7 +109,7 @@ func awaitCompaction(ctx context.Context, fd *events.Feed) (*protocol.Compressio
 			}
 			return nil, fmt.Errorf("read the compaction job's events: %w", err)
 		}
-		if d, ok := compact.Result(m.Data()); ok {
+		if d, ok := compact.Result(ev.Raw()); ok {
 			return d, nil
 		}
 	}

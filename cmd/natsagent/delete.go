@@ -1,23 +1,20 @@
 package main
 
-// threads delete, runs delete and users erase. Thread and run deletions
-// are NATS requests to the delete service the workers serve (as cancel
-// is), so any client of the deployment can send them; erasing a user has
-// no NATS subject (tenants may not): the command does it itself with the
-// service account's JetStream access, as an administrator.
+// threads delete and runs delete: NATS requests to the delete service the
+// workers serve (as cancel is), sent through the public client, so any
+// client of the deployment can send them. Erasing a user (users.go) is an
+// administrator's command.
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/natsagent/natsagent/internal/app"
-	"github.com/natsagent/natsagent/internal/bus"
-	"github.com/natsagent/natsagent/internal/erase"
+	"github.com/natsagent/natsagent"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -49,9 +46,11 @@ delete service the workers serve; nothing of the thread can be read afterwards.`
 		return err
 	}
 	defer c.close()
-	reply, err := c.deleteRequest(ctx, c.names.ThreadDeleteSubject(c.tenant, thread), *cancelFirst)
+	dctx, cancel := context.WithTimeout(ctx, deleteTimeout)
+	defer cancel()
+	reply, err := c.api.DeleteThread(dctx, thread, &natsagent.DeleteOptions{Cancel: *cancelFirst})
 	if err != nil {
-		return err
+		return deleteError(err)
 	}
 	if f.json {
 		return writeJSON(std.out, reply)
@@ -90,9 +89,11 @@ A pending or running run is refused: cancel it first.`, std)
 		return err
 	}
 	defer c.close()
-	reply, err := c.deleteRequest(ctx, c.names.RunDeleteSubject(c.tenant, *thread, *run), false)
+	dctx, cancel := context.WithTimeout(ctx, deleteTimeout)
+	defer cancel()
+	reply, err := c.api.DeleteRun(dctx, *thread, *run)
 	if err != nil {
-		return err
+		return deleteError(err)
 	}
 	if f.json {
 		return writeJSON(std.out, reply)
@@ -101,94 +102,14 @@ A pending or running run is refused: cancel it first.`, std)
 	return nil
 }
 
-// deleteRequest sends a delete request and reads its answer.
-func (c *client) deleteRequest(ctx context.Context, subject string, cancelFirst bool) (*protocol.DeleteReply, error) {
-	ctx, cancel := context.WithTimeout(ctx, deleteTimeout)
-	defer cancel()
-	m := nats.NewMsg(subject)
-	if cancelFirst {
-		m.Header.Set(erase.HeaderCancel, "true")
-	}
-	msg, err := c.nc.RequestMsgWithContext(ctx, m)
+// deleteRequest says what to do when a delete request through the
+// client fails.
+func deleteError(err error) error {
 	switch {
-	case errors.Is(err, nats.ErrNoResponders):
-		return nil, fmt.Errorf("no worker serves delete requests on %s: start a worker of this deployment", subject)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
-		return nil, fmt.Errorf("no worker answered the delete request within %s; a deletion cut short leaves the thread marked deleting: run the command again", deleteTimeout)
-	case err != nil:
-		return nil, err
+		return fmt.Errorf("no worker answered the delete request within %s; a deletion cut short leaves the thread marked deleting: run the command again", deleteTimeout)
+	case errors.Is(err, natsagent.ErrNotFound):
+		return errors.New(strings.TrimPrefix(err.Error(), natsagent.ErrNotFound.Error()+": "))
 	}
-	if _, text, ok := serviceError(msg); ok {
-		return nil, errors.New(text)
-	}
-	var reply protocol.DeleteReply
-	if err := json.Unmarshal(msg.Data, &reply); err != nil {
-		return nil, fmt.Errorf("decode the delete reply: %w", err)
-	}
-	return &reply, nil
-}
-
-func runUsers(ctx context.Context, args []string, std stdio) error {
-	if len(args) == 0 || args[0] != "erase" {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-			return runUsers(ctx, []string{"erase", "-h"}, std)
-		}
-		return usageErr(std, "users", "the only subcommand is erase: natsagent users erase --tenant <tenant> --user <user>")
-	}
-	fs := newFlagSet("users erase", "--tenant <tenant> --user <user> [flags]", `
-Erases one user of a tenant: every thread the user owns (as threads delete) and their memory
-(notes, facts, memory jobs). For administrators: it uses the service account's JetStream access
-directly, and --cancel cancels the user's active runs first (workers must be running to stop
-them). With files.backend local (--config), it removes the workdirs under files.local_dir on this
-machine. Threads created without an owner are the tenant's and stay.`, std)
-	f := addClientFlags(fs)
-	user := fs.String("user", "", "the user to erase (required)")
-	cancelFirst := fs.Bool("cancel", false, "cancel the user's active runs first instead of stopping at a busy thread")
-	pos, err := parseArgs(fs, args[1:])
-	if err != nil {
-		return parseErr(err)
-	}
-	if len(pos) > 0 {
-		return usageErr(std, "users erase", "unexpected argument %q", pos[0])
-	}
-	if *user == "" {
-		return usageErr(std, "users erase", "name the user with --user")
-	}
-	if err := protocol.CheckToken("--user", *user); err != nil {
-		return err
-	}
-	c, err := f.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer c.close()
-	// Workdirs are opened as the workers open them, with the tenants' file
-	// quotas, so the erased files are no longer counted; with the local
-	// backend, those on this machine's disk.
-	cfg, err := f.settings()
-	if err != nil {
-		return err
-	}
-	settings := bus.Settings{Names: c.names}
-	open, err := app.Files(ctx, cfg, c.nc, settings)
-	if err != nil {
-		return err
-	}
-	lim, err := app.Limiter(ctx, c.js, cfg, settings)
-	if err != nil {
-		return c.missing(err)
-	}
-	e, err := erase.New(ctx, erase.Config{NC: c.nc, JS: c.js, Names: c.names, Stores: c.stores, Files: app.QuotaFiles(open, lim)})
-	if err != nil {
-		return c.missing(err)
-	}
-	out, err := e.EraseUser(ctx, c.tenant, *user, erase.ThreadOptions{Cancel: *cancelFirst})
-	if err != nil {
-		return err
-	}
-	if f.json {
-		return writeJSON(std.out, map[string]any{"tenant": c.tenant, "user_id": *user, "threads": out.Threads})
-	}
-	fmt.Fprintf(std.out, "user %s of tenant %s erased: %d threads deleted, memory removed\n", *user, c.tenant, len(out.Threads))
-	return nil
+	return err
 }

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/natsagent/natsagent/internal/events"
+	"github.com/natsagent/natsagent"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -18,34 +18,21 @@ type start struct {
 	since time.Time
 }
 
-// openFeed starts reading the events matching subject (events.OpenFeed).
-// The consumer exists on the server when it returns: an event published
+// options are the public client's follow options for from. A follow's
+// consumer exists on the server when Follow returns: an event published
 // afterwards is never missed, so a submitter opens it before publishing.
-// Unlike the gateway's, a CLI feed recreates its consumer without bound,
-// so a tail survives node restarts and reconnects, and Close waits for the
-// consumer's deletion, briefly, because the command exits right after (a
-// goroutine would die with it; a consumer left behind expires within a
-// minute). Events of a superseded attempt (a worker paused past its
-// lease) are skipped, as the gateway skips them.
-func (c *client) openFeed(ctx context.Context, subject string, from start) (*events.Feed, error) {
-	return events.OpenFeed(ctx, c.js, c.names, subject, feedConfig(from))
-}
-
-func feedConfig(from start) events.FeedConfig {
-	cfg := events.FeedConfig{DeleteTimeout: 2 * time.Second, DropStale: true}
+// It recreates its consumer without bound, so a tail survives node
+// restarts and reconnects, and its Close waits briefly for the consumer's
+// deletion because the command exits right after. Events of a superseded
+// attempt (a worker paused past its lease) are skipped.
+func (from start) options() *natsagent.FollowOptions {
 	switch {
 	case !from.since.IsZero():
-		cfg.Since = from.since
+		return &natsagent.FollowOptions{Since: from.since}
 	case !from.all:
-		cfg.NewOnly = true
+		return &natsagent.FollowOptions{NewOnly: true}
 	}
-	return cfg
-}
-
-// openFollow is openFeed for events a person reads: the stored events
-// of subject merged with the live ones (token deltas, events.Follow).
-func (c *client) openFollow(ctx context.Context, subject string, from start) (*events.Follow, error) {
-	return events.OpenFollow(ctx, c.js, c.names, subject, feedConfig(from))
+	return nil
 }
 
 // errDetached ends a follow the person stopped with Ctrl-C: the run goes
@@ -58,32 +45,48 @@ var errDetached = errors.New("detached")
 // tests.
 var idleCheck = 3 * time.Second
 
+// nextWithin is the next event of f, or context.DeadlineExceeded once
+// wait passed without one; f stays usable.
+func nextWithin(ctx context.Context, f *natsagent.Events, wait time.Duration) (*natsagent.Event, error) {
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	return f.Next(wctx)
+}
+
+// endedRecord is the run.finished event a terminal record stands for, or
+// nil while the run goes on (or cannot be read).
+func (c *client) endedRecord(ctx context.Context, thread, run string) (*natsagent.Event, error) {
+	rec, err := c.api.RunOf(ctx, thread, run)
+	if err != nil || !rec.Status.Terminal() {
+		return nil, nil
+	}
+	return natsagent.FinishedEvent(rec)
+}
+
 // followRun prints a run's events from f until its run.finished, and
 // returns that event's data. ctx ending (Ctrl-C) returns errDetached.
-func (c *client) followRun(ctx context.Context, f *events.Follow, r *renderer, run string) (*protocol.FinishedData, error) {
+func (c *client) followRun(ctx context.Context, f *natsagent.Events, r *renderer, thread, run string) (*protocol.FinishedData, error) {
 	for {
-		m, err := f.NextWithin(ctx, idleCheck)
+		ev, err := nextWithin(ctx, f, idleCheck)
 		switch {
 		case ctx.Err() != nil:
 			return nil, errDetached
 		case errors.Is(err, context.DeadlineExceeded):
-			rec, _, err := c.stores.RunView(ctx, c.tenant, "", run)
-			if err != nil || !rec.Status.Terminal() {
-				continue
-			}
-			raw, err := events.FinishedEnvelope(rec)
+			ev, err := c.endedRecord(ctx, thread, run)
 			if err != nil {
 				return nil, err
 			}
-			if fin := r.event(raw); fin != nil {
+			if ev == nil {
+				continue
+			}
+			if fin := r.event(ev.Raw()); fin != nil {
 				return fin, nil
 			}
-			d := events.FinishedData(rec)
-			return &d, nil
+			return ev.Finished(), nil
 		case err != nil:
 			return nil, fmt.Errorf("lost the run's events: %w; follow it again with `natsagent tail --run %s`", err, run)
 		default:
-			if fin := r.event(m.Data); fin != nil {
+			if fin := r.event(ev.Raw()); fin != nil {
 				return fin, nil
 			}
 		}
@@ -91,9 +94,9 @@ func (c *client) followRun(ctx context.Context, f *events.Follow, r *renderer, r
 }
 
 // followThread prints a thread's events until ctx ends.
-func (c *client) followThread(ctx context.Context, f *events.Follow, r *renderer) error {
+func (c *client) followThread(ctx context.Context, f *natsagent.Events, r *renderer) error {
 	for {
-		m, err := f.NextWithin(ctx, time.Minute)
+		ev, err := nextWithin(ctx, f, time.Minute)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -103,6 +106,6 @@ func (c *client) followThread(ctx context.Context, f *events.Follow, r *renderer
 			}
 			return err
 		}
-		r.event(m.Data)
+		r.event(ev.Raw())
 	}
 }

@@ -13,8 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/natsagent/natsagent/internal/events"
-	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent"
 	"github.com/natsagent/natsagent/internal/langgraph"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
@@ -56,7 +55,7 @@ func (m *modesFlag) modes() (modes langgraph.Modes, ok bool, err error) {
 
 // followModes prints a run's events from fd translated to modes until its
 // end; the exit status is the run's, as for follow.
-func followModes(ctx context.Context, c *client, std stdio, f *clientFlags, fd *events.Follow, rec *protocol.Run, modes langgraph.Modes, input []model.Message) error {
+func followModes(ctx context.Context, c *client, std stdio, f *clientFlags, fd *natsagent.Events, rec *protocol.Run, modes langgraph.Modes, input []model.Message) error {
 	src := &storeSource{c: c, thread: rec.ThreadID, run: rec.RunID, input: input}
 	tr := langgraph.NewStream(modes, langgraph.Run{RunID: rec.RunID, ThreadID: rec.ThreadID, Agent: rec.Agent, Attempt: rec.Attempt}, src, protocol.InterruptValue)
 	write := func(parts []langgraph.Part) error {
@@ -83,7 +82,7 @@ func followModes(ctx context.Context, c *client, std stdio, f *clientFlags, fd *
 		return err
 	}
 	for {
-		m, err := fd.NextWithin(ctx, idleCheck)
+		ev, err := nextWithin(ctx, fd, idleCheck)
 		var data []byte
 		switch {
 		case ctx.Err() != nil:
@@ -92,17 +91,18 @@ func followModes(ctx context.Context, c *client, std stdio, f *clientFlags, fd *
 		case errors.Is(err, context.DeadlineExceeded):
 			// A run whose events expired, or whose worker died before its
 			// run.finished: its record ends the stream.
-			cur, _, err := c.stores.RunView(ctx, c.tenant, rec.ThreadID, rec.RunID)
-			if err != nil || !cur.Status.Terminal() {
-				continue
-			}
-			if data, err = events.FinishedEnvelope(cur); err != nil {
+			fin, err := c.endedRecord(ctx, rec.ThreadID, rec.RunID)
+			if err != nil {
 				return err
 			}
+			if fin == nil {
+				continue
+			}
+			data = fin.Raw()
 		case err != nil:
 			return fmt.Errorf("lost the run's events: %w; follow it again with `natsagent tail --run %s --stream-mode %s`", err, rec.RunID, strings.Join(modes.List(), ","))
 		default:
-			data = m.Data
+			data = ev.Raw()
 		}
 		parts, err := tr.Next(ctx, langgraph.Native{Data: data})
 		if err != nil {
@@ -134,15 +134,11 @@ type storeSource struct {
 }
 
 // chain is the thread's checkpoints from its first to its head.
-func (s *storeSource) chain(ctx context.Context) ([]*kv.Delta, error) {
-	th, _, err := s.c.stores.Threads.Get(ctx, s.c.tenant, s.thread)
-	if errors.Is(err, kv.ErrNotFound) {
+func (s *storeSource) chain(ctx context.Context) ([]*natsagent.Checkpoint, error) {
+	chain, err := s.c.api.Checkpoints(ctx, s.thread)
+	if errors.Is(err, natsagent.ErrNotFound) {
 		return nil, nil
 	}
-	if err != nil {
-		return nil, err
-	}
-	_, chain, err := s.c.stores.Checkpoints.Load(ctx, s.c.tenant, s.thread, th.Head)
 	return chain, err
 }
 
@@ -150,7 +146,7 @@ func (s *storeSource) chain(ctx context.Context) ([]*kv.Delta, error) {
 // with its input (a later attempt: its newest checkpoint saved before t).
 func (s *storeSource) Start(ctx context.Context, attempt int, t time.Time) (*state.State, error) {
 	st := &state.State{}
-	rec, _, err := s.c.stores.RunView(ctx, s.c.tenant, s.thread, s.run)
+	rec, err := s.c.api.RunOf(ctx, s.thread, s.run)
 	if err != nil {
 		st.Apply(state.Update{Messages: s.input})
 		return st, err

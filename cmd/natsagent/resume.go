@@ -31,11 +31,11 @@ type waiting struct {
 // gateway's resume check does: the checkpoint, not the run record, is
 // what the worker resumes from.
 func (c *client) pending(ctx context.Context, thread string) (*waiting, error) {
-	th, _, err := c.thread(ctx, thread)
+	th, err := c.thread(ctx, thread)
 	if err != nil {
 		return nil, err
 	}
-	st, _, err := c.stores.Checkpoints.Load(ctx, c.tenant, thread, th.Head)
+	st, err := c.api.State(ctx, thread)
 	if err != nil {
 		return nil, fmt.Errorf("read thread %s's state: %w", thread, err)
 	}
@@ -63,7 +63,7 @@ func resume(ctx context.Context, c *client, std stdio, f *resumeFlags, w *waitin
 		return err
 	}
 	req := &protocol.RunRequest{ThreadID: w.thread.ThreadID, Command: &protocol.Command{Resume: raw}}
-	if rec, _, err := c.stores.RunView(ctx, c.tenant, w.thread.ThreadID, w.open.RunID); err == nil {
+	if rec, err := c.api.RunOf(ctx, w.thread.ThreadID, w.open.RunID); err == nil {
 		req.Agent = rec.Agent
 	}
 	return launch(ctx, c, std, f.runFlags, req)

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/natsagent/natsagent/internal/events"
+	"github.com/natsagent/natsagent"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -52,6 +52,8 @@ command prints how to follow it again (natsagent tail) or cancel it.`, std)
 	maxSteps := fs.Int("max-steps", 0, "most model calls of this run (default: the agent's)")
 	approval := fs.String("approval-mode", "", "tool approval: default (ask before sensitive tools) or always_trust")
 	timeout := fs.Duration("timeout", 0, "wall-time bound of the run, ended timeout beyond it (default: the worker's)")
+	var images imagesFlag
+	fs.Var(&images, "image", "an image file (PNG, JPEG, GIF or WebP) sent with the message; repeat for more")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return parseErr(err)
@@ -80,12 +82,37 @@ command prints how to follow it again (natsagent tail) or cancel it.`, std)
 			TimeoutSeconds: int((*timeout + time.Second - 1) / time.Second),
 		},
 	}
+	var imgs [][]byte
+	for _, name := range images {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			return usageErr(std, "run", "--image: %v", err)
+		}
+		imgs = append(imgs, data)
+	}
 	c, err := f.connect(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.close()
+	if len(imgs) > 0 {
+		in, err := c.api.ImageInput(ctx, req.ThreadID, text, imgs...)
+		if err != nil {
+			return fmt.Errorf("--image: %w", err)
+		}
+		req.Input.Messages = in.Messages
+	}
 	return launch(ctx, c, std, f, req)
+}
+
+// imagesFlag is --image, repeated.
+type imagesFlag []string
+
+func (f *imagesFlag) String() string { return strings.Join(*f, ",") }
+
+func (f *imagesFlag) Set(v string) error {
+	*f = append(*f, v)
+	return nil
 }
 
 // message is the text of a run: the arguments, or stdin.
@@ -123,12 +150,12 @@ func launch(ctx context.Context, c *client, std stdio, f *runFlags, req *protoco
 	if err != nil {
 		return usageErr(std, "run", "%v", err)
 	}
-	var fd *events.Follow
+	var fd *natsagent.Events
 	if !f.detach {
 		if err := protocol.CheckToken("thread id", req.ThreadID); err != nil {
 			return err
 		}
-		fd, err = c.openFollow(ctx, c.names.RunEvents(req.Tenant, req.ThreadID, req.RunID), start{all: true})
+		fd, err = c.api.Follow(ctx, req.ThreadID, req.RunID, nil)
 		if err != nil {
 			return fmt.Errorf("read the run's events: %w", err)
 		}
@@ -162,9 +189,9 @@ func launch(ctx context.Context, c *client, std stdio, f *runFlags, req *protoco
 }
 
 // follow prints a run's events until it ends; Ctrl-C detaches.
-func follow(ctx context.Context, c *client, std stdio, f *clientFlags, fd *events.Follow, rec *protocol.Run) error {
+func follow(ctx context.Context, c *client, std stdio, f *clientFlags, fd *natsagent.Events, rec *protocol.Run) error {
 	r := newRenderer(std.out, styleFor(std), f.json, false)
-	fin, err := c.followRun(ctx, fd, r, rec.RunID)
+	fin, err := c.followRun(ctx, fd, r, rec.ThreadID, rec.RunID)
 	if errors.Is(err, errDetached) {
 		r.endLine()
 		fmt.Fprintf(std.err, "detached: run %s goes on. Follow it again: natsagent tail --run %s%s   cancel it: natsagent cancel --run %s%s\n",

@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"text/tabwriter"
 	"time"
 
-	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -44,26 +42,18 @@ waited for a worker and its thread, and how long it ran. --json prints the run r
 		return err
 	}
 	defer c.close()
-	if _, _, err := c.thread(ctx, *thread); err != nil {
+	if _, err := c.thread(ctx, *thread); err != nil {
 		return err
 	}
-	ids, err := c.stores.Threads.RunIDs(ctx, c.tenant, *thread)
+	all, err := c.api.Runs(ctx, *thread)
 	if err != nil {
 		return err
 	}
 	runs := []*protocol.Run{}
-	for _, id := range ids {
-		rec, _, err := c.stores.RunView(ctx, c.tenant, *thread, id)
-		if errors.Is(err, kv.ErrNotFound) {
-			continue
+	for _, rec := range all {
+		if *status == "" || rec.Status == protocol.Status(*status) {
+			runs = append(runs, rec)
 		}
-		if err != nil {
-			return err
-		}
-		if rec.ThreadID != *thread || (*status != "" && rec.Status != protocol.Status(*status)) {
-			continue
-		}
-		runs = append(runs, rec)
 	}
 	sort.SliceStable(runs, func(i, j int) bool {
 		if !runs[i].CreatedAt.Equal(runs[j].CreatedAt) {

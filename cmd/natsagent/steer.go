@@ -33,7 +33,7 @@ with no active run the message simply runs next.`, std)
 		return err
 	}
 	defer c.close()
-	th, _, err := c.thread(ctx, *thread)
+	th, err := c.thread(ctx, *thread)
 	if err != nil {
 		return err
 	}

@@ -9,9 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent"
 	"github.com/natsagent/natsagent/internal/protocol"
-	"github.com/natsagent/natsagent/internal/submit"
 )
 
 // submitter is the value of protocol.HeaderSubmitter on the requests the
@@ -25,12 +24,13 @@ const submitTimeout = 15 * time.Second
 // newID returns a random id valid as a token, as the gateway makes them.
 func newID() string { return strings.ToLower(rand.Text()) }
 
-// submit publishes a run request through internal/submit, as the gateway
-// does: a run id that already has a record is a retry, whose record is the
-// answer (existing is true); otherwise the thread record is created if
-// missing and the request enqueued (request, run.queued, pending record,
-// run index, in that order). The multitask strategy reject is left to the
-// worker, which ends the run rejected when the thread is busy.
+// submit publishes a run request through the public client. A run id
+// submitted before (a retry, within the runs stream's duplicate window) is
+// that run: its view is the answer and existing is true. The client
+// refuses the id of another thread's run when it can tell; past the
+// window the worker refuses such a request and the run ends error, saying
+// why. The multitask strategy reject is left to the worker, which ends the
+// run rejected when the thread is busy.
 func (c *client) submit(ctx context.Context, req *protocol.RunRequest) (rec *protocol.Run, existing bool, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), submitTimeout)
 	defer cancel()
@@ -42,35 +42,22 @@ func (c *client) submit(ctx context.Context, req *protocol.RunRequest) (rec *pro
 	if err != nil {
 		return nil, false, err
 	}
-	if c.maxRequest > 0 && len(data) > c.maxRequest {
-		return nil, false, fmt.Errorf("run request is %d bytes, over the deployment's limit of %d bytes (nats.max_request_bytes); put large content in files and reference it", len(data), c.maxRequest)
+	if limit := c.api.MaxRequestBytes(); len(data) > limit {
+		return nil, false, fmt.Errorf("run request is %d bytes, over the deployment's limit of %d bytes (nats.max_request_bytes); put large content in files and reference it", len(data), limit)
 	}
-
-	rec, _, err = c.stores.RunView(ctx, req.Tenant, req.ThreadID, req.RunID)
-	switch {
-	case err == nil:
-		if rec.ThreadID != req.ThreadID {
-			return nil, false, fmt.Errorf("run id %s is already used by a run on thread %s; choose another --run-id", req.RunID, rec.ThreadID)
-		}
-		return rec, true, nil
-	case !errors.Is(err, kv.ErrNotFound):
-		return nil, false, err
+	sub, err := c.api.Submit(ctx, *req)
+	if errors.Is(err, natsagent.ErrRunIDTaken) {
+		return nil, false, fmt.Errorf("%s (--run-id)", strings.TrimPrefix(err.Error(), natsagent.ErrRunIDTaken.Error()+": "))
 	}
-
-	if _, _, err := c.stores.Threads.Get(ctx, req.Tenant, req.ThreadID); errors.Is(err, kv.ErrNotFound) {
-		now := time.Now().UTC()
-		th := &protocol.Thread{ThreadID: req.ThreadID, Tenant: req.Tenant, CreatedAt: now, UpdatedAt: now, Status: protocol.ThreadIdle}
-		if _, err := c.stores.Threads.Put(ctx, th, 0); err != nil && !errors.Is(err, kv.ErrExists) {
-			return nil, false, fmt.Errorf("create thread %s: %w", req.ThreadID, err)
-		}
-	} else if err != nil {
-		return nil, false, err
-	}
-
-	q := submit.Queue{JS: c.js, Names: c.names, Stores: c.stores, Events: c.pub, Submitter: submitter}
-	out, err := q.Enqueue(ctx, req, data)
 	if err != nil {
 		return nil, false, err
 	}
-	return out.Record, false, nil
+	if sub.Duplicate {
+		if rec, err := c.api.RunOf(ctx, sub.ThreadID, sub.RunID); err == nil {
+			return rec, true, nil
+		}
+	}
+	// What the run's record will say until a worker takes it.
+	return &protocol.Run{RunID: sub.RunID, ThreadID: sub.ThreadID, Tenant: c.tenant, Agent: req.Agent, Status: protocol.StatusPending,
+		MultitaskStrategy: req.MultitaskStrategy, Metadata: req.Metadata, CreatedAt: time.Now().UTC(), MsgSeq: sub.Sequence}, sub.Duplicate, nil
 }

@@ -2,15 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/langgraph"
-	"github.com/natsagent/natsagent/internal/protocol"
 )
 
 func runTail(ctx context.Context, args []string, std stdio) error {
@@ -63,10 +58,10 @@ LangGraph client: its SSE events, or one {"event","data"} line each with --json.
 	if *run != "" {
 		return tailRun(ctx, c, std, f, *run, *thread, from, modes, translate)
 	}
-	if _, _, err := c.thread(ctx, *thread); err != nil {
+	if _, err := c.thread(ctx, *thread); err != nil {
 		return err
 	}
-	fd, err := c.openFollow(ctx, c.names.ThreadEvents(c.tenant, *thread), from)
+	fd, err := c.api.FollowThread(ctx, *thread, from.options())
 	if err != nil {
 		return fmt.Errorf("read the thread's events: %w", err)
 	}
@@ -78,35 +73,17 @@ LangGraph client: its SSE events, or one {"event","data"} line each with --json.
 }
 
 func tailRun(ctx context.Context, c *client, std stdio, f *clientFlags, run, thread string, from start, modes langgraph.Modes, translate bool) error {
+	// A run of another thread than --thread is refused (c.run).
 	rec, err := c.run(ctx, thread, run)
 	if err != nil {
 		return err
 	}
-	if thread != "" && rec.ThreadID != thread {
-		return fmt.Errorf("run %s is on thread %s, not %s", run, rec.ThreadID, thread)
-	}
 	if from.since.IsZero() {
 		from.all = true
 	}
-	if rec.Status.Terminal() && !translate {
-		// Events expired: the record tells how the run ended.
-		_, err := c.events.GetLastMsgForSubject(ctx, c.names.EventSubject(c.tenant, rec.ThreadID, run, protocol.KindLifecycle))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			raw, err := events.FinishedEnvelope(rec)
-			if err != nil {
-				return err
-			}
-			r := newRenderer(std.out, styleFor(std), f.json, false)
-			if fin := r.event(raw); fin != nil {
-				return exitErr(run, fin)
-			}
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-	}
-	fd, err := c.openFollow(ctx, c.names.RunEvents(c.tenant, rec.ThreadID, run), from)
+	// A finished run whose events expired ends when the feed stays
+	// silent: its record tells how it ended (followRun).
+	fd, err := c.api.Follow(ctx, rec.ThreadID, run, from.options())
 	if err != nil {
 		return fmt.Errorf("read the run's events: %w", err)
 	}

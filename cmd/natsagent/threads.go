@@ -40,9 +40,7 @@ Lists the tenant's threads, most recently active first, with their status, the r
 		return err
 	}
 	defer c.close()
-	// The thread records are the keys <tenant>.<thread> of the threads
-	// bucket (a thread's run index and files sit under longer keys).
-	all, err := c.stores.Threads.List(ctx, c.tenant)
+	all, err := c.api.Threads(ctx)
 	if err != nil {
 		return err
 	}

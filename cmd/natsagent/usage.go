@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
 	"strings"
 	"unicode/utf8"
 
+	"github.com/natsagent/natsagent"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -82,11 +84,13 @@ final. --json prints the stored record.`, std)
 // for a run that ended before protocol v2), else zero, as the gateway
 // answers.
 func (c *client) runUsage(ctx context.Context, run string) (*protocol.RunUsage, error) {
-	rec, err := c.run(ctx, "", run)
-	if err != nil {
-		return nil, err
+	u, err := c.api.RunUsage(ctx, run)
+	if errors.Is(err, natsagent.ErrNotFound) {
+		// Say it as the other commands do, with how to find the id.
+		if _, nerr := c.run(ctx, "", run); nerr != nil {
+			return nil, nerr
+		}
 	}
-	u, err := c.stores.Usage.RunOf(ctx, rec)
 	if err != nil {
 		return nil, fmt.Errorf("read the usage of run %s: %w", run, err)
 	}
@@ -96,11 +100,13 @@ func (c *client) runUsage(ctx context.Context, run string) (*protocol.RunUsage, 
 // threadUsage reads a thread's usage: its record's totals plus the usage
 // bucket's from before protocol v2; zero before its first run ended.
 func (c *client) threadUsage(ctx context.Context, thread string) (*protocol.ThreadUsage, error) {
-	th, _, err := c.thread(ctx, thread)
-	if err != nil {
-		return nil, err
+	u, err := c.api.ThreadUsage(ctx, thread)
+	if errors.Is(err, natsagent.ErrNotFound) {
+		// Say it as the other commands do, with how to find the id.
+		if _, nerr := c.thread(ctx, thread); nerr != nil {
+			return nil, nerr
+		}
 	}
-	u, err := c.stores.Usage.ThreadOf(ctx, th)
 	if err != nil {
 		return nil, fmt.Errorf("read the usage of thread %s: %w", thread, err)
 	}

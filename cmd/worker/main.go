@@ -6,11 +6,13 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/app"
@@ -29,7 +31,7 @@ func run() error {
 	flags := app.RegisterFlags(fs)
 	flags.AssemblesAgents = true
 	id := fs.String("id", "", "worker id in leases and logs (default: random)")
-	listen := fs.String("listen", "", "HTTP address of the health endpoints /healthz and /readyz and of /metrics, e.g. :8081 (default: none)")
+	listen := fs.String("listen", defaultListen, "HTTP address of the health endpoints /healthz and /readyz and of /metrics; empty: none")
 	_ = fs.Parse(os.Args[1:])
 	cfg, err := flags.Load()
 	if err != nil {
@@ -59,15 +61,44 @@ func run() error {
 	if *listen == "" && tel.InlineMetrics() != nil {
 		log.Info("metrics are not served: set --listen (health and /metrics) or telemetry.metrics.listen")
 	}
-	if *listen != "" {
-		stopHealth, err := serveHealth(ctx, *listen, nc, log, tel.InlineMetrics())
-		if err != nil {
-			return err
-		}
-		defer stopHealth()
+	stopHealth, err := startHealth(ctx, *listen, isSet(fs, "listen"), nc, log, tel.InlineMetrics())
+	if err != nil {
+		return err
 	}
+	defer stopHealth()
 	log.Info("natsagent worker", zap.String("nats", nc.ConnectedUrlRedacted()), zap.String("model", w.ModelLabel), zap.String("prefix", cfg.NATS.Prefix))
 	return w.Run(ctx)
+}
+
+// defaultListen is where a worker serves /healthz, /readyz and /metrics
+// unless --listen says otherwise: loopback, like the gateway's API, on
+// the port the deployment files give the workers (docs/operations.md).
+const defaultListen = "127.0.0.1:8081"
+
+// startHealth serves the health server (and /metrics) on addr, unless
+// addr is empty. When the address was not asked for (the default) and is
+// taken, as by a second worker on one host, the worker runs without it
+// and says so; an address asked for must be served.
+func startHealth(ctx context.Context, addr string, asked bool, nc *nats.Conn, log *zap.Logger, metrics http.Handler) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	stop, err = serveHealth(ctx, addr, nc, log, metrics)
+	if err != nil && !asked {
+		log.Warn("the default address of the health endpoints and /metrics is taken: serving neither; set --listen", zap.String("listen", addr), zap.Error(err))
+		return func() {}, nil
+	}
+	return stop, err
+}
+
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == name {
+			set = true
+		}
+	})
+	return set
 }
 
 // drainTimeout bounds the drain of the NATS connection at exit, after the

@@ -113,6 +113,8 @@ type loop struct {
 	// the model (a reminder): the next step calls the model although the
 	// run's last message is an answer.
 	again bool
+	// images are the run's input images, read for model requests.
+	images inputImages
 }
 
 // toolHandler returns the tool chain, composing it on first use.
@@ -205,14 +207,17 @@ func (l *loop) paused(intr *protocol.Interrupt) Outcome {
 // before every model call and tool call, so a run that lost its lease
 // starts neither, even when the signal that stops it is still on its way
 // (a process resumed after a pause runs its goroutines in any order).
+//
+// Fenced may wait: a host whose right is in doubt (a lease renewal that
+// is late) holds the call until it knows, or ctx ends.
 type Fence interface {
-	Fenced() error
+	Fenced(ctx context.Context) error
 }
 
 // fenced is the host's Fence answer, nil for a host without one.
-func (l *loop) fenced() error {
+func (l *loop) fenced(ctx context.Context) error {
 	if f, ok := l.Host.(Fence); ok {
-		return f.Fenced()
+		return f.Fenced(ctx)
 	}
 	return nil
 }
@@ -547,11 +552,15 @@ func (l *loop) maxStepsNote() model.Message {
 // streams deltas as events.
 func (l *loop) callModel(ctx context.Context, req *middleware.ModelRequest) (*middleware.ModelResponse, error) {
 	// The transcript goes to the provider as it is (providers send only
-	// the wire fields, never Meta or Status): no copy per call.
+	// the wire fields, never Meta or Status), copied only when the
+	// request has a dynamic context, which goes last, after the history,
+	// so the prompt's prefix stays stable (middleware/promptcontext.go).
+	req = middleware.Sent(req)
 	middleware.RecordSent(ctx, req)
-	mreq := &model.Request{Model: req.ModelName, System: req.System, Messages: req.Messages, Tools: req.Tools}
+	msgs := l.images.resolve(ctx, l.rt.Files, req.Messages)
+	mreq := &model.Request{Model: req.ModelName, System: req.System, Messages: msgs, Tools: req.Tools}
 	msgID := middleware.MessageID(ctx)
-	if err := l.fenced(); err != nil {
+	if err := l.fenced(ctx); err != nil {
 		return nil, err
 	}
 	start := time.Now()
@@ -603,11 +612,11 @@ func (l *loop) runTools(ctx context.Context, handler middleware.ToolHandler, cal
 					errs[i] = &middleware.PanicError{What: "tool call " + c.Name, Value: p, Stack: debug.Stack()}
 				}
 			}()
-			if err := l.fenced(); err != nil {
+			if err := l.fenced(ctx); err != nil {
 				errs[i] = err
 				return
 			}
-			results[i], errs[i] = toolStep(ctx, handler, &middleware.ToolCall{Call: c, Tool: l.rt.Tools.Get(c.Name), State: l.st, Env: &env})
+			results[i], errs[i] = toolStep(ctx, handler, &middleware.ToolCall{Call: c, Tool: l.rt.Tools.Get(c.Name), State: l.st, Env: &env}, l.rt.Metrics)
 		}()
 	}
 	wg.Wait()

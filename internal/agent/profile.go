@@ -232,6 +232,9 @@ func (a *Agents) Prepare(req *protocol.RunRequest) (*Prepared, error) {
 	if req.Config.Model != "" {
 		name = req.Config.Model
 	}
+	// Named even when the provider's default answers: the span ("chat
+	// <model>") and the model label say which model the run called.
+	name = model.NameOf(a.model, name)
 	return &Prepared{Profile: p, Model: a.model, ModelName: name, Tools: set, Chain: chain, MaxSteps: maxSteps}, nil
 }
 

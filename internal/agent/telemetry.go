@@ -102,12 +102,15 @@ func (l *loop) observeModelCall(ctx context.Context, req *middleware.ModelReques
 }
 
 // toolStep runs one tool call through the chain in an "execute_tool" span
-// under the run's span (none when the run's span records nothing). The
-// span carries the tool's name, call id and result status, never the
-// arguments or the result.
-func toolStep(ctx context.Context, handler middleware.ToolHandler, call *middleware.ToolCall) (*middleware.ToolResult, error) {
+// under the run's span (none when the run's span records nothing), and
+// records its latency by tool and status. The span carries the tool's
+// name, call id and result status, never the arguments or the result.
+func toolStep(ctx context.Context, handler middleware.ToolHandler, call *middleware.ToolCall, rec metrics.Recorder) (*middleware.ToolResult, error) {
+	start := time.Now()
 	if !trace.SpanFromContext(ctx).IsRecording() {
-		return handler(ctx, call)
+		res, err := handler(ctx, call)
+		observeToolCall(ctx, rec, call, res, err, start)
+		return res, err
 	}
 	name := "execute_tool"
 	if protocol.ValidToken(call.Call.Name) && len(call.Call.Name) <= 64 {
@@ -122,18 +125,52 @@ func toolStep(ctx context.Context, handler middleware.ToolHandler, call *middlew
 		))
 	defer span.End()
 	res, err := handler(ctx, call)
+	observeToolCall(ctx, rec, call, res, err, start)
 	switch {
 	case err != nil:
 		span.SetStatus(codes.Error, clip(err.Error(), 500))
 	case res != nil:
-		status := res.Message.Status
-		if status == "" {
-			status = model.ToolStatusSuccess
-		}
+		status := toolStatus(res)
 		span.SetAttributes(telemetry.AttrToolStatus.String(status))
 		if status == model.ToolStatusError {
 			span.SetStatus(codes.Error, "tool returned an error result")
 		}
 	}
 	return res, err
+}
+
+// Tool call statuses of the tool_call metric beyond a result's own
+// (success, error): the call ended without a result.
+const (
+	toolStatusCancelled = "cancelled" // the run's context ended (cancel, steer, timeout)
+	toolStatusFailed    = "failed"    // the chain failed the call (a panic, a lost lease)
+	toolUnknown         = "unknown"   // a tool the run does not have (a name the model made up)
+)
+
+// toolStatus is a tool result's status.
+func toolStatus(res *middleware.ToolResult) string {
+	if s := res.Message.Status; s != "" {
+		return s
+	}
+	return model.ToolStatusSuccess
+}
+
+// observeToolCall records one tool call: by the tool's name when it is
+// one of the run's tools, else as unknown, so a model cannot add series.
+func observeToolCall(ctx context.Context, rec metrics.Recorder, call *middleware.ToolCall, res *middleware.ToolResult, err error, start time.Time) {
+	if rec == nil {
+		return
+	}
+	tool := toolUnknown
+	if call.Tool != nil {
+		tool = call.Call.Name
+	}
+	status := toolStatusFailed
+	switch {
+	case err != nil && ctx.Err() != nil:
+		status = toolStatusCancelled
+	case err == nil && res != nil:
+		status = toolStatus(res)
+	}
+	rec.ToolCall(tool, status, time.Since(start))
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/natsagent/natsagent/internal/config"
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natsconn"
 	"github.com/natsagent/natsagent/internal/policy"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/tools"
@@ -190,19 +191,12 @@ func chainConfig(m config.Middleware) (middleware.ChainConfig, error) {
 	return c, nil
 }
 
-// Connect dials NATS as configured, with the credentials and TLS of
-// NATSOptions; its errors carry no secret.
-func Connect(cfg config.Config, name string) (*nats.Conn, error) {
-	opts, err := NATSOptions(cfg.NATS)
-	if err != nil {
-		return nil, err
-	}
-	nc, err := bus.Connect(cfg.NATS.URL, name, opts...)
-	if err != nil {
-		return nil, connectError(cfg.NATS, err)
-	}
-	return nc, nil
-}
+// Connect dials NATS as configured (natsconn.Connect).
+func Connect(cfg config.Config, name string) (*nats.Conn, error) { return natsconn.Connect(cfg, name) }
+
+// NATSOptions is natsconn.NATSOptions: the credentials and TLS options of
+// the nats section.
+func NATSOptions(n config.NATS) ([]nats.Option, error) { return natsconn.NATSOptions(n) }
 
 // Logger builds a zap logger on stderr: JSON lines, or a console format
 // for humans, coloured only when stderr is a terminal (a file or a pipe

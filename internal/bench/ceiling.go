@@ -28,17 +28,19 @@ import (
 //
 //  0. client: the request, published async with Nats-Msg-Id (runs stream)
 //  1. look: thread record get ∥ the thread's oldest request (direct get)
-//  2. admit: the lease, a CAS create of the thread record carrying the
-//     attempt (threads); run.started async (events), no record write
+//     ∥ the lease, a create of the thread record carrying the attempt
+//     (threads; protocol v2 revision 3: a tentative lease taken beside
+//     the look on a new thread); then run.started async (events), no
+//     record write
 //     loop: 1 more event async (message.completed) and 2 live ones,
 //     core publishes outside the stream (thread.titled, message.delta)
-//  3. finalize: the last step's checkpoint delta (checkpoints)
-//  4. the lease's release with the run's terminal summary, last_run (CAS
+//  2. finalize: the last step's checkpoint delta (checkpoints)
+//  3. the lease's release with the run's terminal summary, last_run (CAS
 //     update, threads)
-//  5. the terminal record, created (runs)
-//  6. the events emitted so far are confirmed stored (usually answered
+//  4. the terminal record, created (runs)
+//  5. the events emitted so far are confirmed stored (usually answered
 //     already: no round trip of its own)
-//  7. run.finished, with its Nats-Msg-Id (events)
+//  6. run.finished, with its Nats-Msg-Id (events)
 //     then the request is acked (not waited for)
 //
 // Protocol v2 folds, each removing writes from this list:
@@ -285,13 +287,19 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 	run := protocol.RunIDFromMsgID(tenant, msg.Headers().Get(nats.MsgIdHdr))
 	threadKey, runKey := tenant+"."+thread, tenant+"."+run
 
-	// 1. The thread record ∥ the thread's oldest request.
+	// 1. The thread record ∥ the thread's oldest request ∥ the lease, the
+	// thread record created (refused if the thread exists).
 	var wg sync.WaitGroup
-	var headErr error
-	wg.Add(1)
+	var headErr, leaseErr error
+	var thRev uint64
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		_, headErr = c.runs.GetMsg(ctx, 0, jetstream.WithGetMsgSubject(msg.Subject()))
+	}()
+	go func() {
+		defer wg.Done()
+		thRev, leaseErr = c.kvThreads.Update(ctx, threadKey, fmt.Appendf(nil, string(ceilThread), thread, run, run, run), 0)
 	}()
 	_, thErr := c.kvThreads.Get(ctx, threadKey)
 	wg.Wait()
@@ -301,11 +309,8 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 	if thErr != nil && thErr != jetstream.ErrKeyNotFound {
 		return fmt.Errorf("thread: %w", thErr)
 	}
-
-	// 2. The lease.
-	thRev, err := c.kvThreads.Create(ctx, threadKey, fmt.Appendf(nil, string(ceilThread), thread, run, run, run))
-	if err != nil {
-		return fmt.Errorf("lease: %w", err)
+	if leaseErr != nil {
+		return fmt.Errorf("lease: %w", leaseErr)
 	}
 
 	// run.started and the loop's events; no record write.
@@ -377,6 +382,6 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 
 // ceilingStages is the stage list for the report.
 var ceilingStages = strings.Join([]string{
-	"request", "thread ∥ head reads", "lease create (+ events async)",
+	"request", "thread ∥ head reads ∥ lease create (+ events async)",
 	"checkpoint", "release (+ thread usage, last_run)", "terminal record create", "events confirmed", "run.finished",
 }, " → ")

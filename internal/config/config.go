@@ -196,6 +196,20 @@ type Gateway struct {
 	// JWT, when set, accepts bearer JWTs of an identity provider
 	// (security.go); with API keys, both are accepted.
 	JWT *JWT `yaml:"jwt"`
+	// Images bounds the images of user input the gateway stores as
+	// thread files (0: the gateway's defaults).
+	Images GatewayImages `yaml:"images"`
+}
+
+// GatewayImages bounds the images of user input.
+type GatewayImages struct {
+	// MaxBytes bounds one image (default 5 MiB, at most 20 MiB).
+	MaxBytes int64 `yaml:"max_bytes"`
+	// MaxPerRequest bounds the images of one run request (default 8).
+	MaxPerRequest int `yaml:"max_per_request"`
+	// RefuseURLs refuses http(s) image URLs instead of passing them to
+	// the model.
+	RefuseURLs bool `yaml:"refuse_urls"`
 }
 
 // Authenticated reports whether the HTTP API requires a credential.

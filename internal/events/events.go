@@ -301,6 +301,13 @@ type Stream struct {
 	// worker may have taken it over) and its events are dropped.
 	live    func() bool
 	dropped int
+	// hold, when set, is asked after live: while it says true the
+	// attempt may still hold its right to the run but cannot show it (its
+	// lease's renewal is late). Its events are numbered and kept in held,
+	// published once hold says false (Resume, the next event, Flush) and
+	// dropped if live says false first.
+	hold func() bool
+	held []*nats.Msg
 
 	// resumable stores the live events too (SetResumable); index counts
 	// the live events published.
@@ -330,6 +337,69 @@ func (s *Stream) SetFence(live func() bool) {
 	s.live = live
 }
 
+// SetHold makes the stream keep, instead of publishing, the events
+// emitted while held reports true (see Stream.hold); Resume publishes
+// them. held is called before each event, after live, outside the
+// stream's lock.
+func (s *Stream) SetHold(held func() bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hold = held
+}
+
+// Resume publishes the events kept while the stream was held, once it
+// no longer is (its lease's renewal was confirmed); it drops them if the
+// stream's fence closed meanwhile.
+func (s *Stream) Resume() {
+	s.mu.Lock()
+	live, hold := s.live, s.hold
+	s.mu.Unlock()
+	ok, held := s.gate(live, hold)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.settleHeld(ok, held)
+}
+
+// gate asks the fence (live) and the hold, outside the stream's lock.
+func (s *Stream) gate(live, hold func() bool) (ok, held bool) {
+	ok = live == nil || live()
+	held = ok && hold != nil && hold()
+	return ok, held
+}
+
+// settleHeld publishes the kept events when the stream is open again,
+// drops them when its fence closed, with s.mu held.
+func (s *Stream) settleHeld(ok, held bool) {
+	if len(s.held) == 0 || held {
+		return
+	}
+	kept := s.held
+	s.held = nil
+	if !ok {
+		s.dropped += len(kept)
+		return
+	}
+	for _, m := range kept {
+		s.publish(m)
+	}
+}
+
+// publish sends a numbered event, with s.mu held.
+func (s *Stream) publish(m *nats.Msg) {
+	f, err := s.p.js.PublishMsgAsync(m)
+	if err == nil {
+		s.bytes += int64(len(m.Subject) + len(m.Data))
+		s.futures = append(s.futures, f)
+		s.trim()
+		return
+	}
+	if s.failed(m, err) {
+		return
+	}
+	s.p.log.Warn("publish run event failed", zap.String("tenant", s.tenant), zap.String("thread_id", s.thread), zap.String("run_id", s.run),
+		zap.String("subject", m.Subject), zap.Error(err))
+}
+
 // NewStream starts numbering after lastSeq, for one attempt of a run.
 func (p *Publisher) NewStream(tenant, thread, run string, attempt int, lastSeq uint64) *Stream {
 	return &Stream{p: p, tenant: tenant, thread: thread, run: run, attempt: attempt, seq: lastSeq}
@@ -340,11 +410,12 @@ func (p *Publisher) NewStream(tenant, thread, run string, attempt int, lastSeq u
 // dropped.
 func (s *Stream) Emit(eventType string, data any, msgID string) {
 	s.mu.Lock()
-	live := s.live
+	live, hold := s.live, s.hold
 	s.mu.Unlock()
-	ok := live == nil || live()
+	ok, held := s.gate(live, hold)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.settleHeld(ok, held)
 	if !ok {
 		if s.dropped++; s.dropped == 1 {
 			s.p.log.Warn("the run's lease lapsed: its events are dropped from now on", zap.String("tenant", s.tenant), zap.String("thread_id", s.thread),
@@ -353,26 +424,28 @@ func (s *Stream) Emit(eventType string, data any, msgID string) {
 		return
 	}
 	if !s.resumable && msgID == "" && protocol.LiveEvent(eventType) {
-		s.emitLive(eventType, data)
+		if !held {
+			// A live event is never sent again: one that would wait
+			// for the hold is dropped (its stored successor carries it).
+			s.emitLive(eventType, data)
+		}
 		return
 	}
 	s.seq++
 	m, err := s.p.Msg(s.tenant, s.thread, s.run, s.attempt, s.seq, eventType, data, msgID)
-	if err == nil {
-		var f jetstream.PubAckFuture
-		f, err = s.p.js.PublishMsgAsync(m)
-		if err == nil {
-			s.bytes += int64(len(m.Subject) + len(m.Data))
-			s.futures = append(s.futures, f)
-			s.trim()
-			return
+	if err != nil {
+		if s.firstErr == nil {
+			s.firstErr = err
 		}
-	}
-	if s.failed(m, err) {
+		s.p.log.Warn("publish run event failed", zap.String("tenant", s.tenant), zap.String("thread_id", s.thread), zap.String("run_id", s.run),
+			zap.String("type", eventType), zap.Error(err))
 		return
 	}
-	s.p.log.Warn("publish run event failed", zap.String("tenant", s.tenant), zap.String("thread_id", s.thread), zap.String("run_id", s.run),
-		zap.String("type", eventType), zap.Error(err))
+	if held {
+		s.held = append(s.held, m)
+		return
+	}
+	s.publish(m)
 }
 
 // emitLive publishes a live event on core NATS, with s.mu held: after
@@ -533,6 +606,17 @@ const ackWait = 5 * time.Second
 // run.finished; readers order a run's events by seq.
 func (s *Stream) Flush(ctx context.Context) error {
 	s.mu.Lock()
+	live, hold := s.live, s.hold
+	s.mu.Unlock()
+	ok, held := s.gate(live, hold)
+	s.mu.Lock()
+	if held {
+		// Still held when the attempt stops (handed back): the next
+		// attempt does that work again.
+		s.dropped += len(s.held)
+		s.held = nil
+	}
+	s.settleHeld(ok, held)
 	futures, queued := s.futures, s.queued
 	s.futures, s.queued = nil, nil
 	s.mu.Unlock()

@@ -46,7 +46,7 @@ const (
 )
 
 // Routes open without a key: orchestrators probe them.
-var openRoutes = map[string]bool{"GET /healthz": true, "GET /readyz": true, "GET /metrics": true}
+var openRoutes = map[string]bool{"GET /healthz": true, "GET /readyz": true, "GET /metrics": true, "GET /info": true}
 
 // authenticator checks API keys and bearer JWTs. Keys are compared as
 // SHA-256 sums in constant time, and every configured key is compared, so

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -14,7 +15,10 @@ import (
 // (10,000 levels included: no stack blowup, no slow decode), 413 for a
 // body over the limit. Nothing reaches the runs stream.
 func TestBadInputGetsClearErrors(t *testing.T) {
-	e := newEnv(t, nil)
+	// Run bodies may also hold inline images (images.go): a small image
+	// allowance keeps this body small.
+	e := newEnvWith(t, nil, func(s *Server) { s.cfg.Images = ImageLimits{MaxBytes: 3000, MaxPerRequest: 1} })
+	runLimit := DefaultMaxBodyBytes + 3000/3*4 + 4
 	nest := func(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n) }
 	msg := `{"role":"user","content":"hi"}`
 	cases := []struct {
@@ -31,7 +35,7 @@ func TestBadInputGetsClearErrors(t *testing.T) {
 		{"invalid UTF-8 in a metadata key", "/threads/t1/runs", "{\"input\":{\"messages\":[" + msg + "]},\"metadata\":{\"k\xff\":1}}", 400, "metadata", "key that is not valid UTF-8"},
 		{"invalid UTF-8 in thread metadata", "/threads", "{\"metadata\":{\"note\":\"\xc3(\"}}", 400, "metadata.note", "is not valid UTF-8"},
 		{"invalid UTF-8 outside strings", "/threads", "{\"metadata\":{}}\xff", 400, "", "not valid UTF-8"},
-		{"body over the limit", "/threads/t1/runs", `{"input":{"messages":[{"role":"user","content":"` + strings.Repeat("x", DefaultMaxBodyBytes) + `"}]}}`, 413, "", "over the limit of 1048576 bytes"},
+		{"body over the limit", "/threads/t1/runs", `{"input":{"messages":[{"role":"user","content":"` + strings.Repeat("x", runLimit) + `"}]}}`, 413, "", fmt.Sprintf("over the limit of %d bytes", runLimit)},
 		{"thread body over the limit", "/threads", `{"metadata":{"x":"` + strings.Repeat("x", DefaultMaxBodyBytes) + `"}}`, 413, "", "over the limit of 1048576 bytes"},
 	}
 	for _, c := range cases {

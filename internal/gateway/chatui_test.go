@@ -13,7 +13,7 @@ import (
 
 // TestAgentChatUIStartInBrowser runs, in headless Chromium, a page that
 // makes Agent Chat UI's start-up calls with the official SDK
-// (testdata/usestream/src/chatui.jsx): assistants.search for the graph
+// (testdata/usestream/src/chatui.jsx): GET /info, assistants.search for the graph
 // picker, threads.search on metadata graph_id with limit 100 for the
 // history, useStream with fetchStateHistory on a chosen thread, and a
 // submit on it and on a new thread. It checks the history lists the
@@ -79,6 +79,8 @@ func TestAgentChatUIStartInBrowser(t *testing.T) {
 
 	p.do(t, "open the page", chromedp.Navigate(site.URL+"/app/chatui.html?assistantId=chatbot"), chromedp.WaitVisible(chromedp.ID("message")))
 
+	// The server check Agent Chat UI makes first.
+	p.waitText(t, "#server", equals("ok"))
 	// The graph picker: the deployment's graph as its system assistant.
 	p.waitText(t, "#graphs-state", equals("1"))
 	if got := p.eval(t, `document.querySelector("#graphs option").value + " " + document.querySelector("#graphs option").dataset.assistant`); got != "chatbot "+systemAssistantID("chatbot") {
@@ -88,8 +90,10 @@ func TestAgentChatUIStartInBrowser(t *testing.T) {
 	if got := waitHistory("the history", func(ids []string) bool { return len(ids) > 0 }); fmt.Sprint(got) != "[old2 old1]" {
 		t.Fatalf("the history lists %v, want [old2 old1]", got)
 	}
-	if got := p.eval(t, `document.querySelector('#history .thread[data-id="old1"] .open').textContent`); got != "old1" {
-		t.Fatalf("the history titles old1 %q", got)
+	// Titled with the first message of the thread's values, which the
+	// search returns.
+	if got := p.eval(t, `document.querySelector('#history .thread[data-id="old1"] .open').textContent`); got != "first question" {
+		t.Fatalf("the history titles old1 %q, want its first message", got)
 	}
 
 	// A chosen thread shows what the gateway stored (its history).

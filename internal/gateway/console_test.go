@@ -300,11 +300,6 @@ type tab struct {
 	problems []string
 }
 
-func openBrowser(t *testing.T) *tab {
-	t.Helper()
-	return openBrowserFor(t, 45*time.Second)
-}
-
 // openBrowserFor is openBrowser with the time the whole tab may take.
 func openBrowserFor(t *testing.T, limit time.Duration) *tab {
 	t.Helper()
@@ -455,7 +450,8 @@ func contains(want string) func(string) bool {
 // in the page streams its answer, a run stopped for approval is approved
 // in the page and finishes, and the page fetched nothing from elsewhere.
 func TestConsoleInBrowser(t *testing.T) {
-	p := openBrowser(t)
+	// A whole session on a shared, loaded machine: generous.
+	p := openBrowserFor(t, 3*time.Minute)
 	// Some answers wait until the page follows their run: deltas and
 	// progress lines are live, so a page that joins after them sees none.
 	gates := map[string]*gate{"hello there": newGate(t), "show me events": newGate(t)}

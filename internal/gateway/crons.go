@@ -69,6 +69,12 @@ func (s *Server) cronRequest(r *http.Request, tenant, thread string, payload map
 	if err != nil {
 		return nil, nil, err
 	}
+	for _, img := range body.images {
+		if img.ref != nil {
+			// A cron's runs start on threads that do not exist yet.
+			return nil, nil, errInvalid(img.field, img.field+": a cron's input cannot carry images; use an http(s) image URL")
+		}
+	}
 	if err := s.authorize(r, tenant, req); err != nil {
 		return nil, nil, err
 	}

@@ -53,6 +53,10 @@ func (s *Server) bodyLimit(pattern string) int64 {
 		return s.cfg.MaxFileBytes
 	case routeUpload:
 		return s.cfg.MaxFileBytes + multipartSlack
+	case routeCreateRun, routeCreateRunStream, routeCreateRunWait,
+		routeStatelessRun, routeStatelessRunStream, routeStatelessRunWait:
+		// Images come inline, base64: 4 bytes for every 3.
+		return s.cfg.MaxBodyBytes + int64(s.cfg.Images.MaxPerRequest)*(s.cfg.Images.MaxBytes/3*4+4)
 	}
 	return s.cfg.MaxBodyBytes
 }

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -64,6 +65,8 @@ type Config struct {
 	// files.DefaultMaxFileBytes) instead of MaxBodyBytes; the workdir
 	// bounds each file.
 	MaxFileBytes int64
+	// Images bounds the images of user input (images.go).
+	Images ImageLimits
 	// APIKeys, when any is set, are required on every route but the
 	// health checks, and a request acts as its key's principal (auth.go).
 	APIKeys []APIKey
@@ -136,6 +139,10 @@ type Server struct {
 	submitTimeout time.Duration
 	// cancelTimeout bounds a cancel request.
 	cancelTimeout time.Duration
+	// indexed holds the tenants whose thread creation index this process
+	// checked, and repaired if it was behind (a cache of that check only:
+	// any gateway answers the same without it).
+	indexed sync.Map
 }
 
 // New binds a gateway to a NATS connection. The deployment's assets must
@@ -153,6 +160,9 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Server, error) {
 	}
 	if cfg.MaxFileBytes <= 0 {
 		cfg.MaxFileBytes = files.DefaultMaxFileBytes
+	}
+	if err := cfg.Images.withDefaults(); err != nil {
+		return nil, err
 	}
 	cfg.Metrics = metrics.Or(cfg.Metrics)
 	if !protocol.ValidToken(cfg.DefaultAgent) {
@@ -224,6 +234,7 @@ func (s *Server) routes() {
 	m := http.NewServeMux()
 	m.HandleFunc("GET /healthz", s.healthz)
 	m.HandleFunc("GET /readyz", s.readyz)
+	m.HandleFunc("GET /info", s.info)
 	if s.cfg.MetricsHandler != nil {
 		m.Handle("GET /metrics", s.cfg.MetricsHandler)
 	}
@@ -245,9 +256,9 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /threads/{thread_id}/compact", s.tenanted(s.compactThread))
 
 	m.HandleFunc("GET /threads/{thread_id}/runs", s.tenanted(s.listRuns))
-	m.HandleFunc("POST /threads/{thread_id}/runs", s.tenanted(s.createRun(modeBackground, false)))
-	m.HandleFunc("POST /threads/{thread_id}/runs/stream", s.tenanted(s.createRun(modeStream, false)))
-	m.HandleFunc("POST /threads/{thread_id}/runs/wait", s.tenanted(s.createRun(modeWait, false)))
+	m.HandleFunc(routeCreateRun, s.tenanted(s.createRun(modeBackground, false)))
+	m.HandleFunc(routeCreateRunStream, s.tenanted(s.createRun(modeStream, false)))
+	m.HandleFunc(routeCreateRunWait, s.tenanted(s.createRun(modeWait, false)))
 	m.HandleFunc("GET /threads/{thread_id}/runs/{run_id}", s.tenanted(s.getRun))
 	m.HandleFunc("GET /threads/{thread_id}/runs/{run_id}/stream", s.tenanted(s.joinStream))
 	m.HandleFunc("GET /threads/{thread_id}/runs/{run_id}/join", s.tenanted(s.joinRun))
@@ -280,10 +291,10 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /store/items/search", s.tenanted(s.searchItems))
 	m.HandleFunc("POST /store/namespaces", s.tenanted(s.listNamespaces))
 
-	m.HandleFunc("POST /runs", s.tenanted(s.createRun(modeBackground, true)))
-	m.HandleFunc("POST /runs/stream", s.tenanted(s.createRun(modeStream, true)))
+	m.HandleFunc(routeStatelessRun, s.tenanted(s.createRun(modeBackground, true)))
+	m.HandleFunc(routeStatelessRunStream, s.tenanted(s.createRun(modeStream, true)))
 	m.HandleFunc("DELETE /users/{user_id}", s.tenanted(s.eraseUser))
-	m.HandleFunc("POST /runs/wait", s.tenanted(s.createRun(modeWait, true)))
+	m.HandleFunc(routeStatelessRunWait, s.tenanted(s.createRun(modeWait, true)))
 	m.HandleFunc("POST /runs/crons", s.tenanted(s.createCron(false)))
 	m.HandleFunc("POST /threads/{thread_id}/runs/crons", s.tenanted(s.createCron(true)))
 	m.HandleFunc("POST /runs/crons/search", s.tenanted(s.searchCrons))

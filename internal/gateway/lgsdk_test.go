@@ -76,7 +76,7 @@ func TestLangGraphSDKAssistants(t *testing.T) {
 	e.startWorker(model.NewScripted(func(_ int, req *model.Request) model.Reply {
 		return model.Reply{Text: "model: " + req.Model}
 	}))
-	runSDKScript(t, e, "assistants.mjs", 8)
+	runSDKScript(t, e, "assistants.mjs", 9)
 }
 
 // runSDKScript runs an SDK script against e's gateway and requires want

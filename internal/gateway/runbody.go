@@ -55,6 +55,8 @@ type runBody struct {
 
 	// unknown lists the body's fields no one reads: each is refused.
 	unknown []string
+	// images are the input images request found (images.go).
+	images []inputImage
 }
 
 // UnmarshalJSON decodes a run body and notes the fields it does not know,
@@ -180,6 +182,9 @@ func (s *Server) request(b *runBody, tenant, thread string) (*protocol.RunReques
 	if b.Input != nil {
 		msgs, err := inputMessages(b.Input.Messages)
 		if err != nil {
+			return nil, err
+		}
+		if b.images, err = s.takeImages(msgs); err != nil {
 			return nil, err
 		}
 		req.Input = &protocol.Input{Messages: msgs}

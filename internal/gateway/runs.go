@@ -102,6 +102,10 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 				return err
 			}
 		}
+		// Images go to the thread's files once the caller may use it.
+		if err := s.storeImages(r.Context(), tenant, thread, ifNotExists == ifNotExistsReject, body.images); err != nil {
+			return err
+		}
 		forkCtx, cancelFork := context.WithTimeout(context.WithoutCancel(r.Context()), s.submitTimeout)
 		if cont {
 			err = s.continueRun(forkCtx, tenant, thread, req, &body.forkFields)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -103,13 +102,19 @@ func (s *Server) createThread(w http.ResponseWriter, r *http.Request, tenant str
 	return nil
 }
 
-// getThread: GET /threads/{thread_id}.
+// getThread: GET /threads/{thread_id}, with the thread's values as a
+// search shows them.
 func (s *Server) getThread(w http.ResponseWriter, r *http.Request, tenant string) error {
 	th, err := s.thread(r, tenant)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, viewThread(th))
+	trimThread(th)
+	view := []searchedThread{{threadView: viewThread(th)}}
+	if err := s.loadValues(r.Context(), []protocol.Thread{*th}, view); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, view[0])
 	return nil
 }
 
@@ -126,26 +131,21 @@ func (s *Server) thread(r *http.Request, tenant string) (*protocol.Thread, error
 	return th, err
 }
 
-// listThreads: GET /threads, newest first, with ?status=, ?limit= and
-// ?offset=, from every record of the tenant (threadscan.go).
+// listThreads: GET /threads, newest created first, with ?status=,
+// ?limit= and ?offset=, from the creation index (threadscan.go).
 func (s *Server) listThreads(w http.ResponseWriter, r *http.Request, tenant string) error {
 	page, err := pageOf(r)
 	if err != nil {
 		return err
 	}
 	status := r.URL.Query().Get("status")
-	all, err := s.allThreads(r.Context(), tenant, func(th *protocol.Thread) bool {
+	owner, _ := s.ownerFilter(r)
+	top, _, err := s.createdThreads(r.Context(), tenant, true, page.offset+page.limit, owner, func(th *protocol.Thread) bool {
 		return (status == "" || th.Status == status) && s.mayUse(r, th)
 	})
 	if err != nil {
 		return errUnavailable("the threads bucket is not available", err)
 	}
-	top := topK(all, page.offset+page.limit, func(a, b *protocol.Thread) int {
-		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
-			return c
-		}
-		return strings.Compare(a.ThreadID, b.ThreadID)
-	})
 	out := make([]threadView, 0, len(top))
 	for i := range top {
 		out = append(out, viewThread(&top[i]))

@@ -3,8 +3,14 @@ package gateway
 import (
 	"cmp"
 	"context"
+	"errors"
+	"net/http"
 	"slices"
+	"sync"
 
+	"go.uber.org/zap"
+
+	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -69,4 +75,120 @@ func trimThread(th *protocol.Thread) {
 		th.Lease = &protocol.Lease{RunID: th.Lease.RunID}
 	}
 	th.Preempt, th.RecentRuns = nil, nil
+}
+
+// ownerFilter returns which creation index owner tokens the request may
+// see threads of: nil for all (an open gateway, a role that reads all
+// threads), else the threads without an owner and the user's own. The
+// matcher still decides each thread; this only skips the reads of
+// threads it would refuse.
+func (s *Server) ownerFilter(r *http.Request) (func(string) bool, []string) {
+	p, ok := principalOf(r)
+	if !ok || s.cfg.Policy.ReadAllThreads(&p.p) {
+		return nil, nil
+	}
+	mine, none := kv.OwnerToken(p.p.User), kv.OwnerToken("")
+	return func(tok string) bool { return tok == mine || tok == none }, []string{"", p.p.User}
+}
+
+// ensureIndexed checks, once per process and tenant, that the tenant's
+// creation index is not behind its records, and repairs it if it is
+// (threads written before the index existed).
+func (s *Server) ensureIndexed(ctx context.Context, tenant string) error {
+	if _, ok := s.indexed.Load(tenant); ok {
+		return nil
+	}
+	behind, err := s.stores.Threads.IndexBehind(ctx, tenant)
+	if err != nil {
+		return err
+	}
+	if behind {
+		added, removed, err := s.stores.Threads.Reindex(ctx, tenant)
+		if err != nil {
+			return err
+		}
+		s.log.Info("thread index repaired", zap.String("tenant", tenant), zap.Int("added", added), zap.Int("removed", removed))
+	}
+	s.indexed.Store(tenant, true)
+	return nil
+}
+
+// createdThreads returns the first want threads of tenant that match, by
+// creation (the creation index's order), newest first when desc, and how
+// many match in all, or -1 when it did not read far enough to know.
+func (s *Server) createdThreads(ctx context.Context, tenant string, desc bool, want int, owner func(string) bool, match func(*protocol.Thread) bool) ([]protocol.Thread, int, error) {
+	if err := s.ensureIndexed(ctx, tenant); err != nil {
+		return nil, 0, err
+	}
+	var found []protocol.Thread
+	var pending []string
+	seen := map[string]bool{}
+	var readErr error
+	resolve := func() {
+		if readErr != nil || len(pending) == 0 {
+			return
+		}
+		ths, err := s.threadsByKey(ctx, tenant, pending)
+		pending = pending[:0]
+		if err != nil {
+			readErr = err
+			return
+		}
+		for _, th := range ths {
+			if th == nil {
+				continue
+			}
+			trimThread(th)
+			if match(th) {
+				found = append(found, *th)
+			}
+		}
+	}
+	complete, err := s.stores.Threads.Created(ctx, tenant, desc, want, owner, func(thread string, _ uint64) {
+		if !seen[thread] {
+			seen[thread] = true
+			pending = append(pending, thread)
+		}
+	}, func() bool {
+		resolve()
+		return readErr != nil || len(found) >= want
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	resolve()
+	if readErr != nil {
+		return nil, 0, readErr
+	}
+	out := found[:min(len(found), want)]
+	if complete {
+		return out, len(found), nil
+	}
+	return out, -1, nil
+}
+
+// keyReaders bounds the records one request reads at a time.
+const keyReaders = 8
+
+// threadsByKey reads the records of threads of tenant, in their order; a
+// thread without a record (deleted since it was listed) is nil.
+func (s *Server) threadsByKey(ctx context.Context, tenant string, threads []string) ([]*protocol.Thread, error) {
+	out := make([]*protocol.Thread, len(threads))
+	errs := make([]error, len(threads))
+	sem := make(chan struct{}, keyReaders)
+	var wg sync.WaitGroup
+	for i, id := range threads {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			th, _, err := s.stores.Threads.Get(ctx, tenant, id)
+			if err != nil && !errors.Is(err, kv.ErrNotFound) {
+				errs[i] = err
+			}
+			out[i] = th
+		}()
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
 }

@@ -1,14 +1,17 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/langgraph"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -30,7 +33,8 @@ var threadStatuses = map[string]bool{protocol.ThreadIdle: true, protocol.ThreadB
 	protocol.ThreadInterrupted: true, protocol.ThreadError: true}
 
 var threadFields = map[string]bool{"thread_id": true, "created_at": true, "updated_at": true, "metadata": true,
-	"status": true, "title": true, "checkpoint_id": true, "active_run_id": true, "last_run_id": true, "owner": true}
+	"status": true, "title": true, "checkpoint_id": true, "active_run_id": true, "last_run_id": true, "owner": true,
+	"values": true}
 
 // check refuses what the search does not serve, naming it.
 func (b *searchThreadsBody) check() error {
@@ -164,25 +168,79 @@ func (s *Server) searchThreads(w http.ResponseWriter, r *http.Request, tenant st
 	}
 	var top []protocol.Thread
 	var total int
-	if len(b.Ids) == 0 && (b.SortBy == "" || b.SortBy == "updated_at") && b.SortOrder != "asc" {
+	switch {
+	case len(b.Ids) == 0 && (b.SortBy == "" || b.SortBy == "updated_at") && b.SortOrder != "asc":
 		// Newest first: read back from the newest writes only as far as
 		// the page needs (threadscan.go).
 		top, total, err = s.newestThreads(r.Context(), tenant, p.offset+p.limit, s.threadMatcher(r, &b))
 		if err != nil {
 			return errUnavailable("the threads bucket is not available", err)
 		}
-	} else {
+	case len(b.Ids) == 0 && b.SortBy == "created_at":
+		// By creation: read the creation index from the end the order
+		// starts at, only as far as the page needs.
+		owner, _ := s.ownerFilter(r)
+		top, total, err = s.createdThreads(r.Context(), tenant, b.SortOrder != "asc", p.offset+p.limit, owner, s.threadMatcher(r, &b))
+		if err != nil {
+			return errUnavailable("the threads bucket is not available", err)
+		}
+	default:
 		found, err := s.matchingThreads(r, tenant, &b)
 		if err != nil {
 			return err
 		}
 		top, total = topK(found, p.offset+p.limit, cmp), len(found)
 	}
-	views := make([]threadView, 0, len(top))
-	for i := range top {
-		views = append(views, viewThread(&top[i]))
+	shown := paginate(p, top)
+	views := make([]searchedThread, len(shown))
+	for i := range shown {
+		views[i].threadView = viewThread(&shown[i])
 	}
-	writePage(w, p.offset, paginate(p, views), total, b.Select)
+	if len(b.Select) == 0 || slices.Contains(b.Select, "values") {
+		if err := s.loadValues(r.Context(), shown, views); err != nil {
+			return err
+		}
+	}
+	writePage(w, p.offset, views, total, b.Select)
+	return nil
+}
+
+// searchedThread is a thread as a search shows it: with its current
+// values, as LangGraph's search does (Agent Chat UI titles its history
+// with the first message).
+type searchedThread struct {
+	threadView
+	Values map[string]any `json:"values,omitempty"`
+}
+
+// valuesLoaders bounds the threads whose checkpoints one search reads at
+// a time.
+const valuesLoaders = 8
+
+// loadValues sets the values of each view: the state at its thread's
+// head, as GET /threads/{id}/state shows them.
+func (s *Server) loadValues(ctx context.Context, threads []protocol.Thread, views []searchedThread) error {
+	errs := make([]error, len(threads))
+	sem := make(chan struct{}, valuesLoaders)
+	var wg sync.WaitGroup
+	for i := range threads {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			th := &threads[i]
+			st, _, err := s.stores.Checkpoints.Load(ctx, th.Tenant, th.ThreadID, th.Head)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			views[i].Values = langgraph.Values(st, protocol.InterruptValue)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return errUnavailable("the checkpoints bucket is not available", err)
+	}
 	return nil
 }
 
@@ -218,6 +276,22 @@ func (s *Server) countThreads(w http.ResponseWriter, r *http.Request, tenant str
 	}
 	if err := b.check(); err != nil {
 		return err
+	}
+	if len(b.Ids) == 0 && len(b.Metadata) == 0 && b.Status == "" {
+		// Every thread the request may see: counted by subject, from the
+		// records or the creation index, reading none (threadindex.go).
+		_, owners := s.ownerFilter(r)
+		if owners != nil {
+			if err := s.ensureIndexed(r.Context(), tenant); err != nil {
+				return errUnavailable("the threads bucket is not available", err)
+			}
+		}
+		n, err := s.stores.Threads.Count(r.Context(), tenant, owners)
+		if err != nil {
+			return errUnavailable("the threads bucket is not available", err)
+		}
+		writeJSON(w, http.StatusOK, n)
+		return nil
 	}
 	all, err := s.matchingThreads(r, tenant, &b)
 	if err != nil {

@@ -39,14 +39,7 @@ func benchDeployment(b *testing.B) *testdeploy.Deployment {
 
 // benchSearch measures POST body to path on a gateway over the
 // deployment and reports its p99 and p50.
-func benchSearch(b *testing.B, path, body string) {
-	d := benchDeployment(b)
-	gw, err := New(context.Background(), d.NC, Config{Settings: d.Settings, Logger: zap.NewNop()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	hs := httptest.NewServer(gw.Handler())
-	defer hs.Close()
+func benchSearch(b *testing.B, hs *httptest.Server, path, body string) {
 	search := func() time.Duration {
 		start := time.Now()
 		req, _ := http.NewRequest("POST", hs.URL+path, strings.NewReader(body))
@@ -73,22 +66,33 @@ func benchSearch(b *testing.B, path, body string) {
 	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
 }
 
-// BenchmarkThreadsSearch: Agent Chat UI's history query (limit 10, newest
-// updated first, a metadata filter matching a tenth) with 100,000
-// threads in the tenant. It reads back from the newest writes only.
+// BenchmarkThreadsSearch: threads.search and threads.count with
+// 100,000 threads in the tenant, one sub-benchmark per sort order (limit
+// 10, a metadata filter matching a tenth, as Agent Chat UI's history
+// query) and per count. updated_at reads back from the newest writes of
+// the threads bucket, created_at reads the creation index from either
+// end, a count without filters counts subjects; thread_id and status
+// orders and a count with a metadata filter read every record of the
+// tenant.
 func BenchmarkThreadsSearch(b *testing.B) {
-	benchSearch(b, "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "updated_at", "sort_order": "desc"}`)
-}
-
-// BenchmarkThreadsSearchFullRead: a search in another order reads every
-// record of the tenant (100,000).
-func BenchmarkThreadsSearchFullRead(b *testing.B) {
-	benchSearch(b, "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "created_at", "sort_order": "asc"}`)
-}
-
-// BenchmarkThreadsCount: threads.count reads every record of the tenant.
-func BenchmarkThreadsCount(b *testing.B) {
-	benchSearch(b, "/threads/count", `{"metadata": {"user": "u3"}}`)
+	d := benchDeployment(b)
+	gw, err := New(context.Background(), d.NC, Config{Settings: d.Settings, Logger: zap.NewNop()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	hs := httptest.NewServer(gw.Handler())
+	defer hs.Close()
+	for _, c := range []struct{ name, path, body string }{
+		{"updated_at-desc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "updated_at", "sort_order": "desc"}`},
+		{"created_at-desc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "created_at", "sort_order": "desc"}`},
+		{"created_at-asc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "created_at", "sort_order": "asc"}`},
+		{"thread_id-asc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "thread_id", "sort_order": "asc"}`},
+		{"status-desc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "status", "sort_order": "desc"}`},
+		{"count", "/threads/count", `{}`},
+		{"count-metadata", "/threads/count", `{"metadata": {"user": "u3"}}`},
+	} {
+		b.Run(c.name, func(b *testing.B) { benchSearch(b, hs, c.path, c.body) })
+	}
 }
 
 // BenchmarkGatewayStart: a gateway starting on a deployment with 100,000

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -11,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/erase"
+	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -144,6 +147,27 @@ func TestThreadsSearchOwnThreadsOnly(t *testing.T) {
 	if len(out) != 1 || out[0].ThreadID != "tb" {
 		t.Fatalf("bob sees %+v", out)
 	}
+	// By creation, from the index: each user's own, all for ops.
+	for _, c := range []struct {
+		who  []string
+		want string
+	}{{alice, "[ta]"}, {bob, "[tb]"}, {ops, "[tb ta]"}} {
+		for _, path := range []string{"/threads/search", "/threads?limit=10"} {
+			var got []threadView
+			if path == "/threads/search" {
+				p.do("POST", path, map[string]any{"sort_by": "created_at"}, c.who...).expect(t, http.StatusOK).decode(t, &got)
+			} else {
+				p.do("GET", path, nil, c.who...).expect(t, http.StatusOK).decode(t, &got)
+			}
+			var ids []string
+			for _, th := range got {
+				ids = append(ids, th.ThreadID)
+			}
+			if fmt.Sprint(ids) != c.want {
+				t.Fatalf("%s: %s lists %v, want %s", path, c.who[1][:5], ids, c.want)
+			}
+		}
+	}
 }
 
 // TestThreadIndexFollowsOtherWriters: a thread written by another process
@@ -171,21 +195,25 @@ func TestThreadIndexFollowsOtherWriters(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("interrupted count %d", n)
 	}
-	kvb, err := e.js.KeyValue(ctx, e.settings.Names.ThreadsBucket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := kvb.Purge(ctx, "default.w1"); err != nil {
+	// Removed as every deletion removes a thread (erase.DeleteThread, as
+	// the retention sweep and DELETE /threads/{id} do): its keys purged,
+	// no marker left.
+	if err := e.gw.eraser.DeleteThread(ctx, "default", "w1", erase.ThreadOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.do("POST", "/threads/count", nil).expect(t, http.StatusOK).decode(t, &n)
 	if n != 0 {
-		t.Fatalf("count after purge %d", n)
+		t.Fatalf("count after deletion %d", n)
+	}
+	var out []threadView
+	e.do("POST", "/threads/search", map[string]any{"sort_by": "created_at"}).expect(t, http.StatusOK).decode(t, &out)
+	if len(out) != 0 {
+		t.Fatalf("a created_at search after deletion finds %+v", out)
 	}
 }
 
-// writeThreads stores n thread records of tenant directly (as workers
-// do), t<prefix>00000 first, each written after the one before, with
+// writeThreads stores n thread records of tenant and their creation
+// index keys directly (as kv.Threads.Put does), t<prefix>00000 first, each written after the one before, with
 // metadata "user" = u<i%10>.
 func writeThreads(tb testing.TB, js jetstream.JetStream, bucket, tenant, prefix string, n int) {
 	tb.Helper()
@@ -193,6 +221,12 @@ func writeThreads(tb testing.TB, js jetstream.JetStream, bucket, tenant, prefix 
 		th := newThread(tenant, fmt.Sprintf("%s%05d", prefix, i), map[string]any{"user": fmt.Sprintf("u%d", i%10)})
 		data, err := protocol.AppendThreadJSON(nil, th)
 		if err != nil {
+			tb.Fatal(err)
+		}
+		// The creation index key first, then the record, as
+		// kv.Threads.Put writes them.
+		entry, _ := json.Marshal(kv.CreatedEntry{CreatedAt: th.CreatedAt})
+		if _, err := js.PublishAsync("$KV."+bucket+"."+kv.CreatedKey(tenant, th.ThreadID, ""), entry); err != nil {
 			tb.Fatal(err)
 		}
 		if _, err := js.PublishAsync("$KV."+bucket+"."+bus.Key(tenant, th.ThreadID), data); err != nil {
@@ -301,6 +335,116 @@ func TestThreadsSearchReadsBackFromTheNewest(t *testing.T) {
 	e.do("POST", "/threads/search", map[string]any{"limit": 1000}, "X-Tenant", "other").expect(t, http.StatusOK).decode(t, &other)
 	if len(other) != 300 {
 		t.Fatalf("tenant other sees %d threads", len(other))
+	}
+	for _, th := range other {
+		if !strings.HasPrefix(th.ThreadID, "o") {
+			t.Fatalf("tenant other sees %s", th.ThreadID)
+		}
+	}
+}
+
+// TestThreadsSearchByCreation: a created_at search reads the creation
+// index from the end its order starts at, only as far as its page needs,
+// in both orders, with filters; a tenant whose threads were written
+// before the index existed is repaired by its first such search; a count
+// without filters reads no record; another tenant's threads never show.
+func TestThreadsSearchByCreation(t *testing.T) {
+	const n = 3000
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	bucket := e.settings.Names.ThreadsBucket()
+	writeThreads(t, e.js, bucket, "big", "t", n)
+	writeThreads(t, e.js, bucket, "other", "o", 200)
+	// Written before the index existed: no creation index keys.
+	st, err := e.js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Purge(ctx, jetstream.WithPurgeSubject("$KV."+bucket+".big.*.created.*")); err != nil {
+		t.Fatal(err)
+	}
+	if behind, err := e.stores.Threads.IndexBehind(ctx, "big"); !behind || err != nil {
+		t.Fatalf("behind %v, %v", behind, err)
+	}
+
+	ids := func(body map[string]any) []string {
+		t.Helper()
+		var out []threadView
+		e.do("POST", "/threads/search", body, "X-Tenant", "big").expect(t, http.StatusOK).decode(t, &out)
+		got := []string{}
+		for _, th := range out {
+			got = append(got, th.ThreadID)
+		}
+		return got
+	}
+	if got := ids(map[string]any{"limit": 3, "sort_by": "created_at"}); fmt.Sprint(got) != "[t02999 t02998 t02997]" {
+		t.Fatalf("newest created: %v", got)
+	}
+	if behind, err := e.stores.Threads.IndexBehind(ctx, "big"); behind || err != nil {
+		t.Fatalf("after the first search: behind %v, %v", behind, err)
+	}
+	if got := ids(map[string]any{"limit": 3, "offset": 1, "sort_by": "created_at", "sort_order": "asc"}); fmt.Sprint(got) != "[t00001 t00002 t00003]" {
+		t.Fatalf("oldest created: %v", got)
+	}
+	if got := ids(map[string]any{"limit": 2, "sort_by": "created_at", "sort_order": "asc", "metadata": map[string]any{"user": "u7"}}); fmt.Sprint(got) != "[t00007 t00017]" {
+		t.Fatalf("oldest u7: %v", got)
+	}
+	// A page of the newest reads a small part of the index.
+	visited := 0
+	complete, err := e.stores.Threads.Created(ctx, "big", true, 10, nil, func(string, uint64) { visited++ }, func() bool { return visited >= 10 })
+	if err != nil || complete || visited < 10 || visited >= n/2 {
+		t.Fatalf("a page of 10 visited %d of %d (complete %v, %v)", visited, n, complete, err)
+	}
+	visited = 0
+	complete, err = e.stores.Threads.Created(ctx, "big", false, 10, nil, func(string, uint64) { visited++ }, func() bool { return visited >= 10 })
+	if err != nil || complete || visited < 10 || visited >= n/2 {
+		t.Fatalf("a page of the 10 oldest visited %d of %d (complete %v, %v)", visited, n, complete, err)
+	}
+
+	// Created now (through the gateway, and as a worker creates one):
+	// first newest, last oldest.
+	e.do("POST", "/threads", map[string]any{"thread_id": "fresh1"}, "X-Tenant", "big").expect(t, http.StatusOK)
+	if _, err := e.stores.Threads.Put(ctx, newThread("big", "fresh2", nil), 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(map[string]any{"limit": 3, "sort_by": "created_at", "sort_order": "desc"}); fmt.Sprint(got) != "[fresh2 fresh1 t02999]" {
+		t.Fatalf("newest created after two creates: %v", got)
+	}
+	var listed []threadView
+	e.do("GET", "/threads?limit=2", nil, "X-Tenant", "big").expect(t, http.StatusOK).decode(t, &listed)
+	if len(listed) != 2 || listed[0].ThreadID != "fresh2" || listed[1].ThreadID != "fresh1" {
+		t.Fatalf("GET /threads: %+v", listed)
+	}
+	count := func(tenant string, body any) int {
+		t.Helper()
+		var c int
+		e.do("POST", "/threads/count", body, "X-Tenant", tenant).expect(t, http.StatusOK).decode(t, &c)
+		return c
+	}
+	if c := count("big", nil); c != n+2 {
+		t.Fatalf("count %d, want %d", c, n+2)
+	}
+	if c := count("big", map[string]any{"metadata": map[string]any{"user": "u3"}}); c != n/10 {
+		t.Fatalf("count u3 %d", c)
+	}
+	if c := count("other", nil); c != 200 {
+		t.Fatalf("count other %d", c)
+	}
+	if c := count("nobody", nil); c != 0 {
+		t.Fatalf("count of an empty tenant %d", c)
+	}
+	// Deleted: gone from the index and the count.
+	e.do("DELETE", "/threads/fresh2", nil, "X-Tenant", "big").expect(t, http.StatusNoContent)
+	if got := ids(map[string]any{"limit": 1, "sort_by": "created_at"}); fmt.Sprint(got) != "[fresh1]" {
+		t.Fatalf("newest created after deleting fresh2: %v", got)
+	}
+	if c := count("big", nil); c != n+1 {
+		t.Fatalf("count after a deletion %d", c)
+	}
+	var other []threadView
+	e.do("POST", "/threads/search", map[string]any{"limit": 1000, "sort_by": "created_at", "sort_order": "asc"}, "X-Tenant", "other").expect(t, http.StatusOK).decode(t, &other)
+	if len(other) != 200 || other[0].ThreadID != "o00000" {
+		t.Fatalf("tenant other sees %d threads by creation", len(other))
 	}
 	for _, th := range other {
 		if !strings.HasPrefix(th.ThreadID, "o") {

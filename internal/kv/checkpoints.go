@@ -235,7 +235,10 @@ func (s *Checkpoints) readDeltas(ctx context.Context, tenant, thread string) (ma
 	if err != nil {
 		return nil, err
 	}
-	defer w.Stop()
+	// No w.Stop: it deletes the watch's consumer and waits for the
+	// server's answer, a round trip the run would wait for before its
+	// model call. Cancelling the watch's context (deferred above) stops
+	// it the same way, in the background.
 	stall := time.NewTimer(watchStall)
 	defer stall.Stop()
 	byID := make(map[string]*Delta)

@@ -143,6 +143,7 @@ func (s *Threads) readRange(ctx context.Context, filter string, lo, hi uint64, v
 }
 
 type scannedMsg struct {
+	subject string
 	seq     uint64
 	deleted bool
 	data    []byte
@@ -194,7 +195,7 @@ func (s *Threads) directBatch(ctx context.Context, filter string, seq uint64) ([
 				return nil, false, fmt.Errorf("read threads: a message without its sequence")
 			}
 			op := m.Header.Get("KV-Operation")
-			out = append(out, scannedMsg{seq: n, deleted: op == "DEL" || op == "PURGE", data: m.Data})
+			out = append(out, scannedMsg{subject: m.Header.Get("Nats-Subject"), seq: n, deleted: op == "DEL" || op == "PURGE", data: m.Data})
 		}
 	}
 }

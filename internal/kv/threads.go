@@ -33,9 +33,65 @@ func (s *Threads) GetLatest(ctx context.Context, tenant, thread string) (*protoc
 	return getAfter[protocol.Thread](ctx, s.js, s.bucket, bus.Key(tenant, thread), 0)
 }
 
-// Put creates (rev 0) or compare-and-sets (rev > 0) a thread record.
+// Put creates (rev 0) or compare-and-sets (rev > 0) a thread record. A
+// creation writes the thread's creation index key first (threadindex.go),
+// so a record never exists unindexed but for a writer that died between
+// the two.
 func (s *Threads) Put(ctx context.Context, t *protocol.Thread, rev uint64) (uint64, error) {
-	return put(ctx, s.kv, bus.Key(t.Tenant, t.ThreadID), t, rev)
+	if rev > 0 {
+		return put(ctx, s.kv, bus.Key(t.Tenant, t.ThreadID), t, rev)
+	}
+	indexed, err := s.indexCreated(ctx, t)
+	if err != nil {
+		return 0, err
+	}
+	n, err := put(ctx, s.kv, bus.Key(t.Tenant, t.ThreadID), t, 0)
+	if err != nil && indexed {
+		s.unindexCreated(ctx, t, err)
+	}
+	return n, err
+}
+
+// CreateNew creates the record of a thread whose key was never written
+// (or is gone with its history), in one round trip: unlike Put with rev
+// 0 it does not read the key again when it is refused, to see whether its
+// last entry was a delete, and its creation index key is written at the
+// same time as the record, not before it. Refused with ErrExists when the
+// key has an entry, a delete included; an index key it wrote for a
+// thread that turns out to be another owner's is removed again.
+func (s *Threads) CreateNew(ctx context.Context, t *protocol.Thread) (uint64, error) {
+	data, err := encode(t)
+	if err != nil {
+		return 0, err
+	}
+	type indexed struct {
+		ok  bool
+		err error
+	}
+	ix := make(chan indexed, 1)
+	go func() {
+		ok, err := s.writeCreated(ctx, t, true)
+		ix <- indexed{ok, err}
+	}()
+	bctx, cancel := bound(ctx)
+	defer cancel()
+	n, err := s.kv.Update(bctx, bus.Key(t.Tenant, t.ThreadID), data, 0)
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+		err = ErrExists
+	}
+	// An index write that failed leaves the record unindexed, as a writer
+	// that died between the two would: the repair (threadindex.go) adds
+	// the key.
+	if r := <-ix; r.ok && err != nil {
+		s.unindexCreated(ctx, t, err)
+	}
+	if err != nil {
+		if errors.Is(err, ErrExists) {
+			return 0, err
+		}
+		return 0, bus.MarkStoreFull(s.bucket, err)
+	}
+	return n, nil
 }
 
 // Mutate applies fn to the current record (a new one if the thread does

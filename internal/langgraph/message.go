@@ -134,6 +134,8 @@ func FromModel(m model.Message) Message {
 			switch p.Type {
 			case model.PartImageURL:
 				blocks = append(blocks, map[string]any{"type": model.PartImageURL, "image_url": map[string]any{"url": p.ImageURL}})
+			case model.PartImageFile:
+				blocks = append(blocks, map[string]any{"type": model.PartImageFile, "image_file": p.Image})
 			default:
 				blocks = append(blocks, map[string]any{"type": "text", "text": p.Text})
 			}
@@ -321,6 +323,15 @@ func content(raw json.RawMessage) (string, []model.Part, error) {
 		Type     string          `json:"type"`
 		Text     string          `json:"text"`
 		ImageURL json.RawMessage `json:"image_url"`
+		// LangChain's image block: source_type base64 (data,
+		// mime_type) or url (url); v1 blocks name base64 or url alone.
+		SourceType string `json:"source_type"`
+		Data       string `json:"data"`
+		Base64     string `json:"base64"`
+		URL        string `json:"url"`
+		MIMEType   string `json:"mime_type"`
+		// natsagent's reference to an image of the thread.
+		ImageFile *model.ImageFile `json:"image_file"`
 	}
 	if err := json.Unmarshal(raw, &blocks); err != nil {
 		return "", nil, errors.New("must be a string or a list of content blocks")
@@ -340,8 +351,32 @@ func content(raw json.RawMessage) (string, []model.Part, error) {
 			}
 			images = true
 			parts = append(parts, model.Part{Type: model.PartImageURL, ImageURL: url})
+		case "image":
+			data := blk.Data
+			if data == "" {
+				data = blk.Base64
+			}
+			switch {
+			case (blk.SourceType == "base64" || blk.SourceType == "") && data != "":
+				if blk.MIMEType == "" {
+					return "", nil, errors.New("an image block with base64 data needs mime_type")
+				}
+				parts = append(parts, model.Part{Type: model.PartImageURL, ImageURL: "data:" + blk.MIMEType + ";base64," + data})
+			case (blk.SourceType == "url" || blk.SourceType == "") && blk.URL != "":
+				parts = append(parts, model.Part{Type: model.PartImageURL, ImageURL: blk.URL})
+			default:
+				return "", nil, errors.New(`an image block needs source_type "base64" with data and mime_type, or source_type "url" with url`)
+			}
+			images = true
+		case model.PartImageFile:
+			if blk.ImageFile == nil {
+				return "", nil, errors.New("an image_file block needs image_file.sha256 and image_file.mime_type")
+			}
+			img := *blk.ImageFile
+			images = true
+			parts = append(parts, model.Part{Type: model.PartImageFile, Image: &img})
 		default:
-			return "", nil, fmt.Errorf("content blocks of type %q are not supported; send text (or image_url)", clip(blk.Type))
+			return "", nil, fmt.Errorf("content blocks of type %q are not supported; send text, image_url or image", clip(blk.Type))
 		}
 	}
 	if !images {

@@ -220,14 +220,19 @@ func TestRememberBoundsAndErrors(t *testing.T) {
 	if notes != "- Likes green tea" {
 		t.Fatalf("notes %q", notes)
 	}
-	// The next call of this run sees the new note.
-	var sys string
+	// The next call of this run sees the new note, in its trailing
+	// context: the system prompt keeps the memory the run started with,
+	// so its cached prefix holds.
+	var sys, trailing string
 	m.WrapModelCall(context.Background(), rt, &middleware.ModelRequest{}, func(ctx context.Context, req *middleware.ModelRequest) (*middleware.ModelResponse, error) {
 		sys = req.System
+		if c, ok := middleware.ContextMessage(req); ok {
+			trailing = c.Content
+		}
 		return nil, nil
 	})
-	if !strings.Contains(sys, "Likes green tea") {
-		t.Fatalf("the run does not see its own note: %q", sys)
+	if strings.Contains(sys, "green tea") || !strings.Contains(trailing, "<memory_saved>") || !strings.Contains(trailing, "- Likes green tea") {
+		t.Fatalf("the run does not see its own note in its trailing context: system %q, context %q", sys, trailing)
 	}
 	// Full: 120 bytes in all.
 	res = remember(t, m, rt, fmt.Sprintf(`{"note": %q}`, strings.Repeat("y", 101)))

@@ -46,6 +46,15 @@ type Recorder interface {
 	// JobProcessed counts a run request a worker took to its end, and
 	// whether it was a redelivery.
 	JobProcessed(redelivered bool)
+	// ToolCall is one tool call of a run, by tool name (the run's own
+	// tools; anything else is "unknown"), with its result status (ok,
+	// error, denied, ...) and how long it took.
+	ToolCall(tool, status string, d time.Duration)
+	// FencePause counts a run paused because its lease's renewal was
+	// late; FenceStop a run its lease fence stopped, by reason
+	// (FenceLeaseTaken, FenceLeaseExpired).
+	FencePause()
+	FenceStop(reason string)
 	// TrackWorker adds a worker's gauges, read when metrics are collected,
 	// until untrack is called.
 	TrackWorker(stats func() WorkerStats) (untrack func())
@@ -85,6 +94,16 @@ const (
 	DLQMaxDeliveries = "max_deliveries"
 )
 
+// Fence stop reasons.
+const (
+	// FenceLeaseTaken: a write of the lease was refused because the
+	// thread's lease is another run's or has a newer epoch.
+	FenceLeaseTaken = "lease_taken"
+	// FenceLeaseExpired: no write of the lease was confirmed for twice
+	// the lapse a redelivery waits for (the server out of reach).
+	FenceLeaseExpired = "lease_expired"
+)
+
 // Nop records nothing: the default of every Config.
 type Nop struct{}
 
@@ -99,6 +118,9 @@ func (Nop) CancelRequest(string)                              {}
 func (Nop) DeadLettered(string)                               {}
 func (Nop) StoreFull(string)                                  {}
 func (Nop) JobProcessed(bool)                                 {}
+func (Nop) ToolCall(string, string, time.Duration)            {}
+func (Nop) FencePause()                                       {}
+func (Nop) FenceStop(string)                                  {}
 func (Nop) TrackWorker(func() WorkerStats) func()             { return func() {} }
 func (Nop) TrackConsumer(string, func(context.Context) (uint64, error)) func() {
 	return func() {}

@@ -4,9 +4,10 @@ package middleware
 // (request-only warning). Reads the usage recorded on this run's assistant
 // messages (meta "usage"); writes only the stripped assistant message of a
 // hard stop; emits budget.warning and budget.exceeded (custom). Off by
-// default. Only this run's model calls count, and the count is derived
-// from checkpointed messages, so a redelivered or replayed step is never
-// counted twice. Input tokens are summed per call: context sent again is
+// default. Only this run's model calls count, with the usage of the
+// subagents it started once a result reports them ended (each once, by
+// run id), and the count is derived from checkpointed messages, so a
+// redelivered or replayed step is never counted twice. Input tokens are summed per call: context sent again is
 // paid again.
 
 import (
@@ -65,7 +66,10 @@ const (
 // AfterModel implements AfterModel.
 func (b *TokenBudget) AfterModel(ctx context.Context, rt *Runtime, st *state.State) (Result, error) {
 	in, out := RunUsage(st, rt.RunID)
-	frac, used, budget, which := b.fraction(in, out)
+	// The children's tokens are the run's spending too (research case
+	// 39), counted once each when a result reports a child ended.
+	cin, cout := ChildUsage(st, rt.RunID)
+	frac, used, budget, which := b.fraction(in+cin, out+cout)
 	i := LastAssistant(st)
 	if frac >= b.Hard && i >= 0 {
 		if len(st.Messages[i].ToolCalls) == 0 {

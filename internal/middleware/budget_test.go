@@ -243,3 +243,54 @@ func TestNewTokenBudget_Validation(t *testing.T) {
 		}
 	}
 }
+
+// deer-flow §5.5 #39, second half: the usage of the subagents a run
+// started counts in its budget, each child once however many results
+// report it ended, and only this run's children.
+func TestTokenBudget_DeerFlow39_SubagentUsageCounts(t *testing.T) {
+	childDone := func(id, callID, tool, child string, in, out int) model.Message {
+		m := inRun("r1", result(id, callID, tool, "done"))[0]
+		m.Meta[MetaSubagentUsage] = map[string]any{"run_id": child, "input_tokens": in, "output_tokens": out}
+		return m
+	}
+	base := append(earlierRun(),
+		childDone("old_t", "oc1", TaskTool, "child_old", 500000, 1000), // another run's (r0 tag below)
+		inRun("r1", user("u1", "delegate"))[0],
+		used("r1", "a1", 1000, 100, call("c1", TaskTool, `{"subagent_type":"researcher","description":"x"}`)),
+		childDone("t1", "c1", TaskTool, "child_1", 6000, 1000),
+		used("r1", "a2", 1000, 100, call("c2", SubagentStatusTool, `{"run_id":"child_1"}`)),
+		childDone("t2", "c2", SubagentStatusTool, "child_1", 6000, 1000), // the same child again
+		used("r1", "a3", 500, 50, call("c3", "search", `{}`)),
+	)
+	base[len(earlierRun())].Meta["run_id"] = "r0"
+	// This run: 2,500 + 250 of its own calls and 7,000 of its child,
+	// once: 9,750 of 10,000 warns; counted twice it would stop.
+	b := newBudget(t, TokenBudget{MaxTokens: 10000})
+	rt, ev := newRuntime("r1")
+	if in, out := ChildUsage(stateOf(base...), "r1"); in != 6000 || out != 1000 {
+		t.Fatalf("child usage %d/%d, want 6000/1000", in, out)
+	}
+	res := budgetAfterModel(t, b, rt, stateOf(base...))
+	if res.Jump != JumpNone || len(ev.ofType(EventBudgetWarning)) != 1 {
+		t.Fatalf("result %+v, warnings %d: want one warning and no stop", res, len(ev.ofType(EventBudgetWarning)))
+	}
+	// Without the child it is far below the warning.
+	b2 := newBudget(t, TokenBudget{MaxTokens: 10000})
+	rt2, ev2 := newRuntime("r1")
+	plain := stateOf(append(model.CloneMessages(base), used("r1", "a4", 0, 0))...)
+	for i := range plain.Messages {
+		delete(plain.Messages[i].Meta, MetaSubagentUsage)
+	}
+	if res := budgetAfterModel(t, b2, rt2, plain); res.Jump != JumpNone || len(ev2.ofType(EventBudgetWarning)) != 0 {
+		t.Fatalf("without the child: %+v", res)
+	}
+	// A bigger child stops the run.
+	big := append(base[:len(base):len(base)], childDone("t3", "c3", "search", "child_2", 0, 0))
+	big = append(big, used("r1", "a5", 100, 10, call("c5", TaskTool, `{"subagent_type":"researcher","description":"y"}`)))
+	big[len(big)-2].Meta[MetaSubagentUsage] = map[string]any{"run_id": "child_2", "input_tokens": 3000, "output_tokens": 0}
+	rt3, _ := newRuntime("r1")
+	res = budgetAfterModel(t, newBudget(t, TokenBudget{MaxTokens: 10000}), rt3, stateOf(big...))
+	if res.Jump != JumpEnd || res.StopReason != protocol.StopTokenCapped {
+		t.Fatalf("a second child over the budget: %+v", res)
+	}
+}

@@ -90,6 +90,12 @@ type ModelRequest struct {
 	System   string
 	Messages []model.Message
 	Tools    []model.ToolSpec
+	// Context holds the sections of the trailing context message: what
+	// changes during a run (the todo list, notes saved to memory), sent
+	// after every other message so the request's prefix stays the same
+	// from call to call (promptcontext.go). Append, never assign to an
+	// element.
+	Context []string
 	// Model is the provider and ModelName its model name.
 	Model     model.Model
 	ModelName string
@@ -102,6 +108,7 @@ func (r *ModelRequest) Clone() *ModelRequest {
 	c := *r
 	c.Messages = model.CloneMessages(r.Messages)
 	c.Tools = append([]model.ToolSpec(nil), r.Tools...)
+	c.Context = append([]string(nil), r.Context...)
 	return &c
 }
 

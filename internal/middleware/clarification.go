@@ -21,6 +21,7 @@ import (
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
+	"github.com/natsagent/natsagent/internal/tools"
 )
 
 // ClarificationTool is the tool's name.
@@ -45,12 +46,7 @@ func (*Clarification) Name() string { return "clarification" }
 var clarificationSpec = model.ToolSpec{
 	Name:        ClarificationTool,
 	Description: "Ask the person a question when you cannot go on without their input: missing information, an ambiguous request, a choice between approaches, or a risky action to confirm. The run pauses until they answer. Ask one clear question; offer options when the answer is a choice.",
-	Parameters: json.RawMessage(`{"type":"object","properties":{
-"question":{"type":"string","description":"The question, in one or two sentences."},
-"type":{"type":"string","enum":["missing_info","ambiguous_requirement","approach_choice","risk_confirmation","suggestion"]},
-"context":{"type":"string","description":"Why you ask, briefly."},
-"options":{"type":"array","items":{"type":"string"},"description":"Choices to offer, when the answer is one of a few."}},
-"required":["question"]}`),
+	Parameters:  tools.SchemaJSON[clarificationArgs](),
 }
 
 // WrapModelCall offers the tool.
@@ -95,11 +91,13 @@ func (c *Clarification) AfterModel(ctx context.Context, rt *Runtime, st *state.S
 	return Result{Update: u}, nil
 }
 
+// clarificationArgs are ask_clarification's arguments; the type enum
+// is clarificationTypes (TestClarificationTypesInSchema).
 type clarificationArgs struct {
-	Question string   `json:"question"`
-	Type     string   `json:"type"`
-	Context  string   `json:"context"`
-	Options  []string `json:"options"`
+	Question string   `json:"question" jsonschema:"The question, in one or two sentences."`
+	Type     string   `json:"type,omitempty" schema:"enum=missing_info|ambiguous_requirement|approach_choice|risk_confirmation|suggestion" jsonschema:"What kind of question this is."`
+	Context  string   `json:"context,omitempty" jsonschema:"Why you ask, briefly."`
+	Options  []string `json:"options,omitempty" jsonschema:"Choices to offer, when the answer is one of a few."`
 }
 
 // WrapToolCall turns ask_clarification into an interrupt.

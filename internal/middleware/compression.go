@@ -380,7 +380,7 @@ func (c *ContextCompression) prepare(ctx context.Context, rt *Runtime, req *Mode
 		rec = run.record(req.State)
 	}
 	w := &callWork{rec: rec, data: CompressionData{Reason: reason, MessageID: MessageID(ctx), JobID: jobID}}
-	fixed := rc.cache.System(req.System) + rc.cache.Tools(req.Tools) + tokens.ReplyPriming
+	fixed := rc.cache.System(req.System) + rc.cache.Tools(req.Tools) + tokens.ReplyPriming + contextTokens(counter, req)
 	v := c.view(run, rc, req, rec)
 	w.before = fixed + v.sum
 	w.data.TokensBefore = w.before

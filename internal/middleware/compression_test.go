@@ -628,8 +628,8 @@ func TestCompression_TodosSkillsSubagentsSurviveSummary_Deepagents4161(t *testin
 		e.run(chain, base(), files.NewMemory(), nil, user("u2", "go on"))
 		e.checkStrict()
 		req := e.mains()[0].Messages
-		if !strings.Contains(req[0].Content, "[in_progress] write the report") {
-			t.Fatalf("the system prompt lost the todos: %s", req[0].Content)
+		if last := req[len(req)-1].Content; !strings.HasPrefix(last, "<system-reminder>") || !strings.Contains(last, "[in_progress] write the report") {
+			t.Fatalf("the trailing context lost the todos: %s", last)
 		}
 		sum := req[1].Content
 		if strings.Contains(sum, "write the report") {

@@ -4,7 +4,10 @@ package middleware
 // state; writes nothing; emits nothing. It adds the current date to the
 // system prompt of every model call, in the configured time zone, so the
 // model knows "today" without the date ever being stored in the thread
-// (where it would go stale). Later issues add memory here.
+// (where it would go stale). The date in the system prompt is the one the
+// run started on, so the prompt's cached prefix holds for the whole run
+// (promptcontext.go); a run still going on a later day gets the new date
+// in its trailing context as well.
 
 import (
 	"context"
@@ -41,12 +44,18 @@ func (*DynamicContext) Name() string { return "dynamic_context" }
 
 // WrapModelCall implements WrapModelCall.
 func (d *DynamicContext) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelRequest, next ModelHandler) (*ModelResponse, error) {
+	return next(ctx, d.request(rt, req))
+}
+
+// request is the call's request with the date (built apart: chain.go,
+// "Frames").
+func (d *DynamicContext) request(rt *Runtime, req *ModelRequest) *ModelRequest {
+	today := d.now().In(d.loc).Format("2006-01-02, Monday")
+	start := Scratch(rt, "dynamic_context:date", func() string { return today })
 	c := *req
-	date := fmt.Sprintf("<current_date>%s</current_date>", d.now().In(d.loc).Format("2006-01-02, Monday"))
-	if c.System == "" {
-		c.System = date
-	} else {
-		c.System += "\n\n" + date
+	c.System = appendSection(c.System, "<current_date>"+start+"</current_date>")
+	if today != start {
+		return withContextSection(&c, "<current_date>"+today+"</current_date>\nThe date changed since this conversation's system prompt was written.")
 	}
-	return next(ctx, &c)
+	return &c
 }

@@ -3,10 +3,13 @@ package middleware
 // Loop detection. Boundary: model response (after-model) and model call
 // (request-only warnings). Reads the thread's transcript; writes only the
 // stripped assistant message of a hard stop; emits loop.detected (custom).
-// Two layers, after DeerFlow: identical tool-call sets (order-insensitive,
-// keyed by each tool's salient arguments) within the last 20 tool-calling
-// messages warn at 3 and stop at 5; calls of one tool within the last 50
-// calls warn at 30 and stop at 50, with per-tool overrides. The history is
+// Two layers after DeerFlow, and a third of ours: identical tool-call sets
+// (order-insensitive, keyed by each tool's salient arguments) within the
+// last 20 tool-calling messages warn at 3 and stop at 5; calls of one tool
+// within the last 50 calls warn at 30 and stop at 50, with per-tool
+// overrides; a cycle of 2 to 4 tool-calling messages (search, fetch,
+// search, fetch... with arguments that all differ: deer-flow #2569, which
+// the first two never catch) warns at 15 rounds and stops at 25. The history is
 // derived from the run's part of the transcript, so it is the same on every
 // worker and after a redelivery. Unlike DeerFlow's thread-wide history, it
 // is scoped to the run: a person asking the same thing in five turns is
@@ -37,6 +40,12 @@ type LoopDetection struct {
 	ToolFreqWarn  int                  `json:"tool_freq_warn"`
 	ToolFreqHard  int                  `json:"tool_freq_hard_limit"`
 	Overrides     map[string]FreqLimit `json:"tool_freq_overrides"`
+	// CycleWarn and CycleHard are the repetitions of a cycle of tool
+	// calls (CycleMaxPeriod tool-calling messages at most, of two tools
+	// or more) at which the cycle layer warns and stops.
+	CycleWarn      int `json:"cycle_warn"`
+	CycleHard      int `json:"cycle_hard_limit"`
+	CycleMaxPeriod int `json:"cycle_max_period"`
 }
 
 // FreqLimit overrides the per-tool thresholds of one tool.
@@ -62,7 +71,22 @@ func NewLoopDetection(l LoopDetection) (*LoopDetection, error) {
 	if l.ToolFreqHard == 0 {
 		l.ToolFreqHard = 50
 	}
+	if l.CycleWarn == 0 {
+		l.CycleWarn = 15
+	}
+	if l.CycleHard == 0 {
+		l.CycleHard = 25
+	}
+	if l.CycleMaxPeriod == 0 {
+		l.CycleMaxPeriod = 4
+	}
 	switch {
+	case l.CycleWarn < 2:
+		return nil, fmt.Errorf("cycle_warn must be at least 2")
+	case l.CycleHard < l.CycleWarn:
+		return nil, fmt.Errorf("cycle_hard_limit (%d) must be at least cycle_warn (%d)", l.CycleHard, l.CycleWarn)
+	case l.CycleMaxPeriod < 2 || l.CycleMaxPeriod > 10:
+		return nil, fmt.Errorf("cycle_max_period must be 2 to 10, not %d", l.CycleMaxPeriod)
 	case l.WarnThreshold < 1:
 		return nil, fmt.Errorf("warn_threshold must be at least 1")
 	case l.HardLimit < l.WarnThreshold:
@@ -157,6 +181,13 @@ func (l *LoopDetection) AfterModel(ctx context.Context, rt *Runtime, st *state.S
 			warnings = append(warnings, fmt.Sprintf("[LOOP DETECTED] You have called %s %d times without giving a final answer. Use the results you already have and answer; call it again only if it is truly necessary.", name, n))
 		}
 	}
+	// Layer 3: a cycle of tool calls (search, fetch, search, fetch...)
+	// whose arguments all differ, which neither layer above sees.
+	if c := l.cycle(rt, st, i); c.reps >= l.CycleHard {
+		return l.stop(rt, st, i, fmt.Sprintf("[FORCED STOP] The cycle of tool calls %s was repeated %d times, over the safety limit. Here is the answer with the results collected so far.", c.names, c.reps), "cycle", c.names)
+	} else if c.reps == l.CycleWarn && c.fresh {
+		warnings = append(warnings, fmt.Sprintf("[LOOP DETECTED] You have repeated the cycle of tool calls %s %d times without giving a final answer. Use the results you already have and answer; continue only if each new call is truly necessary.", c.names, c.reps))
+	}
 	for _, w := range warnings {
 		queueGuidance(rt, loopWarningName, w)
 	}
@@ -164,6 +195,91 @@ func (l *LoopDetection) AfterModel(ctx context.Context, rt *Runtime, st *state.S
 		rt.Emit(EventLoopDetected, map[string]any{"action": "warn", "warnings": warnings})
 	}
 	return Result{}, nil
+}
+
+// cycleFound is the cycle the run's latest tool-calling messages repeat.
+type cycleFound struct {
+	// names are the tools of one round, in call order ("search → fetch").
+	names string
+	// reps counts the complete rounds at the end of the transcript.
+	reps int
+	// fresh is true when the latest message completed a round.
+	fresh bool
+}
+
+// cycle finds the shortest cycle of 2 to CycleMaxPeriod tool-calling
+// messages that the run's latest ones repeat, each message told by the
+// sorted names of its calls (arguments ignored: they differ from round to
+// round). A round of one message is layer 2's, not a cycle; a cycle whose
+// every tool has a tool_freq_overrides entry is the batch work the
+// overrides allow, not a loop.
+func (l *LoopDetection) cycle(rt *Runtime, st *state.State, i int) cycleFound {
+	need := l.CycleMaxPeriod * (l.CycleHard + 1)
+	sigs := make([]string, 0, 16)
+	for j := i; j >= 0 && len(sigs) < need; j-- {
+		m := &st.Messages[j]
+		if id, _ := m.Meta["run_id"].(string); id != rt.RunID && id != "" {
+			break
+		}
+		if m.Role != model.RoleAssistant || len(m.ToolCalls) == 0 {
+			continue
+		}
+		names := make([]string, len(m.ToolCalls))
+		for k, c := range m.ToolCalls {
+			names[k] = c.Name
+		}
+		sort.Strings(names)
+		sigs = append(sigs, strings.Join(names, "+"))
+	}
+	// sigs[0] is the latest message.
+	for p := 2; p <= l.CycleMaxPeriod && 2*p <= len(sigs); p++ {
+		if !primitive(sigs[:p]) {
+			continue
+		}
+		n := p
+		for n < len(sigs) && sigs[n] == sigs[n%p] {
+			n++
+		}
+		if n < 2*p {
+			continue
+		}
+		round := make([]string, p)
+		exempt := true
+		for k := range p {
+			round[k] = sigs[p-1-k]
+			for _, name := range strings.Split(round[k], "+") {
+				if _, ok := l.Overrides[name]; !ok {
+					exempt = false
+				}
+			}
+		}
+		if exempt {
+			return cycleFound{}
+		}
+		return cycleFound{names: strings.Join(round, " → "), reps: n / p, fresh: n%p == 0}
+	}
+	return cycleFound{}
+}
+
+// primitive reports whether block is no repetition of a shorter block
+// (a, b is; a, a and a, b, a, b are not).
+func primitive(block []string) bool {
+	for d := 1; d < len(block); d++ {
+		if len(block)%d != 0 {
+			continue
+		}
+		rep := true
+		for k := d; k < len(block); k++ {
+			if block[k] != block[k%d] {
+				rep = false
+				break
+			}
+		}
+		if rep {
+			return false
+		}
+	}
+	return true
 }
 
 func (l *LoopDetection) stop(rt *Runtime, st *state.State, i int, note, layer, tool string) (Result, error) {

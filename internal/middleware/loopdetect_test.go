@@ -482,3 +482,84 @@ func TestLoopDetection_EarlierRunsDoNotCount(t *testing.T) {
 	}
 	wantHardStop(t, th, res, "[FORCED STOP]")
 }
+
+// deer-flow §5.3 #28 (#2569): 220 alternating search/fetch calls with
+// arguments that all differ escape both DeerFlow layers (no set repeats;
+// each tool has 25 of the last 50 calls). The cycle layer warns at 15
+// rounds and stops at 25.
+func TestLoopDetection_Case28_AlternatingCycleStops(t *testing.T) {
+	l := newLoop(t, LoopDetection{})
+	th := newThread("r1")
+	rt, ev := newRuntime("r1")
+	warnedAt, stoppedAt := 0, 0
+	for i := 1; i <= 220; i++ {
+		name, args := "search", fmt.Sprintf(`{"query":"tidal power %d"}`, i)
+		if i%2 == 0 {
+			name, args = "fetch", fmt.Sprintf(`{"url":"https://example.org/%d"}`, i)
+		}
+		res := th.step(t, l, rt, tc(name, args))
+		if w := warnings(rt); warnedAt == 0 && len(w) > 0 {
+			warnedAt = i
+			if !strings.Contains(w[0], "search → fetch 15 times") {
+				t.Errorf("warning = %q", w[0])
+			}
+		}
+		clearGuidance(rt, loopWarningName)
+		if res.Jump == JumpEnd {
+			stoppedAt = i
+			wantHardStop(t, th, res, "search → fetch")
+			break
+		}
+	}
+	if warnedAt != 30 || stoppedAt != 50 {
+		t.Fatalf("warned at call %d, stopped at %d; want 30 and 50", warnedAt, stoppedAt)
+	}
+	if n := len(ev.ofType(EventLoopDetected)); n != 2 {
+		t.Errorf("%d loop.detected events, want a warning and a stop", n)
+	}
+}
+
+// Legitimate rounds stay below the thresholds, a round of one tool is not
+// a cycle (layer 2 governs it), longer periods are found, and a cycle of
+// tools the overrides allow is batch work.
+func TestLoopDetection_CycleLayer(t *testing.T) {
+	run := func(l *LoopDetection, n int, round ...string) (warned bool, stopped int) {
+		th := newThread("r1")
+		rt, _ := newRuntime("r1")
+		for i := 1; i <= n; i++ {
+			name := round[(i-1)%len(round)]
+			res := th.step(t, l, rt, tc(name, fmt.Sprintf(`{"query":"q%d"}`, i)))
+			warned = warned || len(warnings(rt)) > 0
+			if res.Jump == JumpEnd {
+				return warned, i
+			}
+		}
+		return warned, 0
+	}
+	def := newLoop(t, LoopDetection{})
+	if w, s := run(def, 20, "search", "fetch"); w || s != 0 {
+		t.Errorf("10 rounds of search, fetch: warned %v, stopped at %d", w, s)
+	}
+	if w, s := run(def, 29, "bash"); w || s != 0 {
+		t.Errorf("29 distinct bash calls: warned %v, stopped at %d", w, s)
+	}
+	if _, s := run(def, 200, "search", "fetch", "summarize"); s != 75 {
+		t.Errorf("a 3-step cycle stopped at %d, want 75", s)
+	}
+	if _, s := run(def, 200, "search", "search", "fetch"); s != 75 {
+		t.Errorf("search, search, fetch stopped at %d, want 75", s)
+	}
+	small := newLoop(t, LoopDetection{CycleWarn: 2, CycleHard: 3, CycleMaxPeriod: 2})
+	if _, s := run(small, 20, "search", "fetch"); s != 6 {
+		t.Errorf("cycle_hard_limit 3 stopped at %d, want 6", s)
+	}
+	allowed := newLoop(t, LoopDetection{Overrides: map[string]FreqLimit{"search": {Warn: 200, Hard: 300}, "fetch": {Warn: 200, Hard: 300}}})
+	if w, s := run(allowed, 120, "search", "fetch"); w || s != 0 {
+		t.Errorf("overridden tools: warned %v, stopped at %d", w, s)
+	}
+	for _, bad := range []LoopDetection{{CycleWarn: 1}, {CycleWarn: 10, CycleHard: 5}, {CycleMaxPeriod: 11}, {CycleMaxPeriod: 1}} {
+		if _, err := NewLoopDetection(bad); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}

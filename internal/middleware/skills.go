@@ -248,13 +248,28 @@ func setActivated(rt *Runtime, names []string) state.Update {
 	return u
 }
 
-// BeforeAgent lists the user's skills and activates the preloaded ones.
+// BeforeAgent lists the user's skills, activates the preloaded ones and
+// the one the run's user message names with /name (skillslash.go).
 func (s *Skills) BeforeAgent(ctx context.Context, rt *Runtime, st *state.State) (Result, error) {
-	if _, err := s.view(ctx, rt); err != nil {
+	v, err := s.view(ctx, rt)
+	if err != nil {
 		return Result{}, err
 	}
-	return s.reconcile(rt, st, s.Preload), nil
+	msg, name, ok := slashActivation(rt, st, v)
+	if !ok {
+		return s.reconcile(rt, st, s.Preload), nil
+	}
+	res := s.reconcile(rt, st, append(slices.Clone(s.Preload), name))
+	res.Update.Messages = append(res.Update.Messages, msg)
+	if rt.Emit != nil {
+		rt.Emit(EventSkillSlash, map[string]any{"skill": name, "message_id": msg.ID})
+	}
+	return res, nil
 }
+
+// EventSkillSlash is emitted with {"skill", "message_id"} when a user's
+// /name activated a skill.
+const EventSkillSlash = "skill.activated"
 
 // BeforeModel completes the union of the skills the last tool batch
 // activated.
@@ -347,7 +362,12 @@ func (s *Skills) request(ctx context.Context, rt *Runtime, req *ModelRequest) (*
 	if !offered[ReadFileTool] {
 		c.Tools = append(c.Tools, s.readSpec)
 	}
-	c.System = appendSection(c.System, s.prompt(v, active))
+	// The list marks the skills active when the run's first call was
+	// made: one read later in the run leaves the system prompt, and so
+	// the provider's cached prefix, as it was (promptcontext.go); the
+	// tools it unlocks are offered from the next call all the same.
+	listed := Scratch(rt, "skills:listed", func() []string { return active })
+	c.System = appendSection(c.System, s.prompt(v, listed))
 	return &c, nil
 }
 

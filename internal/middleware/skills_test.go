@@ -238,8 +238,16 @@ func TestSkills_PromptAndGating(t *testing.T) {
 	if got := specNames(capture.reqs[0].Tools); !reflect.DeepEqual(got, []string{"current_time", "make_pdf", "read_file"}) {
 		t.Errorf("tools = %v", got)
 	}
+	// The list keeps the marks of the run's first call (the prompt's
+	// prefix holds); a later run marks the skill active.
+	if strings.Contains(capture.reqs[0].System, "(active)") {
+		t.Errorf("the system prompt changed within the run:\n%s", capture.reqs[0].System)
+	}
+	nextRun := &Runtime{RunID: "r2", ThreadID: rt.ThreadID, Tenant: rt.Tenant, Tools: rt.Tools}
+	capture.reqs = nil
+	s.WrapModelCall(context.Background(), nextRun, &ModelRequest{Tools: nextRun.Tools.Specs(), State: st}, capture.handle)
 	if !strings.Contains(capture.reqs[0].System, "- pdf-reports (active):") {
-		t.Errorf("active skill not marked:\n%s", capture.reqs[0].System)
+		t.Errorf("active skill not marked in the next run:\n%s", capture.reqs[0].System)
 	}
 	res, _ = s.WrapToolCall(context.Background(), rt, &ToolCall{Call: call("c2", "make_pdf", `{}`), State: st}, next.handle)
 	if res.Message.Status != model.ToolStatusSuccess || res.Message.Content != "make_pdf done" {

@@ -29,6 +29,7 @@ import (
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
+	"github.com/natsagent/natsagent/internal/tools"
 )
 
 // Delegation tools of a lead agent.
@@ -150,6 +151,9 @@ func (s *Subagents) request(rt *Runtime, req *ModelRequest) *ModelRequest {
 		}
 	}
 	c.System = appendSection(c.System, s.prompt)
+	if req.State != nil {
+		return withContextSection(&c, ledgerSection(RunningSubagents(rt, req.State)))
+	}
 	return &c
 }
 
@@ -176,21 +180,26 @@ func (s *Subagents) names() []string {
 }
 
 func (s *Subagents) specs() []model.ToolSpec {
-	enum, _ := json.Marshal(s.names())
-	delegate := fmt.Sprintf(`{"type":"object","properties":{
-"description":{"type":"string","description":"The complete task for the subagent, with every fact, path and constraint it needs: it does not see this conversation."},
-"subagent_type":{"type":"string","enum":%s,"description":"Which subagent runs the task."},
-"thread_id":{"type":"string","description":"Optional: the thread_id of an earlier subagent of the same type, to continue that conversation instead of starting fresh."}},
-"required":["description","subagent_type"]}`, enum)
-	byRun := `{"type":"object","properties":{"run_id":{"type":"string","description":"The subagent's run_id, as subagent_start or task returned it."}},"required":["run_id"]}`
-	await := fmt.Sprintf(`{"type":"object","properties":{"run_id":{"type":"string","description":"The subagent's run_id, as subagent_start returned it."},
-"timeout_seconds":{"type":"integer","minimum":1,"maximum":%d,"description":"How long to wait at most (default and maximum %d)."}},"required":["run_id"]}`, s.AwaitTimeoutSeconds, s.AwaitTimeoutSeconds)
+	// The subagents and the wait bound are known only now: the enum
+	// and the maximum are set on the generated schemas.
+	ds := tools.Schema[delegation]()
+	ds.Properties["subagent_type"].Enum = nil
+	for _, n := range s.names() {
+		ds.Properties["subagent_type"].Enum = append(ds.Properties["subagent_type"].Enum, n)
+	}
+	delegate := tools.MarshalSchema(ds)
+	byRun := tools.SchemaJSON[subagentRunArgs]()
+	as := tools.Schema[subagentAwaitArgs]()
+	limit := float64(s.AwaitTimeoutSeconds)
+	as.Properties["timeout_seconds"].Maximum = &limit
+	as.Properties["timeout_seconds"].Description = fmt.Sprintf("How long to wait at most (default and maximum %d).", s.AwaitTimeoutSeconds)
+	await := tools.MarshalSchema(as)
 	return []model.ToolSpec{
-		{Name: TaskTool, Description: "Delegate a task to a subagent and wait for its final answer, which becomes this call's result. Several task calls in one response run in parallel.", Parameters: json.RawMessage(delegate)},
-		{Name: SubagentStartTool, Description: "Start a subagent on a task without waiting; returns its run_id and thread_id. Check on it with subagent_status, collect its answer with subagent_await.", Parameters: json.RawMessage(delegate)},
-		{Name: SubagentStatusTool, Description: "Status of a subagent you started in this run, with its last few steps and its answer once finished.", Parameters: json.RawMessage(byRun)},
-		{Name: SubagentCancelTool, Description: "Cancel a subagent you started in this run.", Parameters: json.RawMessage(byRun)},
-		{Name: SubagentAwaitTool, Description: "Wait for a subagent you started in this run to finish and return its answer, or say it still runs when the timeout passes.", Parameters: json.RawMessage(await)},
+		{Name: TaskTool, Description: "Delegate a task to a subagent and wait for its final answer, which becomes this call's result. Several task calls in one response run in parallel.", Parameters: delegate},
+		{Name: SubagentStartTool, Description: "Start a subagent on a task without waiting; returns its run_id and thread_id. Check on it with subagent_status, collect its answer with subagent_await.", Parameters: delegate},
+		{Name: SubagentStatusTool, Description: "Status of a subagent you started in this run, with its last few steps and its answer once finished.", Parameters: byRun},
+		{Name: SubagentCancelTool, Description: "Cancel a subagent you started in this run.", Parameters: byRun},
+		{Name: SubagentAwaitTool, Description: "Wait for a subagent you started in this run to finish and return its answer, or say it still runs when the timeout passes.", Parameters: await},
 	}
 }
 
@@ -229,7 +238,7 @@ func (s *Subagents) WrapToolCall(ctx context.Context, rt *Runtime, call *ToolCal
 		if st.Status.Terminal() {
 			s.finished(rt, call.Call.ID, st)
 		}
-		return jsonResult(statusView(st, "")), nil
+		return withChildUsage(jsonResult(statusView(st, "")), st), nil
 	case SubagentCancelTool:
 		q, res := s.query(rt, call)
 		if res != nil {
@@ -239,15 +248,13 @@ func (s *Subagents) WrapToolCall(ctx context.Context, rt *Runtime, call *ToolCal
 		if err != nil {
 			return s.failed(ctx, "cancel the subagent", err)
 		}
-		return jsonResult(statusView(st, "")), nil
+		return withChildUsage(jsonResult(statusView(st, "")), st), nil
 	default: // SubagentAwaitTool
 		q, res := s.query(rt, call)
 		if res != nil {
 			return res, nil
 		}
-		var in struct {
-			TimeoutSeconds int `json:"timeout_seconds"`
-		}
+		var in subagentAwaitArgs
 		_ = json.Unmarshal([]byte(call.Call.Arguments), &in)
 		timeout := s.AwaitTimeoutSeconds
 		if in.TimeoutSeconds > 0 && in.TimeoutSeconds < timeout {
@@ -261,8 +268,52 @@ func (s *Subagents) WrapToolCall(ctx context.Context, rt *Runtime, call *ToolCal
 		if st.TimedOut {
 			msg = fmt.Sprintf("The subagent is still running after %d s; await it again or check it with subagent_status. Do not treat its work as done.", timeout)
 		}
-		return jsonResult(statusView(st, msg)), nil
+		return withChildUsage(jsonResult(statusView(st, msg)), st), nil
 	}
+}
+
+// MetaSubagentUsage is the tool-result meta holding a finished child's
+// token usage ({"run_id", "input_tokens", "output_tokens"}), set on the
+// result that first or again reports the child ended; the token budget
+// counts each child once by its run id.
+const MetaSubagentUsage = "subagent_usage"
+
+// withChildUsage records on res the usage of a child st reports ended.
+func withChildUsage(res *ToolResult, st *protocol.SubagentStatus) *ToolResult {
+	if st == nil || !st.Status.Terminal() || st.Usage == nil {
+		return res
+	}
+	if res.Message.Meta == nil {
+		res.Message.Meta = map[string]any{}
+	}
+	res.Message.Meta[MetaSubagentUsage] = map[string]any{"run_id": st.RunID, "input_tokens": st.Usage.Input, "output_tokens": st.Usage.Output}
+	return res
+}
+
+// ChildUsage sums the usage of run runID's children that its part of the
+// transcript reports ended, each child once whatever the number of
+// results that report it (task, then subagent_status).
+func ChildUsage(st *state.State, runID string) (in, out int) {
+	seen := make(map[string]bool)
+	for i := len(st.Messages) - 1; i >= 0; i-- {
+		m := &st.Messages[i]
+		if id, _ := m.Meta["run_id"].(string); id != runID && id != "" {
+			break
+		}
+		raw, ok := m.Meta[MetaSubagentUsage].(map[string]any)
+		if !ok || m.Role != model.RoleTool {
+			continue
+		}
+		child, _ := raw["run_id"].(string)
+		if child == "" || seen[child] {
+			continue
+		}
+		seen[child] = true
+		u := usageFromMeta(raw)
+		in += u.Input
+		out += u.Output
+	}
+	return in, out
 }
 
 func (s *Subagents) blocked(text string) *ToolResult {
@@ -270,10 +321,25 @@ func (s *Subagents) blocked(text string) *ToolResult {
 }
 
 // delegation is the arguments of task and subagent_start.
+// delegation is the arguments of task and subagent_start; the
+// subagent_type enum is set per profile (specs).
 type delegation struct {
-	Description  string `json:"description"`
-	SubagentType string `json:"subagent_type"`
-	ThreadID     string `json:"thread_id"`
+	Description  string `json:"description" jsonschema:"The complete task for the subagent, with every fact, path and constraint it needs: it does not see this conversation."`
+	SubagentType string `json:"subagent_type" jsonschema:"Which subagent runs the task."`
+	ThreadID     string `json:"thread_id,omitempty" jsonschema:"Optional: the thread_id of an earlier subagent of the same type, to continue that conversation instead of starting fresh."`
+}
+
+// subagentRunArgs is the arguments of subagent_status and
+// subagent_cancel.
+type subagentRunArgs struct {
+	RunID string `json:"run_id" jsonschema:"The subagent's run_id, as subagent_start or task returned it."`
+}
+
+// subagentAwaitArgs is the arguments of subagent_await; the maximum
+// wait is set per profile (specs).
+type subagentAwaitArgs struct {
+	RunID          string `json:"run_id" jsonschema:"The subagent's run_id, as subagent_start returned it."`
+	TimeoutSeconds int    `json:"timeout_seconds,omitempty" schema:"minimum=1" jsonschema:"How long to wait at most."`
 }
 
 func parseDelegation(args string) (delegation, error) {
@@ -348,7 +414,9 @@ func (s *Subagents) delegate(ctx context.Context, rt *Runtime, call *ToolCall, w
 		return res, err
 	}
 	res = taskResult(st, s.TaskTimeoutSeconds)
+	meta[MetaSubagentStatus] = string(st.Status)
 	res.Message.Meta = meta
+	withChildUsage(res, st)
 	return res, nil
 }
 
@@ -411,9 +479,7 @@ func (s *Subagents) finished(rt *Runtime, toolCallID string, st *protocol.Subage
 
 // query reads a run_id argument; only children of this run are visible.
 func (s *Subagents) query(rt *Runtime, call *ToolCall) (protocol.SubagentQuery, *ToolResult) {
-	var in struct {
-		RunID string `json:"run_id"`
-	}
+	var in subagentRunArgs
 	if err := json.Unmarshal([]byte(call.Call.Arguments), &in); err != nil || !protocol.ValidToken(strings.TrimSpace(in.RunID)) {
 		return protocol.SubagentQuery{}, errorResult(fmt.Sprintf(`Error: %s takes {"run_id": "..."} with the run_id subagent_start or task returned.`, call.Call.Name))
 	}

@@ -9,9 +9,11 @@ package middleware
 // list, after LangChain's TodoListMiddleware. Several write_todos calls in
 // one response are refused, each with an error result, since their order
 // is undefined; the response's other calls run normally. Each request
-// shows the current list in the system prompt, so the model keeps it in
-// view however the transcript is later compacted (the list lives in
-// state, not only in past tool calls).
+// shows the current list in its trailing context message (after the
+// history, so a change leaves the cached prefix alone: promptcontext.go),
+// so the model keeps it in view however the transcript is later compacted
+// (the list lives in state, not only in past tool calls). The system
+// prompt holds only the fixed guide.
 //
 // A final answer given while items are open is sent back to the model
 // with a request-only reminder, completion_reminders times per run
@@ -32,6 +34,7 @@ import (
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
+	"github.com/natsagent/natsagent/internal/tools"
 )
 
 // TodosValue is the state value holding the todo list.
@@ -86,7 +89,18 @@ var writeTodosSpec = model.ToolSpec{
 	Name: WriteTodosTool,
 	Description: "Replaces your todo list for the current task. Send the whole list every time, " +
 		"each item with its content and status (pending, in_progress or completed).",
-	Parameters: json.RawMessage(`{"type":"object","properties":{"todos":{"type":"array","description":"The whole todo list; it replaces the previous one. [] clears it.","items":{"type":"object","properties":{"content":{"type":"string","description":"What to do"},"status":{"type":"string","enum":["pending","in_progress","completed"]}},"required":["content","status"]}}},"required":["todos"]}`),
+	Parameters: tools.SchemaJSON[writeTodosArgs](),
+}
+
+type writeTodosArgs struct {
+	// A pointer: a missing list is an error, [] clears the list.
+	Todos *[]todoArg `json:"todos" jsonschema:"The whole todo list; it replaces the previous one. [] clears it."`
+}
+
+// todoArg is one item as the model writes it (a Todo).
+type todoArg struct {
+	Content string `json:"content" jsonschema:"What to do"`
+	Status  string `json:"status" schema:"enum=pending|in_progress|completed" jsonschema:"pending, in_progress or completed"`
 }
 
 const todosGuide = "## Todo list\n\nFor a task of three steps or more, plan and track it with write_todos. " +
@@ -122,15 +136,16 @@ func todosRequest(req *ModelRequest) *ModelRequest {
 	if !slices.ContainsFunc(req.Tools, func(s model.ToolSpec) bool { return s.Name == WriteTodosTool }) {
 		c.Tools = append(slices.Clip(req.Tools), writeTodosSpec)
 	}
-	var b strings.Builder
-	b.WriteString(todosGuide)
+	c.System = appendSection(c.System, todosGuide)
 	if list := todosOf(req.State); len(list) > 0 {
-		b.WriteString("\n\nYour current todo list:\n")
+		var b strings.Builder
+		b.WriteString("<todo_list>\nYour current todo list:\n")
 		for i, item := range list {
-			fmt.Fprintf(&b, "%d. [%s] %s\n", i+1, item.Status, oneLine(item.Content))
+			fmt.Fprintf(&b, "%d. [%s] %s\n", i+1, item.Status, escapeMemory.Replace(oneLine(item.Content)))
 		}
+		b.WriteString("</todo_list>")
+		return withContextSection(&c, b.String())
 	}
-	c.System = appendSection(c.System, strings.TrimRight(b.String(), "\n"))
 	return &c
 }
 
@@ -234,9 +249,7 @@ func summary(list []Todo) string {
 // parse checks write_todos' arguments; its errors are meant for the model.
 func (t *Todos) parse(args string) ([]Todo, error) {
 	const shape = `write_todos takes {"todos": [{"content": "...", "status": "pending"}, ...]}`
-	var in struct {
-		Todos *[]Todo `json:"todos"`
-	}
+	var in writeTodosArgs
 	if err := json.Unmarshal([]byte(args), &in); err != nil {
 		return nil, fmt.Errorf("%s: %v", shape, err)
 	}
@@ -248,7 +261,8 @@ func (t *Todos) parse(args string) ([]Todo, error) {
 		return nil, fmt.Errorf("%d items is more than the %d allowed; merge or drop some", len(list), t.MaxItems)
 	}
 	out := make([]Todo, len(list))
-	for i, item := range list {
+	for i, arg := range list {
+		item := Todo(arg)
 		item.Content = strings.TrimSpace(item.Content)
 		switch {
 		case item.Content == "":

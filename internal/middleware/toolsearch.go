@@ -37,6 +37,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/state"
+	"github.com/natsagent/natsagent/internal/tools"
 )
 
 // ToolSearchTool is the name of the tool the tool_search middleware
@@ -110,7 +111,11 @@ var toolSearchSpec = model.ToolSpec{
 	Description: "Loads the schemas of deferred tools (listed by name in the system prompt) so you can call them. " +
 		`Query forms: "select:name_a,name_b" loads exactly those tools; "+word other words" finds tools whose name contains word, ranked by the other words; ` +
 		"anything else is a case-insensitive regular expression matched against tool names and descriptions. Returns the matching tools' schemas as JSON.",
-	Parameters: json.RawMessage(`{"type":"object","properties":{"query":{"type":"string","description":"select:<names>, +<name part> <words>, or a regular expression"}},"required":["query"]}`),
+	Parameters: tools.SchemaJSON[toolSearchArgs](),
+}
+
+type toolSearchArgs struct {
+	Query string `json:"query" jsonschema:"select:<names>, +<name part> <words>, or a regular expression"`
 }
 
 // deferred reports whether the tool name is deferred.
@@ -264,9 +269,7 @@ func (t *ToolSearch) WrapToolCall(ctx context.Context, rt *Runtime, call *ToolCa
 }
 
 func (t *ToolSearch) runSearch(rt *Runtime, c *toolCatalog, call *ToolCall) *ToolResult {
-	var args struct {
-		Query string `json:"query"`
-	}
+	var args toolSearchArgs
 	if err := json.Unmarshal([]byte(call.Call.Arguments), &args); err != nil || strings.TrimSpace(args.Query) == "" {
 		return errorResult(`Error: tool_search takes {"query": "..."}: select:<names>, +<name part> <words>, or a regular expression.`)
 	}

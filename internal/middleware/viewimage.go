@@ -13,7 +13,6 @@ package middleware
 // that changed since it was viewed is skipped with a note. Emits nothing.
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -110,7 +109,11 @@ var viewImageSpec = model.ToolSpec{
 	Name: ViewImageTool,
 	Description: "Looks at an image file of the workdir (PNG, JPEG, GIF or WebP). " +
 		"The image is shown to you with your next request.",
-	Parameters: json.RawMessage(`{"type":"object","properties":{"path":{"type":"string","description":"Path of the image in the workdir, such as /uploads/chart.png"}},"required":["path"]}`),
+	Parameters: tools.SchemaJSON[viewImageArgs](),
+}
+
+type viewImageArgs struct {
+	Path string `json:"path" jsonschema:"Path of the image in the workdir, such as /uploads/chart.png"`
 }
 
 // viewRun is a run's view_image memory: the model of its latest call and
@@ -233,9 +236,7 @@ func (v *ViewImage) WrapToolCall(ctx context.Context, rt *Runtime, call *ToolCal
 	if call.Call.Name != ViewImageTool {
 		return next(ctx, call)
 	}
-	var args struct {
-		Path string `json:"path"`
-	}
+	var args viewImageArgs
 	if err := json.Unmarshal([]byte(call.Call.Arguments), &args); err != nil || strings.TrimSpace(args.Path) == "" {
 		return errorResult(`Error: view_image takes {"path": "/path/to/image.png"}.`), nil
 	}
@@ -298,27 +299,12 @@ func (v *ViewImage) load(ctx context.Context, wd files.Workdir, p string) (Viewe
 	if int64(len(data)) > v.MaxBytes {
 		return ViewedImage{}, fmt.Errorf("%s is %d bytes, over the %d bytes an image may have", clean, len(data), v.MaxBytes)
 	}
-	mime := sniffImage(data)
+	mime := files.SniffImage(data)
 	if mime == "" {
 		return ViewedImage{}, fmt.Errorf("%s is not a PNG, JPEG, GIF or WebP image (judged by its content, not its name)", clean)
 	}
 	sum := sha256.Sum256(data)
 	return ViewedImage{Path: clean, MIME: mime, Size: int64(len(data)), SHA256: hex.EncodeToString(sum[:])}, nil
-}
-
-// sniffImage returns the image type its magic bytes show, or "".
-func sniffImage(data []byte) string {
-	switch {
-	case bytes.HasPrefix(data, []byte("\x89PNG\r\n\x1a\n")):
-		return "image/png"
-	case bytes.HasPrefix(data, []byte{0xFF, 0xD8, 0xFF}):
-		return "image/jpeg"
-	case bytes.HasPrefix(data, []byte("GIF87a")), bytes.HasPrefix(data, []byte("GIF89a")):
-		return "image/gif"
-	case len(data) >= 12 && bytes.Equal(data[:4], []byte("RIFF")) && bytes.Equal(data[8:12], []byte("WEBP")):
-		return "image/webp"
-	}
-	return ""
 }
 
 // addViewed puts img last in list, replacing an older view of its path.

@@ -127,6 +127,9 @@ func PickDemoBehaviour(message string) DemoBehaviour {
 	return DemoTime
 }
 
+// DefaultModel implements Defaulted.
+func (d *Demo) DefaultModel() string { return DemoModelName }
+
 // Generate implements Model. An agent's turn (a request that offers
 // tools) does what the person's last message picked: at most one tool
 // call, then an answer that quotes its result. A request without tools (a
@@ -138,7 +141,7 @@ func (d *Demo) Generate(ctx context.Context, req *Request, onDelta func(Delta)) 
 
 	lastUser := -1
 	for i, m := range req.Messages {
-		if m.Role == RoleUser {
+		if m.Role == RoleUser && m.Name != ContextMessageName {
 			lastUser = i
 		}
 	}

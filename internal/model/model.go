@@ -47,8 +47,9 @@ type Message struct {
 	Status string `json:"status,omitempty"`
 	// Parts, when not empty, is a user message's content as parts (text
 	// and images) for providers that take content arrays; Content then
-	// holds the text alone, for text-only readers. Images are data URLs:
-	// such a message belongs in one request, never in stored state.
+	// holds the text alone, for text-only readers. Stored state holds
+	// images as references (PartImageFile) or http(s) URLs; data URLs
+	// belong in one request, never in stored state.
 	Parts []Part `json:"parts,omitempty"`
 	// Meta carries middleware annotations (hidden flags, usage markers,
 	// stop notes). It is stored with the message but never sent to a model.
@@ -59,14 +60,26 @@ type Message struct {
 const (
 	PartText     = "text"
 	PartImageURL = "image_url"
+	// PartImageFile is an image stored in the thread's workdir, named by
+	// its content; the worker turns it into a data URL for each request.
+	PartImageFile = "image_file"
 )
 
-// Part is one piece of a multi-part message: text, or an image given by
-// URL (a data: URL for inline bytes).
+// Part is one piece of a multi-part message: text, an image given by URL
+// (a data: URL for inline bytes), or an image file of the thread.
 type Part struct {
-	Type     string `json:"type"`
-	Text     string `json:"text,omitempty"`
-	ImageURL string `json:"image_url,omitempty"`
+	Type     string     `json:"type"`
+	Text     string     `json:"text,omitempty"`
+	ImageURL string     `json:"image_url,omitempty"`
+	Image    *ImageFile `json:"image_file,omitempty"`
+}
+
+// ImageFile names an image of the thread's workdir by its content: the
+// file is protocol.InputImagePath of it, in the run's own thread.
+type ImageFile struct {
+	SHA256 string `json:"sha256"`
+	MIME   string `json:"mime_type"`
+	Size   int64  `json:"size,omitempty"`
 }
 
 // ToolCall is one call an assistant message asks for. Arguments is the raw
@@ -142,11 +155,17 @@ func (r *Request) WithSystem() []Message {
 	return append([]Message{{Role: RoleSystem, Content: r.System}}, r.Messages...)
 }
 
-// LastUserContent is the content of the request's last user message, or
-// "" when it has none.
+// ContextMessageName names the trailing user message that carries a
+// run's dynamic context (the todo list, notes saved during the run: the
+// middleware package's promptcontext.go). It is the system's, not the
+// person's: code looking for the person's last message skips it.
+const ContextMessageName = "context"
+
+// LastUserContent is the content of the request's last user message (the
+// trailing context message aside), or "" when it has none.
 func (r *Request) LastUserContent() string {
 	for i := len(r.Messages) - 1; i >= 0; i-- {
-		if r.Messages[i].Role == RoleUser {
+		if r.Messages[i].Role == RoleUser && r.Messages[i].Name != ContextMessageName {
 			return r.Messages[i].Content
 		}
 	}
@@ -190,6 +209,25 @@ type Delta struct {
 // wraps ctx.Err().
 type Model interface {
 	Generate(ctx context.Context, req *Request, onDelta func(Delta)) (*Response, error)
+}
+
+// Defaulted is implemented by a Model that answers a Request naming no
+// model with a model of its own choice: DefaultModel names it, so spans
+// and metrics can say which model a run called.
+type Defaulted interface {
+	DefaultModel() string
+}
+
+// NameOf is the model a Request for name reaches on m: name, else m's
+// default (empty when m has none it can tell).
+func NameOf(m Model, name string) string {
+	if name != "" {
+		return name
+	}
+	if d, ok := m.(Defaulted); ok {
+		return d.DefaultModel()
+	}
+	return ""
 }
 
 // Func adapts a function to the Model interface.

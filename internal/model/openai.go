@@ -65,6 +65,9 @@ func NewOpenAI(cfg OpenAIConfig) (*OpenAI, error) {
 	}, nil
 }
 
+// DefaultModel implements Defaulted: the configured model name.
+func (o *OpenAI) DefaultModel() string { return o.model }
+
 // Generate implements Model.
 func (o *OpenAI) Generate(ctx context.Context, req *Request, onDelta func(Delta)) (*Response, error) {
 	creq, err := o.chatRequest(req)

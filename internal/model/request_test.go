@@ -12,6 +12,11 @@ func TestLastUserContent(t *testing.T) {
 	if got := req.LastUserContent(); got != "second" {
 		t.Fatalf("LastUserContent() = %q, want second", got)
 	}
+	// The trailing context message is the system's, not the person's.
+	req.Messages = append(req.Messages, Message{Role: RoleUser, Name: ContextMessageName, Content: "<system-reminder>...</system-reminder>"})
+	if got := req.LastUserContent(); got != "second" {
+		t.Fatalf("LastUserContent() with a trailing context = %q, want second", got)
+	}
 	if got := (&Request{Messages: []Message{{Role: RoleAssistant, Content: "x"}}}).LastUserContent(); got != "" {
 		t.Fatalf("no user message: %q", got)
 	}

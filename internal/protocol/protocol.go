@@ -369,6 +369,12 @@ type Lease struct {
 	// request back (a worker shutting down): the next delivery takes the
 	// run over at once instead of waiting for the lease to lapse.
 	HandedOver bool `json:"handed_over,omitempty"`
+	// Tentative is set on a lease taken on a new thread at the same time
+	// as its run's turn was read (protocol v2 revision 3): should an
+	// older request of the thread still wait in the runs stream, the run
+	// gives the lease back at once. A run whose request is older than
+	// MsgSeq waits for that instead of finding the thread busy.
+	Tentative bool `json:"tentative,omitempty"`
 	// What a running run's record carried in protocol v1 (since v2 no
 	// record is written when a run starts: the lease says it runs). Its
 	// start is AcquiredAt.

@@ -275,6 +275,9 @@ func appendThread(b []byte, t *Thread) ([]byte, bool) {
 		if l.HandedOver {
 			b = append(b, `,"handed_over":true`...)
 		}
+		if l.Tentative {
+			b = append(b, `,"tentative":true`...)
+		}
 		if l.Attempt != 0 {
 			b = append(b, `,"attempt":`...)
 			b = strconv.AppendInt(b, int64(l.Attempt), 10)
@@ -413,6 +416,17 @@ func appendMessage(b []byte, m *model.Message) ([]byte, bool) {
 			b = appendJSONString(b, p.Type)
 			b = appendOptString(b, `,"text":`, p.Text)
 			b = appendOptString(b, `,"image_url":`, p.ImageURL)
+			if img := p.Image; img != nil {
+				b = append(b, `,"image_file":{"sha256":`...)
+				b = appendJSONString(b, img.SHA256)
+				b = append(b, `,"mime_type":`...)
+				b = appendJSONString(b, img.MIME)
+				if img.Size != 0 {
+					b = append(b, `,"size":`...)
+					b = strconv.AppendInt(b, img.Size, 10)
+				}
+				b = append(b, '}')
+			}
 			b = append(b, '}')
 		}
 		b = append(b, ']')

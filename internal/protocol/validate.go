@@ -201,10 +201,8 @@ func (r *RunRequest) Validate() error {
 			if m.ID != "" && !ValidToken(m.ID) {
 				return invalid(field+".id", "%q is not a valid message id", clip(m.ID, 40))
 			}
-			// Parts carry inline images, which must never be stored in a
-			// thread's checkpoints.
-			if len(m.Parts) > 0 {
-				return invalid(field+".parts", "is not accepted in input: put images in the thread's workdir (file upload) and let the agent look at them with view_image")
+			if err := CheckInputParts(field, m); err != nil {
+				return err
 			}
 		}
 	case r.Command != nil:

@@ -510,13 +510,18 @@ func TestGracefulHandOffKeepsChildRunning(t *testing.T) {
 			if !answered(req) {
 				return model.Reply{ToolCalls: []model.ToolCall{taskCall("task_h", "researcher", "slow job")}}
 			}
-			last := req.Messages[len(req.Messages)-1]
+			msgs := conversation(req)
+			last := msgs[len(msgs)-1]
 			if last.Name == middleware.TaskTool {
 				var moved struct {
 					Status string `json:"status"`
 					RunID  string `json:"run_id"`
 				}
 				if json.Unmarshal([]byte(last.Content), &moved) == nil && moved.Status == "running" {
+					// The trailing context lists the child still running.
+					if ctx := req.Messages[len(req.Messages)-1]; ctx.Name != model.ContextMessageName || !strings.Contains(ctx.Content, "run_id "+moved.RunID) {
+						t.Errorf("the request does not end with the ledger of the running child: %+v", ctx)
+					}
 					return model.Reply{ToolCalls: []model.ToolCall{{ID: "await_h", Name: middleware.SubagentAwaitTool, Arguments: fmt.Sprintf(`{"run_id":%q}`, moved.RunID)}}}
 				}
 			}

@@ -304,17 +304,30 @@ func (w *watcher) subagentEvents(eventType string) []protocol.SubagentEventData 
 	return out
 }
 
+// conversation is the request's messages without the trailing context
+// message (the todo list, the subagents still running: the middleware
+// package's promptcontext.go), which follows the last tool results.
+func conversation(req *model.Request) []model.Message {
+	msgs := req.Messages
+	if n := len(msgs); n > 0 && msgs[n-1].Name == model.ContextMessageName {
+		msgs = msgs[:n-1]
+	}
+	return msgs
+}
+
 // answered reports whether the request ends with tool results.
 func answered(req *model.Request) bool {
-	n := len(req.Messages)
-	return n > 0 && req.Messages[n-1].Role == model.RoleTool
+	msgs := conversation(req)
+	n := len(msgs)
+	return n > 0 && msgs[n-1].Role == model.RoleTool
 }
 
 // toolResults joins the tool results of a request's last turn.
 func toolResults(req *model.Request) string {
+	msgs := conversation(req)
 	var parts []string
-	for i := len(req.Messages) - 1; i >= 0 && req.Messages[i].Role == model.RoleTool; i-- {
-		parts = append([]string{req.Messages[i].Name + "=" + req.Messages[i].Content}, parts...)
+	for i := len(msgs) - 1; i >= 0 && msgs[i].Role == model.RoleTool; i-- {
+		parts = append([]string{msgs[i].Name + "=" + msgs[i].Content}, parts...)
 	}
 	return strings.Join(parts, " | ")
 }

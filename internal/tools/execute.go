@@ -73,11 +73,24 @@ func (t executeTool) Spec() model.ToolSpec {
 			"and HOME=/workdir are set. The command and everything it started are stopped after timeout_seconds (default %d, "+
 			"at most %d), and when it exits. Returns the exit code and the output (stdout and stderr together; long output "+
 			"keeps its start and end).", int(t.cfg.Timeout/time.Second), int(MaxExecuteTimeout/time.Second)),
-		Parameters: json.RawMessage(fmt.Sprintf(`{"type":"object","properties":{`+
-			`"command":{"type":"string","description":"The shell command, e.g. wc -l uploads/*.csv"},`+
-			`"timeout_seconds":{"type":"integer","minimum":1,"maximum":%d,"description":"Time limit in seconds. Defaults to %d."}},`+
-			`"required":["command"]}`, int(MaxExecuteTimeout/time.Second), int(t.cfg.Timeout/time.Second))),
+		Parameters: t.params(),
 	}
+}
+
+type executeArgs struct {
+	Command        string `json:"command" jsonschema:"The shell command, e.g. wc -l uploads/*.csv"`
+	TimeoutSeconds *int   `json:"timeout_seconds,omitempty" schema:"minimum=1" jsonschema:"Time limit in seconds."`
+}
+
+// params is execute's schema: its bound and default come from the
+// configuration.
+func (t executeTool) params() json.RawMessage {
+	s := Schema[executeArgs]()
+	ts := s.Properties["timeout_seconds"]
+	limit := float64(MaxExecuteTimeout / time.Second)
+	ts.Maximum = &limit
+	ts.Description = fmt.Sprintf("Time limit in seconds. Defaults to %d.", int(t.cfg.Timeout/time.Second))
+	return MarshalSchema(s)
 }
 
 func (t executeTool) Call(ctx context.Context, call *Call) (*Result, error) {
@@ -87,10 +100,7 @@ func (t executeTool) Call(ctx context.Context, call *Call) (*Result, error) {
 	if t.cfg.Sandbox == nil {
 		return nil, refuse(nil, "execute is not available: this worker has no command sandbox (files.sandbox).")
 	}
-	var in struct {
-		Command        string `json:"command"`
-		TimeoutSeconds *int   `json:"timeout_seconds"`
-	}
+	var in executeArgs
 	if err := decodeArgs(ToolExecute, call.Args, &in); err != nil {
 		return nil, err
 	}

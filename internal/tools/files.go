@@ -153,17 +153,17 @@ func kindName(t reflect.Type) string {
 	return "a " + t.Kind().String()
 }
 
-// pathArg is the path argument; file_path is accepted too, the name other
-// harnesses use.
-type pathArg struct {
-	Path     string `json:"path"`
-	FilePath string `json:"file_path"`
+// filePathAlias accepts file_path for path, the name other harnesses
+// use; the schema does not show it.
+type filePathAlias struct {
+	FilePath string `json:"file_path,omitempty" schema:"-"`
 }
 
-func (a pathArg) get(def string) string {
+// pathOr is the path argument: path, else file_path, else def.
+func (a filePathAlias) pathOr(path, def string) string {
 	switch {
-	case a.Path != "":
-		return a.Path
+	case path != "":
+		return path
 	case a.FilePath != "":
 		return a.FilePath
 	}
@@ -189,16 +189,20 @@ var lsSpec = model.ToolSpec{
 	Description: "List the files and directories directly inside a directory of the workdir (the files this conversation keeps; " +
 		"attachments are in /uploads). Directories end with '/'; files show their size. Use glob to find files by name " +
 		"anywhere below a directory.",
-	Parameters: json.RawMessage(`{"type":"object","properties":{` +
-		`"path":{"type":"string","description":"Absolute directory path in the workdir, e.g. / or /uploads. Defaults to /."}}}`),
+	Parameters: SchemaJSON[lsArgs](),
+}
+
+type lsArgs struct {
+	Path string `json:"path,omitempty" jsonschema:"Absolute directory path in the workdir, e.g. / or /uploads. Defaults to /."`
+	filePathAlias
 }
 
 func runLs(ctx context.Context, w files.Workdir, args json.RawMessage) (string, error) {
-	var in pathArg
+	var in lsArgs
 	if err := decodeArgs(ToolLs, args, &in); err != nil {
 		return "", err
 	}
-	p, err := cleanArg(ToolLs, in.get("/"))
+	p, err := cleanArg(ToolLs, in.pathOr(in.Path, "/"))
 	if err != nil {
 		return "", err
 	}
@@ -258,17 +262,14 @@ var readFileSpec = model.ToolSpec{
 		"and limit (number of lines). Lines over %d characters are cut, and the output stops at %d KB with a note saying "+
 		"which offset to continue from. Attached files are in /uploads; large tool results saved to "+
 		"/large_tool_results are read with this tool too.", ReadFileDefaultLimit, ReadFileMaxLineChars, MaxOutputBytes>>10),
-	Parameters: json.RawMessage(`{"type":"object","properties":{` +
-		`"path":{"type":"string","description":"Absolute path of the file, e.g. /uploads/report.txt"},` +
-		`"offset":{"type":"integer","minimum":1,"description":"First line to read, counting from 1. Defaults to 1."},` +
-		`"limit":{"type":"integer","minimum":1,"description":"How many lines to read. Defaults to 2000."}},` +
-		`"required":["path"]}`),
+	Parameters: SchemaJSON[readFileArgs](),
 }
 
 type readFileArgs struct {
-	pathArg
-	Offset *int `json:"offset"`
-	Limit  *int `json:"limit"`
+	Path string `json:"path" jsonschema:"Absolute path of the file, e.g. /uploads/report.txt"`
+	filePathAlias
+	Offset *int `json:"offset,omitempty" schema:"minimum=1" jsonschema:"First line to read, counting from 1. Defaults to 1."`
+	Limit  *int `json:"limit,omitempty" schema:"minimum=1" jsonschema:"How many lines to read. Defaults to 2000."`
 }
 
 func runReadFile(ctx context.Context, w files.Workdir, args json.RawMessage) (string, error) {
@@ -276,7 +277,7 @@ func runReadFile(ctx context.Context, w files.Workdir, args json.RawMessage) (st
 	if err := decodeArgs(ToolReadFile, args, &in); err != nil {
 		return "", err
 	}
-	p, err := cleanArg(ToolReadFile, in.get(""))
+	p, err := cleanArg(ToolReadFile, in.pathOr(in.Path, ""))
 	if err != nil {
 		return "", err
 	}
@@ -378,15 +379,13 @@ var writeFileSpec = model.ToolSpec{
 	Name: ToolWriteFile,
 	Description: "Create a file in the workdir, or replace its whole content. Directories are created as needed. " +
 		"To change part of an existing file, use edit_file instead.",
-	Parameters: json.RawMessage(`{"type":"object","properties":{` +
-		`"path":{"type":"string","description":"Absolute path of the file, e.g. /notes/plan.md"},` +
-		`"content":{"type":"string","description":"The complete new content of the file"}},` +
-		`"required":["path","content"]}`),
+	Parameters: SchemaJSON[writeFileArgs](),
 }
 
 type writeFileArgs struct {
-	pathArg
-	Content *string `json:"content"`
+	Path string `json:"path" jsonschema:"Absolute path of the file, e.g. /notes/plan.md"`
+	filePathAlias
+	Content *string `json:"content" jsonschema:"The complete new content of the file"`
 }
 
 func runWriteFile(ctx context.Context, w files.Workdir, args json.RawMessage) (string, error) {
@@ -394,7 +393,7 @@ func runWriteFile(ctx context.Context, w files.Workdir, args json.RawMessage) (s
 	if err := decodeArgs(ToolWriteFile, args, &in); err != nil {
 		return "", err
 	}
-	p, err := cleanArg(ToolWriteFile, in.get(""))
+	p, err := cleanArg(ToolWriteFile, in.pathOr(in.Path, ""))
 	if err != nil {
 		return "", err
 	}
@@ -425,19 +424,15 @@ var editFileSpec = model.ToolSpec{
 		"file exactly, including whitespace and indentation, and occur exactly once, unless replace_all is true, " +
 		"which replaces every occurrence. Read the file first so you copy the text exactly; include enough " +
 		"surrounding lines to make old_string unique.",
-	Parameters: json.RawMessage(`{"type":"object","properties":{` +
-		`"path":{"type":"string","description":"Absolute path of the file to edit"},` +
-		`"old_string":{"type":"string","description":"The exact text to replace"},` +
-		`"new_string":{"type":"string","description":"The text to put in its place (must differ from old_string)"},` +
-		`"replace_all":{"type":"boolean","description":"Replace every occurrence instead of exactly one. Defaults to false."}},` +
-		`"required":["path","old_string","new_string"]}`),
+	Parameters: SchemaJSON[editFileArgs](),
 }
 
 type editFileArgs struct {
-	pathArg
-	Old        *string `json:"old_string"`
-	New        *string `json:"new_string"`
-	ReplaceAll bool    `json:"replace_all"`
+	Path string `json:"path" jsonschema:"Absolute path of the file to edit"`
+	filePathAlias
+	Old        *string `json:"old_string" jsonschema:"The exact text to replace"`
+	New        *string `json:"new_string" jsonschema:"The text to put in its place (must differ from old_string)"`
+	ReplaceAll bool    `json:"replace_all,omitempty" jsonschema:"Replace every occurrence instead of exactly one. Defaults to false."`
 }
 
 func runEditFile(ctx context.Context, w files.Workdir, args json.RawMessage) (string, error) {
@@ -445,7 +440,7 @@ func runEditFile(ctx context.Context, w files.Workdir, args json.RawMessage) (st
 	if err := decodeArgs(ToolEditFile, args, &in); err != nil {
 		return "", err
 	}
-	p, err := cleanArg(ToolEditFile, in.get(""))
+	p, err := cleanArg(ToolEditFile, in.pathOr(in.Path, ""))
 	if err != nil {
 		return "", err
 	}
@@ -493,15 +488,13 @@ var globSpec = model.ToolSpec{
 		"number of directories, '?' one character, '{a,b}' either alternative: '**/*.md' finds Markdown files " +
 		"anywhere, '*.txt' only directly in the search directory. The pattern is relative to path (default /). " +
 		fmt.Sprintf("Returns matching file paths, sorted, at most %d.", MaxListEntries),
-	Parameters: json.RawMessage(`{"type":"object","properties":{` +
-		`"pattern":{"type":"string","description":"Glob pattern, e.g. **/*.go or reports/*.{csv,json}"},` +
-		`"path":{"type":"string","description":"Directory to search from. Defaults to /."}},` +
-		`"required":["pattern"]}`),
+	Parameters: SchemaJSON[globArgs](),
 }
 
 type globArgs struct {
-	pathArg
-	Pattern string `json:"pattern"`
+	Pattern string `json:"pattern" jsonschema:"Glob pattern, e.g. **/*.go or reports/*.{csv,json}"`
+	Path    string `json:"path,omitempty" jsonschema:"Directory to search from. Defaults to /."`
+	filePathAlias
 }
 
 func runGlob(ctx context.Context, w files.Workdir, args json.RawMessage) (string, error) {
@@ -509,7 +502,7 @@ func runGlob(ctx context.Context, w files.Workdir, args json.RawMessage) (string
 	if err := decodeArgs(ToolGlob, args, &in); err != nil {
 		return "", err
 	}
-	base, err := cleanArg(ToolGlob, in.get("/"))
+	base, err := cleanArg(ToolGlob, in.pathOr(in.Path, "/"))
 	if err != nil {
 		return "", err
 	}
@@ -571,21 +564,16 @@ var grepSpec = model.ToolSpec{
 		"(default) lists the files that match, content shows each matching line as path:line_number:text, count shows " +
 		"path:number_of_matching_lines. Narrow the search with path (a directory or one file) and glob (a file name " +
 		fmt.Sprintf("pattern such as *.md). At most %d files or %d lines are returned.", MaxListEntries, MaxGrepLines),
-	Parameters: json.RawMessage(`{"type":"object","properties":{` +
-		`"pattern":{"type":"string","description":"Regular expression to search for"},` +
-		`"path":{"type":"string","description":"Directory or file to search. Defaults to /."},` +
-		`"glob":{"type":"string","description":"Only search files whose name matches this pattern, e.g. *.py or **/tests/*.go"},` +
-		`"output_mode":{"type":"string","enum":["files_with_matches","content","count"],"description":"What to return. Defaults to files_with_matches."},` +
-		`"case_insensitive":{"type":"boolean","description":"Ignore case. Defaults to false."}},` +
-		`"required":["pattern"]}`),
+	Parameters: SchemaJSON[grepArgs](),
 }
 
 type grepArgs struct {
-	pathArg
-	Pattern         string `json:"pattern"`
-	Glob            string `json:"glob"`
-	OutputMode      string `json:"output_mode"`
-	CaseInsensitive bool   `json:"case_insensitive"`
+	Pattern string `json:"pattern" jsonschema:"Regular expression to search for"`
+	Path    string `json:"path,omitempty" jsonschema:"Directory or file to search. Defaults to /."`
+	filePathAlias
+	Glob            string `json:"glob,omitempty" jsonschema:"Only search files whose name matches this pattern, e.g. *.py or **/tests/*.go"`
+	OutputMode      string `json:"output_mode,omitempty" schema:"enum=files_with_matches|content|count" jsonschema:"What to return. Defaults to files_with_matches."`
+	CaseInsensitive bool   `json:"case_insensitive,omitempty" jsonschema:"Ignore case. Defaults to false."`
 }
 
 // Grep output modes.
@@ -600,7 +588,7 @@ func runGrep(ctx context.Context, w files.Workdir, args json.RawMessage) (string
 	if err := decodeArgs(ToolGrep, args, &in); err != nil {
 		return "", err
 	}
-	base, err := cleanArg(ToolGrep, in.get("/"))
+	base, err := cleanArg(ToolGrep, in.pathOr(in.Path, "/"))
 	if err != nil {
 		return "", err
 	}

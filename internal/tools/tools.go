@@ -191,11 +191,9 @@ func CurrentTime() Tool {
 	return Func(model.ToolSpec{
 		Name:        "current_time",
 		Description: "Returns the current date and time. Optionally pass an IANA time zone such as Europe/Paris.",
-		Parameters:  json.RawMessage(`{"type":"object","properties":{"timezone":{"type":"string","description":"IANA time zone name; UTC when omitted"}}}`),
+		Parameters:  SchemaJSON[currentTimeArgs](),
 	}, func(ctx context.Context, args json.RawMessage) (string, error) {
-		var in struct {
-			Timezone string `json:"timezone"`
-		}
+		var in currentTimeArgs
 		if len(args) > 0 {
 			if err := json.Unmarshal(args, &in); err != nil {
 				return "", fmt.Errorf("arguments must be an object like {\"timezone\":\"UTC\"}: %v", err)
@@ -211,4 +209,8 @@ func CurrentTime() Tool {
 		}
 		return time.Now().In(loc).Format(time.RFC1123Z), nil
 	})
+}
+
+type currentTimeArgs struct {
+	Timezone string `json:"timezone,omitempty" jsonschema:"IANA time zone name; UTC when omitted"`
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/limits"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/state"
 )
 
 type verdict int
@@ -34,6 +35,9 @@ type decision struct {
 	thread  *protocol.Thread
 	rev     uint64
 	reason  string
+	// soon: wait a moment only (a tentative lease about to be given
+	// back), not for the thread's next run to finish.
+	soon bool
 }
 
 // snapshot is what decides a request's fate, read in one round trip: its
@@ -45,6 +49,11 @@ type snapshot struct {
 	head  headState
 	th    *protocol.Thread
 	thRev uint64
+	// spec is the new thread record, with this run's tentative lease,
+	// that look created beside its reads (j.speculate), at specRev; nil
+	// when it did not (the thread exists, or the run may not try).
+	spec    *protocol.Thread
+	specRev uint64
 }
 
 // look reads the snapshot; the reads go out together. The run record is
@@ -74,19 +83,126 @@ func (j *job) look(ctx context.Context, first bool) (*snapshot, error) {
 			s.head, headErr = j.head(ctx)
 		}()
 	}
+	if first && j.mayGuessLease() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.spec, s.specRev = j.guessLease(ctx)
+		}()
+	}
 	th, rev, err := w.stores.Threads.Get(ctx, req.Tenant, req.ThreadID)
 	if err == nil {
 		s.th, s.thRev = th, rev
 	} else if !errors.Is(err, kv.ErrNotFound) {
 		wg.Wait()
-		return nil, err
+		return s, err
 	}
 	wg.Wait()
 	if recErr != nil {
-		return nil, recErr
+		return s, recErr
 	}
 	return s, headErr
 }
+
+// mayGuessLease reports whether the run may take its thread's lease in
+// the same round trip as it reads whether it is the thread's oldest
+// request (guessLease): a request a plain publish sent, delivered for the
+// first time (nobody wrote its record), that keeps its thread's order
+// (not steer or rollback), of a tenant whose running runs are not
+// counted (a slot would be one more round trip first).
+func (j *job) mayGuessLease() bool {
+	w := j.w
+	if preempting(j.req) || j.msg.Headers().Get(protocol.HeaderSubmitter) != "" {
+		return false
+	}
+	return w.cfg.Limits == nil || j.req.Parent != nil || w.cfg.Limits.For(j.req.Tenant).MaxConcurrentRuns <= 0
+}
+
+// guessLease creates the thread record with this run's lease, tentative,
+// for a thread that does not exist yet: most requests of a new thread are
+// its first and only one, so the lease is taken beside the reads that
+// say whether it may be (look) instead of after them, a stage less. The
+// create is refused, writing nothing, when the thread exists. It returns
+// the record and its revision, or nil.
+func (j *job) guessLease(ctx context.Context) (*protocol.Thread, uint64) {
+	req := j.req
+	now := time.Now().UTC()
+	t := &protocol.Thread{ThreadID: req.ThreadID, Tenant: req.Tenant, CreatedAt: now, UpdatedAt: now}
+	j.takeLease(t, nil, now)
+	t.Lease.Tentative = true
+	rev, err := j.w.stores.Threads.CreateNew(ctx, t)
+	if err != nil {
+		return nil, 0
+	}
+	return t, rev
+}
+
+// takeLease makes t's lease req's run's (Epoch, Lease, Status and the
+// run's place in RecentRuns) and returns the runs that left RecentRuns.
+func (j *job) takeLease(t *protocol.Thread, rec *protocol.Run, now time.Time) (evicted []string) {
+	req := j.req
+	if t.Epoch == 0 && t.Owner == "" && req.Principal != nil && req.Parent == nil {
+		// The first run of a thread no submitter created owns it.
+		t.Owner = req.Principal.User
+	}
+	t.Epoch++
+	t.Lease = nextLease(t, rec, req, j.w.cfg.ID, j.seq, now)
+	t.Status = protocol.ThreadBusy
+	t.LastRunID = req.RunID
+	t.Preempt = withoutRun(t.Preempt, req.RunID)
+	// The run is listed with its thread by this write (protocol v2: no
+	// run index key of its own while it is recent).
+	return t.AddRecentRun(req.RunID)
+}
+
+// dropGuess gives back a lease guessLease took when the run may not start
+// now (an older request of the thread waits, the request left the
+// stream): the thread is put back as it was before (no lease, epoch 0,
+// no owner, the run not listed), keeping what others wrote since (a steer
+// reservation). Runs of this worker waiting for the thread are woken;
+// those of other workers see the lease gone at their next look.
+func (j *job) dropGuess(ctx context.Context, th *protocol.Thread, rev uint64) error {
+	req := j.req
+	_, _, err := j.w.stores.Threads.MutateFrom(ctx, req.Tenant, req.ThreadID, th, rev, func(t *protocol.Thread) error {
+		if t.Lease == nil || t.Lease.RunID != req.RunID || t.Lease.Epoch != th.Epoch || !t.Lease.Tentative {
+			return errUnchanged
+		}
+		t.Lease = nil
+		t.Status = protocol.ThreadIdle
+		if t.Epoch == th.Epoch {
+			t.Epoch--
+		}
+		if t.Owner == th.Owner && t.Epoch == 0 {
+			t.Owner = ""
+		}
+		if t.LastRunID == req.RunID {
+			t.LastRunID = ""
+		}
+		var runs []string
+		for _, r := range t.RecentRuns {
+			if r != req.RunID {
+				runs = append(runs, r)
+			}
+		}
+		t.RecentRuns = runs
+		return nil
+	})
+	if errors.Is(err, errUnchanged) {
+		err = nil
+	}
+	j.w.wakeThread(req.Tenant, req.ThreadID)
+	return err
+}
+
+// guessWaitsMax bounds how many times a run looks again, a moment apart,
+// at a tentative lease of a younger request before it waits as for any
+// busy thread.
+const guessWaitsMax = 50
+
+// guessWait is how long a run waits before it looks again at a
+// tentative lease of a younger request: about the round trip its holder
+// needs to give it back.
+const guessWait = 5 * time.Millisecond
 
 func preempting(req *protocol.RunRequest) bool {
 	return req.MultitaskStrategy == protocol.StrategySteer || req.MultitaskStrategy == protocol.StrategyRollback
@@ -123,6 +239,16 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 		stale, err := w.staleLease(ctx, th)
 		if err != nil {
 			return decision{}, err
+		}
+		if l := th.Lease; !stale && l.Tentative && l.MsgSeq > j.seq {
+			// A younger request's run took the lease before it read that
+			// this older one waits (guessLease): it gives it back in a
+			// moment. Neither busy (a reject run would be refused) nor
+			// stale, unless its holder died before it could.
+			if time.Since(l.RenewedAt) <= w.cfg.Settings.AckWait {
+				return decision{verdict: verdictWait, soon: true}, nil
+			}
+			stale = true
 		}
 		if !stale {
 			switch strategy {
@@ -176,6 +302,9 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 		// is busy (no delivery is spent, nothing is dead-lettered).
 		return decision{verdict: verdictWait}, err
 	}
+	// The lease keeps the head it was taken at: the run's state at that
+	// head is read while the lease is written, not after it.
+	pre := j.prefetchState(ctx, th)
 	now := time.Now().UTC()
 	var evicted []string
 	next, nextRev, err := w.stores.Threads.MutateFrom(ctx, req.Tenant, req.ThreadID, th, rev, func(t *protocol.Thread) error {
@@ -194,20 +323,14 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 		if len(t.Preempt) > 0 && t.Preempt[0].RunID != req.RunID && !takeover {
 			return errRetryAdmit
 		}
-		if t.Epoch == 0 && t.Owner == "" && req.Principal != nil && req.Parent == nil {
-			// The first run of a thread no submitter created owns it.
-			t.Owner = req.Principal.User
-		}
-		t.Epoch++
-		t.Lease = nextLease(t, snap.rec, req, w.cfg.ID, j.seq, now)
-		t.Status = protocol.ThreadBusy
-		t.LastRunID = req.RunID
-		t.Preempt = withoutRun(t.Preempt, req.RunID)
-		// The run is listed with its thread by this write (protocol v2: no
-		// run index key of its own while it is recent).
-		evicted = t.AddRecentRun(req.RunID)
+		evicted = j.takeLease(t, snap.rec, now)
 		return nil
 	})
+	if err != nil {
+		pre.drop()
+	} else {
+		j.pre = pre
+	}
 	if errors.Is(err, errRetryAdmit) {
 		return decision{verdict: verdictRetry}, nil
 	}
@@ -540,4 +663,61 @@ func (j *job) countEventBytes(ctx context.Context, n int64) {
 	if err := w.cfg.Limits.AddEventBytes(ctx, j.req.Tenant, n); err != nil {
 		j.log.Warn("could not count the run's event bytes for the tenant's quota", zap.Error(err))
 	}
+}
+
+// statePrefetch is a run's thread state read from a head while the run's
+// lease is being written (job.prefetchState).
+type statePrefetch struct {
+	head   string
+	done   chan struct{}
+	st     *state.State
+	chain  []*kv.Delta
+	err    error
+	cancel context.CancelFunc
+}
+
+// prefetchState starts reading the state at th's head, for the run about
+// to take th's lease: the lease's write leaves the head as it is, so the
+// run needs that state once the lease is its own, and the read goes out
+// beside the write instead of after it. Nil when there is nothing to read
+// (a new thread, or one without a checkpoint).
+func (j *job) prefetchState(ctx context.Context, th *protocol.Thread) *statePrefetch {
+	if th == nil || th.Head == "" {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	p := &statePrefetch{head: th.Head, done: make(chan struct{}), cancel: cancel}
+	go func() {
+		defer close(p.done)
+		p.st, p.chain, p.err = j.w.stores.Checkpoints.Load(ctx, j.req.Tenant, j.req.ThreadID, p.head)
+	}()
+	return p
+}
+
+// drop abandons a prefetch whose lease was not taken.
+func (p *statePrefetch) drop() {
+	if p != nil {
+		p.cancel()
+	}
+}
+
+// loadState is the run's state at head: the prefetched one when it was
+// read at that head and without error, else read now.
+func (j *job) loadState(ctx context.Context, head string) (*state.State, []*kv.Delta, error) {
+	p := j.pre
+	j.pre = nil
+	if p != nil {
+		defer p.cancel()
+		if p.head == head {
+			select {
+			case <-p.done:
+				if p.err == nil {
+					return p.st, p.chain, nil
+				}
+			case <-ctx.Done():
+				return nil, nil, context.Cause(ctx)
+			}
+		}
+	}
+	return j.w.stores.Checkpoints.Load(ctx, j.req.Tenant, j.req.ThreadID, head)
 }

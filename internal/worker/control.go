@@ -66,13 +66,6 @@ func (w *Worker) subscribe() error {
 		return fmt.Errorf("subscribe to hold questions: %w", err)
 	}
 	w.subs = append(w.subs, sub)
-	// The server answers an in-progress signal sent with a reply subject
-	// once the consumer's leader has taken it: heartbeat sends them so.
-	sub, err = w.nc.Subscribe(w.progressInbox+".*.*", w.progressConfirmed)
-	if err != nil {
-		return fmt.Errorf("subscribe to in-progress confirmations: %w", err)
-	}
-	w.subs = append(w.subs, sub)
 	sub, err = w.nc.QueueSubscribe(maxDeliveriesSubject(w.names), advisoryQueue, func(m *nats.Msg) {
 		w.spawn(func() { w.handleMaxDeliveries(m) })
 	})

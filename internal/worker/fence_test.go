@@ -2,13 +2,20 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/metrics/prom"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
+	"github.com/natsagent/natsagent/internal/tools"
 )
 
 // fenceCase is a worker whose first model call runs until its context
@@ -89,18 +96,133 @@ func TestLeaseThatCannotBeRenewedStopsTheRun(t *testing.T) {
 	})
 }
 
-// The same when the lease renews but the request's in-progress signals
-// go unanswered (the runs stream's consumer lost with a node): the server
-// would deliver the request again an ack wait after the last one it took.
-func TestUnconfirmedHeartbeatsStopTheRun(t *testing.T) {
-	c := newFenceCase(t)
-	w := c.wh.w
-	for _, sub := range w.subs {
-		if sub.Subject == w.progressInbox+".*.*" {
-			if err := sub.Unsubscribe(); err != nil {
-				t.Fatal(err)
+// Issue 16 (livelock under overload): a run whose lease renewals are
+// slow but not lost (its renewer held, as a starved machine holds it)
+// pauses instead of stopping, keeps the model call it is in, and goes on
+// once a renewal is confirmed: it finishes once, on its first attempt,
+// with its tool run once. Stopping it, as the fence did, had the next
+// delivery redo its work on a machine just as slow, and stop again.
+func TestSlowLeaseRenewalPausesTheRunInsteadOfStoppingIt(t *testing.T) {
+	const ackWait = 4 * time.Second
+	h := newHarnessWith(t, bus.Settings{AckWait: ackWait, MaxDeliver: 5})
+	rec, err := prom.New(prom.Options{Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var toolRuns atomic.Int32
+	var toolAt atomic.Int64
+	h.tools.Register(tools.Func(model.ToolSpec{Name: "step"}, func(context.Context, json.RawMessage) (string, error) {
+		toolRuns.Add(1)
+		toolAt.Store(time.Now().UnixNano())
+		return "stepped", nil
+	}))
+	answer := make(chan struct{})
+	cancelled := make(chan struct{}, 1)
+	var calls atomic.Int32
+	m := model.Func(func(ctx context.Context, req *model.Request, onDelta func(model.Delta)) (*model.Response, error) {
+		if calls.Add(1) > 1 {
+			return &model.Response{Message: model.Message{Role: model.RoleAssistant, Content: "done"}}, nil
+		}
+		select {
+		case <-answer:
+		case <-ctx.Done():
+			cancelled <- struct{}{}
+			return nil, ctx.Err()
+		}
+		return &model.Response{Message: model.Message{Role: model.RoleAssistant, ToolCalls: []model.ToolCall{{ID: "c1", Name: "step", Arguments: "{}"}}}}, nil
+	})
+	wh := h.startWorker(m, func(c *Config) { c.Metrics = rec })
+	w := h.watch("default", "t1", "r1")
+	h.submit(request("t1", "r1", "take one step"))
+
+	var lease *leaseHandle
+	testdeploy.WaitFor(t, minFinish, "the run's first model call", func() bool {
+		if j := wh.w.runningJob("default", "r1"); j != nil && calls.Load() == 1 {
+			j.hold.Lock()
+			lease = j.lease
+			j.hold.Unlock()
+		}
+		return lease != nil
+	})
+
+	// Hold the renewer: every write of the lease waits for its lock.
+	lease.mu.Lock()
+	testdeploy.WaitFor(t, 2*ackWait, "the run to pause", lease.pausedNow)
+	if !lease.live() {
+		t.Fatal("the paused run counts as stopped")
+	}
+	// A safe boundary waits while the run is paused.
+	fctx, fcancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	err = lease.Fenced(fctx)
+	fcancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Fenced while paused returned %v, want it to wait", err)
+	}
+	close(answer) // the model answers while the run is paused
+	time.Sleep(ackWait / 8)
+	if n := toolRuns.Load(); n != 0 {
+		t.Fatal("a tool ran while the run was paused")
+	}
+	resumed := time.Now()
+	lease.mu.Unlock()
+
+	fin := w.finished(t, 10*ackWait)
+	if fin.Status != protocol.StatusSuccess || fin.Output == nil || fin.Output.Content != "done" {
+		t.Fatalf("run ended %s with %+v", fin.Status, fin.Output)
+	}
+	select {
+	case <-cancelled:
+		t.Fatal("the pause cancelled the model call in flight")
+	default:
+	}
+	if n := toolRuns.Load(); n != 1 || time.Unix(0, toolAt.Load()).Before(resumed) {
+		t.Fatalf("tool ran %d times (last at %v, resumed at %v), want once after the pause", n, time.Unix(0, toolAt.Load()), resumed)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("%d model calls, want 2 (nothing run again)", n)
+	}
+	if r := h.run("default", "r1"); r.Attempt != 1 {
+		t.Fatalf("record attempt %d, want 1 (the run was not stopped and taken again)", r.Attempt)
+	}
+	if n := w.count(protocol.EventRunFinished); n != 1 {
+		t.Fatalf("%d run.finished events, want 1", n)
+	}
+	if n := w.count(protocol.EventToolFinished); n != 1 {
+		t.Fatalf("%d tool.finished events, want 1", n)
+	}
+	if v := counterValue(t, rec.Registry(), "natsagent_lease_fence_pauses_total", nil); v != 1 {
+		t.Fatalf("lease_fence_pauses_total = %v, want 1", v)
+	}
+	if v := counterValue(t, rec.Registry(), "natsagent_lease_fence_stops_total", nil); v != 0 {
+		t.Fatalf("lease_fence_stops_total = %v, want 0", v)
+	}
+}
+
+// counterValue sums the counter name's series whose labels include want.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
 			}
+			for k, v := range want {
+				if labels[k] != v {
+					continue series
+				}
+			}
+			sum += m.GetCounter().GetValue()
 		}
 	}
-	c.stopsAndContinues(t, time.Now(), func() {})
+	return sum
 }

@@ -35,6 +35,9 @@ type harness struct {
 	names    bus.Names
 	stores   *kv.Stores
 	tools    *tools.Registry
+	// workerURL, when set, is where startWorker connects instead of the
+	// server (a proxy in front of it).
+	workerURL string
 }
 
 func newHarness(t *testing.T) *harness {
@@ -65,7 +68,11 @@ func (wh *workerHandle) stop() {
 // configuration before start.
 func (h *harness) startWorker(m model.Model, cfg func(*Config)) *workerHandle {
 	h.t.Helper()
-	nc, err := nats.Connect(h.srv.URL(), nats.MaxReconnects(-1))
+	url := h.srv.URL()
+	if h.workerURL != "" {
+		url = h.workerURL
+	}
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,10 +53,7 @@ type job struct {
 	drained   bool
 	abandoned bool // lease lost: never touch the message again
 	finished  chan struct{}
-	// progressed is when (unix nanos) the last in-progress signal that
-	// the server confirmed was sent, or the request was received.
-	progressed atomic.Int64
-	span       trace.Span // the run's span; nil when the process does not trace
+	span      trace.Span // the run's span; nil when the process does not trace
 	// fullSince is when (unix nanos) the run's current wait for room in a
 	// full store began (0: not waiting); fullTries counts its tries.
 	fullSince atomic.Int64
@@ -70,6 +65,13 @@ type job struct {
 	seen        *protocol.Lease
 	seenAt      time.Time
 	waitedLapse bool
+
+	// guessWaits counts the looks again at a tentative lease (admit).
+	guessWaits int
+
+	// pre is the thread state being read while the lease was taken
+	// (admit), for execute; nil once used.
+	pre *statePrefetch
 }
 
 // handle takes one delivered request to its end. It owns one slot on entry
@@ -91,7 +93,6 @@ func (w *Worker) handle(base context.Context, msg jetstream.Msg) {
 		return
 	}
 	j := &job{w: w, msg: msg, id: w.jobIDs.Add(1), seq: meta.Sequence.Stream, log: w.log, wake: make(chan struct{}, 1), finished: make(chan struct{})}
-	j.progressed.Store(time.Now().UnixNano())
 	w.track(j)
 	hasSlot := true
 	defer func() {
@@ -122,6 +123,7 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 	}
 	j.req = req
 	j.key = bus.Key(req.Tenant, req.RunID)
+	defer func() { j.pre.drop() }()
 	// Lazy: most runs log nothing, and With copies the encoder with the
 	// fields encoded, kept for the whole run.
 	j.log = w.log.WithLazy(zap.String("tenant", req.Tenant), zap.String("thread_id", req.ThreadID), zap.String("run_id", req.RunID))
@@ -135,6 +137,23 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 		}
 		snap, err := j.look(ctx, first)
 		first = false
+		if testHookLooked != nil && err == nil {
+			testHookLooked(j)
+		}
+		if snap != nil && snap.spec != nil {
+			// The lease was taken beside the reads (guessLease): it
+			// stands if this request is its thread's oldest.
+			if err == nil && snap.head == headSelf {
+				j.start(ctx, meta, nil, 0, snap.spec, snap.specRev)
+				return
+			}
+			if derr := j.dropGuess(ctx, snap.spec, snap.specRev); err == nil {
+				err = derr
+			}
+			if err == nil {
+				continue // decided the usual way
+			}
+		}
 		if err != nil {
 			if j.waitRoom(ctx, err) {
 				continue
@@ -175,6 +194,11 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 			return
 		}
 		if d.verdict == verdictRetry {
+			continue
+		}
+		if d.verdict == verdictWait && d.soon && j.guessWaits < guessWaitsMax {
+			j.guessWaits++
+			sleep(ctx, guessWait)
 			continue
 		}
 		// Rejected or waiting: the run needs a record (and run.queued) now.
@@ -482,6 +506,10 @@ func (j *job) finishPending(ctx context.Context, status protocol.Status, stopRea
 
 var errAlreadyFinished = errors.New("run already finished")
 
+// testHookLooked, set by tests only, runs after a request's snapshot was
+// read and before it is decided on.
+var testHookLooked func(*job)
+
 // errStateUnavailable stops a run whose thread state could not be read
 // for a reason that passes (a leader election, a node loss): it is handed
 // back, not failed.
@@ -556,6 +584,8 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	// first (the run is handed back unstarted; the lease stays, for the
 	// next delivery to take over) or after the event.
 	stream.SetFence(lease.live)
+	stream.SetHold(lease.pausedNow)
+	lease.onResume = stream.Resume
 	stream.SetResumable(req.StreamResumable)
 	j.hold.Lock()
 	if j.drained || w.isDraining() {
@@ -598,17 +628,34 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	}
 	lease.onPreempt = func(p protocol.Preemption) { j.preempted(p) }
 	lease.onLost = func() { cancelRun(agent.ErrLeaseLost) }
-	lease.fenceFor(w.cfg.Settings.AckWait*3/4, leaseTakenAt(th, now), &j.progressed)
+	lease.fenceFor(w.cfg.Settings.AckWait, leaseTakenAt(th, now))
 	defer lease.stopFence()
 	lease.checkPreempt()
 	if rec != nil && rec.CancelRequested {
 		cancelRun(ErrCancelled)
 	}
+	go j.cancelledMeanwhile(ctx, cancelRun)
 
 	host := &runHost{j: j, lease: lease, stream: stream}
 	out := j.execute(runCtx, preemptCtx, host)
 	lease.stopFence()
 	j.finalize(ctx, lease, host, out)
+}
+
+// cancelledMeanwhile stops the run if a cancel ended its record between
+// the read that decided to start it and the lease it took: the cancel
+// writes the record, then looks for a lease to signal (cancelIfStarted);
+// the run takes the lease, then reads the record here, from the leader.
+// One of the two sees the other.
+func (j *job) cancelledMeanwhile(ctx context.Context, cancelRun context.CancelCauseFunc) {
+	rec, _, err := j.w.stores.Runs.GetLatest(ctx, j.req.Tenant, j.req.RunID)
+	if err != nil || rec.ThreadID != j.req.ThreadID || (rec.MsgSeq != 0 && rec.MsgSeq != j.seq) {
+		return
+	}
+	if rec.CancelRequested || rec.Status == protocol.StatusCancelled {
+		j.log.Info("the run was cancelled while it took its thread; stopping it")
+		cancelRun(ErrCancelled)
+	}
 }
 
 // execute prepares the run and drives the agent loop.
@@ -620,7 +667,7 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 	if err != nil {
 		return agent.Outcome{Status: protocol.StatusError, Error: err.Error()}
 	}
-	st, chain, err := w.stores.Checkpoints.Load(ctx, req.Tenant, req.ThreadID, lease.head())
+	st, chain, err := j.loadState(ctx, lease.head())
 	if err != nil {
 		if ctx.Err() != nil {
 			return agent.Outcome{Stopped: context.Cause(ctx)}
@@ -753,9 +800,9 @@ func (h *runHost) delta(ctx context.Context, u state.Update) (id, title string, 
 // Emit publishes an event of the run.
 func (h *runHost) Emit(eventType string, data any) { h.stream.Emit(eventType, data, "") }
 
-// Fenced is agent.Fence: agent.ErrLeaseLost once the run lost its lease
-// or its fence ran out.
-func (h *runHost) Fenced() error { return h.lease.Fenced() }
+// Fenced is agent.Fence: it waits while the run is paused (its lease's
+// renewal is late), and is agent.ErrLeaseLost once the run lost its lease.
+func (h *runHost) Fenced(ctx context.Context) error { return h.lease.Fenced(ctx) }
 
 // finalize records the outcome, gives the thread back, publishes the one
 // terminal event and acks the request, in that order: a crash between any
@@ -888,6 +935,9 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 	// release and the record, the next delivery of the request finds
 	// the summary on the thread and finishes the run from it
 	// (finishFromLastRun), without running it again.
+	if preempting(req) {
+		j.recordOverwritten(ctx, lease)
+	}
 	rollback := errors.Is(out.Stopped, ErrRolledBack) || errors.Is(out.Stopped, ErrCancelRollback)
 	// A rollback takes the run's files back too, before the thread is
 	// released to the next run.
@@ -981,6 +1031,48 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		fields = append(fields, zap.Duration("duration", time.Since(j.startedAt)))
 	}
 	j.log.Info("run finished", fields...)
+}
+
+// recordOverwritten makes sure the run whose summary this run's release
+// replaces (the thread's last_run) has its terminal record and its
+// run.finished, before the summary is gone. Only a steer or rollback can
+// take a thread whose last run released it but whose worker stopped
+// before the record (enqueued runs wait behind that run's request): its
+// redelivery, finding neither a terminal record nor its summary, would
+// run it again.
+func (j *job) recordOverwritten(ctx context.Context, lease *leaseHandle) {
+	w := j.w
+	lease.mu.Lock()
+	prev := lease.th.LastRun
+	lease.mu.Unlock()
+	if prev == nil || prev.RunID == j.req.RunID {
+		return
+	}
+	rec, _, err := w.stores.Runs.GetLatest(ctx, j.req.Tenant, prev.RunID)
+	if err == nil && rec.Status.Terminal() {
+		return
+	}
+	if err != nil && !errors.Is(err, kv.ErrNotFound) {
+		j.log.Warn("could not read the record of the thread's last run before replacing its summary", zap.String("last_run", prev.RunID), zap.Error(err))
+		return
+	}
+	last := *prev
+	rec, err = writeEnded(ctx, w.stores.Runs, &last)
+	own := err == nil
+	if errors.Is(err, errAlreadyFinished) || errors.Is(err, kv.ErrExists) {
+		rec, _, err = w.stores.Runs.GetLatest(ctx, j.req.Tenant, prev.RunID)
+	}
+	if err != nil {
+		j.log.Warn("could not record the end of the thread's last run from its summary", zap.String("last_run", prev.RunID), zap.Error(err))
+		return
+	}
+	j.log.Info("the thread's last run ended without its record; recorded it from its summary before replacing it", zap.String("last_run", prev.RunID))
+	if own {
+		w.ended(rec)
+	}
+	if err := w.pub.EnsureFinished(ctx, rec); err != nil {
+		j.log.Warn("could not publish run.finished of the thread's last run", zap.String("last_run", prev.RunID), zap.Error(err))
+	}
 }
 
 // endedRecord is the run's terminal record: its record as read before it
@@ -1183,43 +1275,8 @@ func (j *job) heartbeat() *leaseHandle {
 	if abandoned {
 		return nil
 	}
-	// msg.InProgress, with a reply subject: the answer (progressConfirmed)
-	// feeds the lease's fence.
-	reply := j.w.progressInbox + "." + strconv.FormatUint(j.id, 10) + "." + strconv.FormatInt(time.Now().UnixNano(), 10)
-	_ = j.w.nc.PublishRequest(j.msg.Reply(), reply, ackProgress)
+	_ = j.msg.InProgress()
 	return lease
-}
-
-var ackProgress = []byte("+WPI")
-
-// progressConfirmed takes the server's answer to an in-progress signal
-// (subject <progressInbox>.<job id>.<unix nanos sent>).
-func (w *Worker) progressConfirmed(m *nats.Msg) {
-	rest := strings.TrimPrefix(m.Subject, w.progressInbox+".")
-	idText, sentText, ok := strings.Cut(rest, ".")
-	id, err1 := strconv.ParseUint(idText, 10, 64)
-	sent, err2 := strconv.ParseInt(sentText, 10, 64)
-	if !ok || err1 != nil || err2 != nil {
-		return
-	}
-	w.mu.Lock()
-	j := w.held[id]
-	w.mu.Unlock()
-	if j == nil {
-		return
-	}
-	for {
-		old := j.progressed.Load()
-		if sent <= old || j.progressed.CompareAndSwap(old, sent) {
-			break
-		}
-	}
-	j.hold.Lock()
-	lease := j.lease
-	j.hold.Unlock()
-	if lease != nil {
-		lease.refence()
-	}
 }
 
 // runTimeout is the wall time req's run may take.

@@ -14,6 +14,7 @@ import (
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/metrics"
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
@@ -33,23 +34,31 @@ type leaseHandle struct {
 
 	onPreempt func(protocol.Preemption)
 	onLost    func()
+	// onResume is called when a pause of the run ends with the lease
+	// still its own (the stream publishes the events it kept).
+	onResume func()
 
 	mu   sync.Mutex
 	th   *protocol.Thread
 	rev  uint64
 	lost bool
-	// The fence (fenceFor, fenced) has a lock of its own: l.mu is held
+	// The fence (fenceFor, expire) has a lock of its own: l.mu is held
 	// through a write, which a server that does not answer holds for
 	// seconds.
 	fmu        sync.Mutex
 	fence      *time.Timer
-	fenceAfter time.Duration
-	renewed    time.Time     // when the last successful write of the lease was sent
-	progressed *atomic.Int64 // the request's last confirmed in-progress signal (job.progressed)
-	fired      atomic.Bool
+	pauseAfter time.Duration
+	stopAfter  time.Duration
+	renewed    time.Time // when the last write of the lease the server confirmed was sent
+	// paused is set while the lease's renewal is late (pauseAfter): the
+	// run starts no model or tool call and its events are kept, until a
+	// confirmed write ends the pause (resumed is closed then).
+	paused  atomic.Bool
+	resumed chan struct{}
+	fired   atomic.Bool
 	// gone is set once the run may no longer act for the lease: the
-	// lease was lost, or the fence ran out. Unlike fired it is not set
-	// when the run simply ended (stopFence).
+	// lease was lost, or went unconfirmed for stopAfter. Unlike fired it
+	// is not set when the run simply ended (stopFence).
 	gone atomic.Bool
 }
 
@@ -81,23 +90,18 @@ func (l *leaseHandle) mutate(ctx context.Context, fn func(*protocol.Thread) erro
 	})
 	if err == nil {
 		l.th, l.rev = th, rev
-		l.fmu.Lock()
-		if sent.After(l.renewed) {
-			l.renewed = sent
-		}
-		l.fmu.Unlock()
-		l.refence()
+		l.confirmed(sent)
 	} else {
 		l.refusedForRoom(sent, err)
 	}
 	lost := errors.Is(err, agent.ErrLeaseLost) && !l.lost
 	if lost {
 		l.lost = true
-		l.gone.Store(true)
+		l.markGone()
 	}
 	l.mu.Unlock()
-	if lost && l.onLost != nil {
-		l.onLost()
+	if lost {
+		l.fenceStop(metrics.FenceLeaseTaken, err)
 	}
 	if err == nil {
 		l.checkPreempt()
@@ -130,45 +134,98 @@ func (l *leaseHandle) moveHead(ctx context.Context, id, title string) error {
 	})
 }
 
-// fenceFor starts the lease's fence: from now on, when for after no write
-// of the lease has succeeded, or no in-progress signal of the run's
-// request was confirmed (counted from when the last successful one was
-// sent; the lease's taking at renewedAt counts as a write), the run is
-// stopped as if the lease were lost (fenced).
-func (l *leaseHandle) fenceFor(after time.Duration, renewedAt time.Time, progressed *atomic.Int64) {
-	l.fmu.Lock()
-	if l.fence != nil {
-		l.fmu.Unlock()
-		return
-	}
-	l.fenceAfter, l.renewed, l.progressed = after, renewedAt, progressed
-	l.fence = time.AfterFunc(time.Until(l.deadline()), l.fenced)
-	l.fmu.Unlock()
-}
-
-// deadline is when the fence fires unless a write or a confirmation comes
-// first, with l.fmu held.
-func (l *leaseHandle) deadline() time.Time {
-	last := l.renewed
-	if p := time.Unix(0, l.progressed.Load()); p.Before(last) {
-		last = p
-	}
-	return last.Add(l.fenceAfter)
-}
-
-// refence moves the fence after a successful write or a confirmed
-// in-progress signal.
-func (l *leaseHandle) refence() {
+// fenceFor starts the lease's fence, for a lease another worker may take
+// over once it went unrenewed for lapse (job.lapsed: a redelivery of the
+// request waits that long). renewedAt is when the lease was taken (a
+// write of it). Counted from when the last write the server confirmed
+// was sent:
+//   - after 3/4 of lapse the run pauses: it starts no model or tool call
+//     and its events are kept, not published, until a write of the lease
+//     is confirmed in time again (a renewal that was merely slow, as on
+//     an overloaded machine), and then goes on where it was;
+//   - after twice lapse with no write confirmed (the threads bucket out
+//     of reach: a node loss, a partition) the run stops as if the lease
+//     were lost.
+//
+// A write refused because the lease changed (another run's lease, a
+// newer epoch) stops the run at once (mutate, refresh). The in-progress
+// signals of the request play no part: a redelivery of it waits for the
+// lease to lapse before it takes the thread over, so only the lease says
+// whether another worker may be running the run.
+func (l *leaseHandle) fenceFor(lapse time.Duration, renewedAt time.Time) {
 	l.fmu.Lock()
 	defer l.fmu.Unlock()
+	if l.fence != nil {
+		return
+	}
+	l.pauseAfter, l.stopAfter, l.renewed = lapse*3/4, 2*lapse, renewedAt
+	l.fence = time.AfterFunc(time.Until(l.renewed.Add(l.pauseAfter)), l.expire)
+}
+
+// confirmed notes a write of the lease, sent at sent, that the server
+// confirmed: the fence moves, and a pause ends if the write came in time.
+func (l *leaseHandle) confirmed(sent time.Time) {
+	l.fmu.Lock()
+	if sent.After(l.renewed) {
+		l.renewed = sent
+	}
+	l.fmu.Unlock()
+	l.refence()
+}
+
+// refence moves the fence after a confirmed write of the lease, and ends
+// a pause the write came in time for.
+func (l *leaseHandle) refence() {
+	l.fmu.Lock()
 	if l.fence != nil && !l.fired.Load() {
-		l.fence.Reset(time.Until(l.deadline()))
+		l.fence.Reset(time.Until(l.renewed.Add(l.pauseAfter)))
+	}
+	resume := l.paused.Load() && !l.gone.Load() && time.Now().Before(l.renewed.Add(l.pauseAfter))
+	if resume {
+		l.unpause()
+	}
+	l.fmu.Unlock()
+	if resume {
+		l.w.log.Info("lease renewal confirmed: the run goes on", zap.String("tenant", l.tenant), zap.String("thread_id", l.thread), zap.String("run_id", l.run))
+		if l.onResume != nil {
+			l.onResume()
+		}
+	}
+}
+
+// unpause ends a pause, with l.fmu held.
+func (l *leaseHandle) unpause() {
+	if l.paused.CompareAndSwap(true, false) {
+		close(l.resumed)
+	}
+}
+
+// markGone records that the run may no longer act for the lease; a
+// pause ends with it.
+func (l *leaseHandle) markGone() {
+	l.fmu.Lock()
+	defer l.fmu.Unlock()
+	l.gone.Store(true)
+	l.unpause()
+}
+
+// released ends the fence of a run whose thread release was confirmed:
+// the events it kept while paused were emitted under a lease the release
+// proved its own, however long the release took, so they go out.
+func (l *leaseHandle) released() {
+	l.fmu.Lock()
+	resume := l.paused.Load()
+	l.unpause()
+	l.fmu.Unlock()
+	if resume && l.onResume != nil {
+		l.onResume()
 	}
 }
 
 // stopFence ends the fence once the run stopped executing: what is left
 // (the run's end, the release) are writes the epoch fences anyway, and
-// stopping a run that already ended would only delay it.
+// stopping a run that already ended would only delay it. A pause stays
+// until the release says whether the run's kept events go out.
 func (l *leaseHandle) stopFence() {
 	l.fmu.Lock()
 	defer l.fmu.Unlock()
@@ -178,64 +235,109 @@ func (l *leaseHandle) stopFence() {
 	l.fired.Store(true)
 }
 
-// fenced stops a run whose lease could not be renewed, or whose
-// request's in-progress signals were not confirmed, for the fence's time.
-// The server hands a request to another worker an ack wait after the last
-// in-progress signal it received, and that worker takes the thread over;
-// so a worker that has not had one confirmed (nor renewed its lease) for
-// three quarters of the ack wait (a node loss, a partition) must assume
-// the run may be taken from it soon and stop first: running on, it would
-// call the model and tools and publish events beside the worker that took
-// over (its writes alone are refused, by the epoch). The run stops as if
-// the lease were lost: it is abandoned, so its request's in-progress
-// signals stop too and the request does come back; whoever gets it
-// continues from the last checkpoint (taking the lease over if it was
-// still this run's).
-func (l *leaseHandle) fenced() {
+// expire is the fence's timer, and is called by live when the timer is
+// late (a process paused by SIGSTOP, a long GC, a suspended VM resumes
+// its goroutines in any order). It pauses the run once its lease's
+// renewal is late, and stops it once the lease went unconfirmed for long
+// enough that another worker may hold it (see fenceFor).
+func (l *leaseHandle) expire() {
 	l.fmu.Lock()
-	if l.fired.Load() || time.Now().Before(l.deadline()) {
-		// Stopped, or moved by a confirmation that raced the timer.
+	if l.fired.Load() || l.gone.Load() {
 		l.fmu.Unlock()
 		return
 	}
+	now := time.Now()
+	pauseAt, stopAt := l.renewed.Add(l.pauseAfter), l.renewed.Add(l.stopAfter)
+	switch {
+	case now.Before(pauseAt):
+		// Moved by a confirmation that raced the timer.
+		l.fmu.Unlock()
+		return
+	case now.Before(stopAt):
+		paused := l.paused.CompareAndSwap(false, true)
+		if paused {
+			l.resumed = make(chan struct{})
+		}
+		l.fence.Reset(time.Until(stopAt))
+		unconfirmed := now.Sub(l.renewed) // read under l.fmu: confirmed moves it
+		l.fmu.Unlock()
+		if paused {
+			l.w.cfg.Metrics.FencePause()
+			l.w.log.Warn("lease renewal not confirmed in time: the run pauses until it is", zap.String("tenant", l.tenant),
+				zap.String("thread_id", l.thread), zap.String("run_id", l.run), zap.Duration("unconfirmed_for", unconfirmed))
+		}
+		return
+	}
 	l.fired.Store(true)
-	l.gone.Store(true)
 	l.fmu.Unlock()
-	l.w.log.Warn("lease not renewed in time: stopping the run before another worker takes it over", zap.String("tenant", l.tenant),
-		zap.String("thread_id", l.thread), zap.String("run_id", l.run), zap.Duration("unrenewed_for", l.fenceAfter))
+	l.markGone()
+	l.fenceStop(metrics.FenceLeaseExpired, nil)
+}
+
+// fenceStop stops the run: its lease is another's (a write refused by
+// the lease's compare-and-set, a newer epoch) or may be (expired). It is
+// abandoned, so its request's in-progress signals stop too and the
+// request does come back; whoever gets it continues from the last
+// checkpoint (taking the lease over if it was still this run's).
+func (l *leaseHandle) fenceStop(reason string, err error) {
+	l.w.cfg.Metrics.FenceStop(reason)
+	fields := []zap.Field{zap.String("tenant", l.tenant), zap.String("thread_id", l.thread), zap.String("run_id", l.run),
+		zap.Uint64("epoch", l.epoch), zap.String("reason", reason)}
+	if err != nil {
+		fields = append(fields, zap.Error(err))
+	}
+	if reason == metrics.FenceLeaseExpired {
+		l.fmu.Lock()
+		fields = append(fields, zap.Duration("unconfirmed_for", time.Since(l.renewed)))
+		l.fmu.Unlock()
+	}
+	l.w.log.Warn("lease fence: stopping the run, another worker may own its thread", fields...)
 	if l.onLost != nil {
 		l.onLost()
 	}
 }
 
-// live reports whether the run may still act for its lease: publish an
-// event, call the model, run a tool. It checks the fence's deadline
-// itself rather than trusting the timer: a process that was paused (a
-// SIGSTOP, a long GC, a suspended VM) resumes its goroutines in any
-// order, and the one about to publish may run before the timer's. Past
-// the deadline the run is fenced here and then, and live reports false.
+// live reports whether the run may still act for its lease at all (its
+// events are dropped once it may not). It checks the fence's deadlines
+// itself rather than trusting the timer (see expire).
 func (l *leaseHandle) live() bool {
 	if l.gone.Load() {
 		return false
 	}
 	l.fmu.Lock()
-	if l.fence == nil || l.fired.Load() || time.Now().Before(l.deadline()) {
-		// Not fenced yet (the run is starting), ended, or in time.
-		l.fmu.Unlock()
-		return !l.gone.Load()
-	}
+	late := l.fence != nil && !l.fired.Load() && !time.Now().Before(l.renewed.Add(l.pauseAfter))
 	l.fmu.Unlock()
-	l.fenced()
+	if late {
+		l.expire()
+	}
 	return !l.gone.Load()
 }
 
-// Fenced is agent.Fence: the error a run that lost its lease stops with,
-// checked before each model call and tool call.
-func (l *leaseHandle) Fenced() error {
-	if l.live() {
-		return nil
+// pausedNow reports whether the run is paused (its events are kept).
+func (l *leaseHandle) pausedNow() bool {
+	return l.paused.Load() && !l.gone.Load()
+}
+
+// Fenced is agent.Fence: checked before each model call and tool call, it
+// waits while the run is paused, and returns agent.ErrLeaseLost once the
+// run lost its lease (or ctx's cause when ctx ends first).
+func (l *leaseHandle) Fenced(ctx context.Context) error {
+	for {
+		if !l.live() {
+			return agent.ErrLeaseLost
+		}
+		l.fmu.Lock()
+		paused, resumed := l.paused.Load(), l.resumed
+		l.fmu.Unlock()
+		if !paused {
+			return nil
+		}
+		select {
+		case <-resumed:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
 	}
-	return agent.ErrLeaseLost
 }
 
 // handOver marks the lease handed back (shutdown, a checkpoint that
@@ -304,11 +406,11 @@ func (l *leaseHandle) refresh(ctx context.Context) {
 	lost := !mine && !l.lost
 	if lost {
 		l.lost = true
-		l.gone.Store(true)
+		l.markGone()
 	}
 	l.mu.Unlock()
-	if lost && l.onLost != nil {
-		l.onLost()
+	if lost {
+		l.fenceStop(metrics.FenceLeaseTaken, nil)
 		return
 	}
 	l.checkPreempt()
@@ -356,7 +458,7 @@ func (l *leaseHandle) release(ctx context.Context, o *releaseOpts) error {
 	if o == nil {
 		o = &releaseOpts{status: protocol.ThreadIdle}
 	}
-	return l.mutate(ctx, func(t *protocol.Thread) error {
+	err := l.mutate(ctx, func(t *protocol.Thread) error {
 		t.Lease = nil
 		t.Status = o.status
 		switch {
@@ -380,6 +482,10 @@ func (l *leaseHandle) release(ctx context.Context, o *releaseOpts) error {
 		}
 		return nil
 	})
+	if err == nil {
+		l.released()
+	}
+	return err
 }
 
 // held is the lease as this run last wrote it.

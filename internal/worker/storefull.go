@@ -295,10 +295,5 @@ func (l *leaseHandle) refusedForRoom(sent time.Time, err error) {
 	if _, full := bus.IsStoreFull(err); !full {
 		return
 	}
-	l.fmu.Lock()
-	if sent.After(l.renewed) {
-		l.renewed = sent
-	}
-	l.fmu.Unlock()
-	l.refence()
+	l.confirmed(sent)
 }

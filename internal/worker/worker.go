@@ -165,9 +165,6 @@ type Worker struct {
 
 	slots chan struct{}
 
-	// progressInbox prefixes the reply subjects of the in-progress
-	// signals: <inbox>.<job id>.<unix nanos sent>.
-	progressInbox string
 	// jobIDs numbers the deliveries this worker holds (job.id).
 	jobIDs atomic.Uint64
 
@@ -233,22 +230,21 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	return &Worker{
-		cfg:           cfg,
-		names:         names,
-		nc:            nc,
-		js:            js,
-		stores:        stores,
-		pub:           pub,
-		runsStream:    st,
-		consumer:      cons,
-		subagents:     sa,
-		log:           cfg.Logger.With(zap.String("worker", cfg.ID)),
-		slots:         make(chan struct{}, cfg.Concurrency),
-		held:          make(map[uint64]*job),
-		progressInbox: nats.NewInbox(),
-		running:       make(map[string]*job),
-		waiters:       make(map[string]*waiter),
-		tracer:        tracerOf(cfg.Traces),
+		cfg:        cfg,
+		names:      names,
+		nc:         nc,
+		js:         js,
+		stores:     stores,
+		pub:        pub,
+		runsStream: st,
+		consumer:   cons,
+		subagents:  sa,
+		log:        cfg.Logger.With(zap.String("worker", cfg.ID)),
+		slots:      make(chan struct{}, cfg.Concurrency),
+		held:       make(map[uint64]*job),
+		running:    make(map[string]*job),
+		waiters:    make(map[string]*waiter),
+		tracer:     tracerOf(cfg.Traces),
 	}, nil
 }
 

@@ -56,6 +56,7 @@ type Recorder struct {
 	tenant  bool
 	models  *capped
 	tenants *capped
+	tools   *capped
 
 	runsStarted  *series[[2]string, prometheus.Counter]
 	queueWait    *series[string, prometheus.Observer]
@@ -68,6 +69,9 @@ type Recorder struct {
 	dlq          *series[string, prometheus.Counter]
 	storeFull    *series[string, prometheus.Counter]
 	jobs         [2]prometheus.Counter
+	toolCalls    *series[[2]string, prometheus.Observer]
+	fencePauses  prometheus.Counter
+	fenceStops   *series[string, prometheus.Counter]
 	httpCount    *series[[2]string, prometheus.Counter]
 	httpDuration *series[string, prometheus.Observer]
 	submitted    *series[string, prometheus.Counter]
@@ -85,6 +89,7 @@ var (
 	runBuckets   = []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
 	waitBuckets  = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600}
 	modelBuckets = []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600}
+	toolBuckets  = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
 	httpBuckets  = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
 )
 
@@ -106,7 +111,7 @@ func New(o Options) (*Recorder, error) {
 	if o.LagRefresh == 0 {
 		o.LagRefresh = 15 * time.Second
 	}
-	r := &Recorder{reg: reg, tenant: o.TenantLabel, models: newCapped(o.MaxLabelValues), tenants: newCapped(o.MaxLabelValues)}
+	r := &Recorder{reg: reg, tenant: o.TenantLabel, models: newCapped(o.MaxLabelValues), tenants: newCapped(o.MaxLabelValues), tools: newCapped(o.MaxLabelValues)}
 	withTenant := func(labels ...string) []string {
 		if o.TenantLabel {
 			return append([]string{"tenant"}, labels...)
@@ -136,6 +141,12 @@ func New(o Options) (*Recorder, error) {
 		Help: "Writes JetStream refused for lack of room (a full server or account store, or a stream or bucket at its max bytes), by the stream or bucket written to."}, []string{"store"})
 	jobs := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "worker_jobs_processed_total",
 		Help: "Run requests a worker took to their end (finished, handed back or dropped), by delivery (first, redelivery)."}, []string{"delivery"})
+	toolCalls := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Name: "tool_call_duration_seconds",
+		Help: "Latency of each tool call of a run, by tool and result status (ok, error, denied, ...).", Buckets: toolBuckets}, []string{"tool", "status"})
+	fencePauses := prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Name: "lease_fence_pauses_total",
+		Help: "Runs paused because the renewal of their thread lease was not confirmed in time."})
+	fenceStops := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "lease_fence_stops_total",
+		Help: "Runs their lease fence stopped, by reason (lease_taken: the lease is another run's or newer; lease_expired: no renewal confirmed for twice the ack wait)."}, []string{"reason"})
 	httpCount := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "http_requests_total",
 		Help: "Gateway HTTP requests, by route pattern and status code."}, []string{"route", "code"})
 	httpDuration := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Name: "http_request_duration_seconds",
@@ -144,7 +155,7 @@ func New(o Options) (*Recorder, error) {
 		Help: "Runs the gateway published, by multitask strategy."}, []string{"strategy"})
 	r.workers = &workerCollector{trackers: map[*func() metrics.WorkerStats]struct{}{}}
 	r.lag = &lagCollector{refresh: o.LagRefresh, sources: map[string]*lagSource{}}
-	for _, c := range []prometheus.Collector{started, wait, finished, duration, calls, tokens, retries, cancels, dlq, storeFull, jobs, httpCount, httpDuration, submitted, r.workers, r.lag} {
+	for _, c := range []prometheus.Collector{started, wait, finished, duration, calls, tokens, retries, cancels, dlq, storeFull, jobs, toolCalls, fencePauses, fenceStops, httpCount, httpDuration, submitted, r.workers, r.lag} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -171,6 +182,9 @@ func New(o Options) (*Recorder, error) {
 	r.dlq = newSeries(func(k string) prometheus.Counter { return dlq.WithLabelValues(k) })
 	r.storeFull = newSeries(func(k string) prometheus.Counter { return storeFull.WithLabelValues(k) })
 	r.jobs = [2]prometheus.Counter{jobs.WithLabelValues("first"), jobs.WithLabelValues("redelivery")}
+	r.toolCalls = newSeries(func(k [2]string) prometheus.Observer { return toolCalls.WithLabelValues(k[0], k[1]) })
+	r.fencePauses = fencePauses
+	r.fenceStops = newSeries(func(k string) prometheus.Counter { return fenceStops.WithLabelValues(k) })
 	r.httpCount = newSeries(func(k [2]string) prometheus.Counter { return httpCount.WithLabelValues(k[0], k[1]) })
 	r.httpDuration = newSeries(func(k string) prometheus.Observer { return httpDuration.WithLabelValues(k) })
 	r.submitted = newSeries(func(k string) prometheus.Counter { return submitted.WithLabelValues(k) })
@@ -243,6 +257,17 @@ func (r *Recorder) JobProcessed(redelivered bool) {
 	}
 	r.jobs[0].Inc()
 }
+
+// ToolCall implements metrics.Recorder.
+func (r *Recorder) ToolCall(tool, status string, d time.Duration) {
+	r.toolCalls.get([2]string{r.tools.value(tool), status}).Observe(d.Seconds())
+}
+
+// FencePause implements metrics.Recorder.
+func (r *Recorder) FencePause() { r.fencePauses.Inc() }
+
+// FenceStop implements metrics.Recorder.
+func (r *Recorder) FenceStop(reason string) { r.fenceStops.get(reason).Inc() }
 
 // HTTPRequest implements metrics.Recorder.
 func (r *Recorder) HTTPRequest(route string, code int, d time.Duration) {

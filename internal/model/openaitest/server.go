@@ -47,6 +47,9 @@ type Server struct {
 	requests   []Request
 	violations []string
 	embeddings int // embeddings requests received
+	// prompts is the last prompt of each conversation, when the server
+	// simulates prompt caching (cache.go); nil otherwise.
+	prompts map[string][]byte
 }
 
 // NewServer starts a server answering with h and closes it when the test
@@ -147,6 +150,11 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request) {
 	}
 
 	reply := s.handler(req)
+	if reply.Status < 400 {
+		if u, ok := s.cachedUsage(req, reply); ok {
+			reply.Usage = u
+		}
+	}
 	s.write(w, r, req, reply)
 }
 

@@ -81,15 +81,21 @@ export async function postJSON(path, body, opts) {
   return (await request('POST', path, { ...opts, body })).json();
 }
 
+// deleteThread deletes a thread and everything keyed by it (protocol.md
+// 2.20); cancel stops its active run first.
+export async function deleteThread(thread, { cancel = false, signal } = {}) {
+  await request('DELETE', paths.thread(thread) + (cancel ? '?cancel=true' : ''), { signal });
+}
+
 const seg = encodeURIComponent;
 
 export const paths = {
-  threads: () => '/threads?limit=100',
+  threadSearch: () => '/threads/search',
   thread: (t) => `/threads/${seg(t)}`,
   state: (t) => `/threads/${seg(t)}/state?format=natsagent`,
   runs: (t) => `/threads/${seg(t)}/runs?limit=100`,
   latestRun: (t) => `/threads/${seg(t)}/runs?limit=1`,
-  createRun: (t) => (t ? `/threads/${seg(t)}/runs` : '/runs'),
+  createStream: (t) => `/threads/${seg(t)}/runs/stream`,
   run: (t, r) => `/threads/${seg(t)}/runs/${seg(r)}`,
   // natsagent's own events: without stream_mode the gateway sends
   // LangGraph's values.
@@ -102,14 +108,9 @@ export const paths = {
   uploads: (t) => `/threads/${seg(t)}/uploads`,
 };
 
-// events reads a run's event stream from after lastEventID ('' for the
-// start) and yields {id, event, data} until the gateway ends the stream.
-export async function* events(thread, run, lastEventID, signal, onOpen) {
-  const headers = lastEventID ? { 'Last-Event-ID': lastEventID } : {};
-  const resp = await request('GET', paths.stream(thread, run), { signal, accept: 'text/event-stream', headers });
-  // The gateway answers once it follows the run: live events (token
-  // deltas) published from now on reach this stream, earlier ones never do.
-  if (onOpen) onOpen();
+// readSSE yields the {id, event, data} frames of an event stream
+// response until the gateway ends it.
+export async function* readSSE(resp) {
   const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
   let buf = '';
   let frame = { id: '', event: '', data: [] };
@@ -141,6 +142,27 @@ export async function* events(thread, run, lastEventID, signal, onOpen) {
   } finally {
     reader.cancel().catch(() => {});
   }
+}
+
+// events reads a run's event stream from after lastEventID ('' for the
+// start) and yields {id, event, data} until the gateway ends the stream.
+export async function* events(thread, run, lastEventID, signal, onOpen) {
+  const headers = lastEventID ? { 'Last-Event-ID': lastEventID } : {};
+  const resp = await request('GET', paths.stream(thread, run), { signal, accept: 'text/event-stream', headers });
+  // The gateway answers once it follows the run: live events (token
+  // deltas) published from now on reach this stream, earlier ones never do.
+  if (onOpen) onOpen();
+  yield* readSSE(resp);
+}
+
+// createAndStream submits a run and returns the open response of its
+// events (docs/protocol.md 3.5): the gateway follows the run before it
+// publishes it, so not one token delta is missed, however quick the run.
+// An error before the stream starts (400, 409, ...) is thrown.
+export function createAndStream(thread, body, signal) {
+  return request('POST', paths.createStream(thread), {
+    body: { ...body, stream_mode: 'natsagent' }, signal, accept: 'text/event-stream',
+  });
 }
 
 // download fetches a workdir file with the key and hands it to the browser

@@ -2,9 +2,9 @@
 // the gateway's HTTP API. Views are routed by the URL fragment
 // (#/threads/<thread>/runs/<run>), so the gateway serves one page.
 
-import { h, append, fill, field, timeEl, num, statusBadge, errorBox, newID, idPattern } from './dom.js';
-import { getJSON, postJSON, paths, settings, saveSettings, onKeyNeeded, download, upload } from './api.js';
-import { renderRun, runHash, threadHash } from './run.js';
+import { h, append, fill, field, timeEl, num, statusBadge, errorBox, newID, idPattern, confirmAction } from './dom.js';
+import { getJSON, request, paths, settings, saveSettings, onKeyNeeded, download, upload, deleteThread } from './api.js';
+import { renderRun, runHash, threadHash, startRun, takeHanded, textOf } from './run.js';
 
 const main = document.getElementById('main');
 
@@ -105,15 +105,15 @@ function runForm({ thread, signal, id = 'run-form' }) {
       runID = newID();
       threadID = thread || threadIn.value.trim() || newID();
     }
-    const body = { run_id: runID, input: { messages: [{ role: 'user', content: message.value }] } };
+    const prompt = message.value;
+    const body = { run_id: runID, input: { messages: [{ role: 'user', content: prompt }] } };
     if (agent.value.trim()) body.agent = agent.value.trim();
     if (approval.value) body.config = { tool_approval_mode: approval.value };
     if (strategy.value !== 'enqueue') body.multitask_strategy = strategy.value;
     submit.disabled = true;
     status.textContent = 'Submitting…';
     try {
-      const rec = await postJSON(paths.createRun(threadID), body, { signal });
-      go(runHash(rec.thread_id, rec.run_id));
+      await startRun(threadID, body, { signal, go, prompt });
     } catch (err) {
       if (signal.aborted) return;
       fill(status, errorBox(err));
@@ -143,29 +143,165 @@ async function load(el, path, signal, render) {
   }
 }
 
-async function threadsView(signal) {
+// Threads are listed a page at a time with POST /threads/search, newest
+// update first. The search box takes a thread id, or metadata as
+// key=value words; the filters and the page live in the URL fragment
+// (#/?q=...&status=...&page=...), so a reload keeps them.
+const pageSize = 20;
+const threadStatuses = ['idle', 'busy', 'interrupted', 'error'];
+const idRe = new RegExp(`^${idPattern}$`);
+
+// searchBody turns the search box and the status filter into a search
+// request for one page (one thread more than shown, to know whether a
+// next page exists).
+function searchBody(q, status, page) {
+  const body = { limit: pageSize + 1, offset: page * pageSize, sort_by: 'updated_at', sort_order: 'desc' };
+  if (status) body.status = status;
+  const words = q.split(/\s+/).filter(Boolean);
+  if (words.length && words.every((w) => w.indexOf('=') > 0)) {
+    body.metadata = {};
+    for (const w of words) {
+      const i = w.indexOf('=');
+      body.metadata[w.slice(0, i)] = w.slice(i + 1);
+    }
+  } else if (words.length === 1 && idRe.test(words[0])) {
+    body.ids = words;
+  } else if (words.length) {
+    throw new Error('Search for one thread id, or for metadata as key=value words (all must match).');
+  }
+  return body;
+}
+
+function threadsView(signal, params) {
   document.title = 'Threads · natsagent';
+  let page = Math.max(0, Number.parseInt(params.get('page') || '1', 10) - 1) || 0;
+  const query = h('input', { type: 'search', id: 'threads-query', name: 'q', autocomplete: 'off', spellcheck: 'false', value: params.get('q') || '' });
+  const status = h('select', { id: 'threads-status', name: 'status' },
+    h('option', { value: '' }, 'any status'), threadStatuses.map((st) => h('option', { value: st }, st)));
+  status.value = threadStatuses.includes(params.get('status')) ? params.get('status') : '';
   const list = h('div', { id: 'threads' }, h('p', { class: 'muted' }, 'Loading…'));
-  const refresh = () => load(list, paths.threads(), signal, threadsTable);
+  const note = h('p', { id: 'threads-note', role: 'status' });
+  const prev = h('button', { type: 'button', id: 'threads-prev', disabled: true }, '← Newer');
+  const next = h('button', { type: 'button', id: 'threads-next', disabled: true }, 'Older →');
+  const where = h('span', { id: 'threads-page', class: 'muted' });
+  const filter = h('form', { id: 'threads-filter', class: 'filter-form', role: 'search' },
+    field('Search', query, 'A thread id, or metadata as key=value (several: all must match).'),
+    field('Status', status),
+    h('div', { class: 'buttons' }, h('button', { type: 'submit', id: 'threads-search' }, 'Search')));
+
+  let shown = 0; // requests in flight answer in order: only the last counts
+  async function refresh() {
+    const mine = ++shown;
+    const q = query.value.trim();
+    const fragment = new URLSearchParams();
+    if (q) fragment.set('q', q);
+    if (status.value) fragment.set('status', status.value);
+    if (page > 0) fragment.set('page', String(page + 1));
+    const qs = fragment.toString();
+    const hash = qs ? `#/?${qs}` : '#/';
+    if ((location.hash || '#/') !== hash) history.replaceState(null, '', hash);
+    prev.disabled = true;
+    next.disabled = true;
+    let threads;
+    let total = null;
+    try {
+      const resp = await request('POST', paths.threadSearch(), { body: searchBody(q, status.value, page), signal });
+      const t = resp.headers.get('X-Pagination-Total');
+      if (t !== null && t !== '') total = Number(t);
+      threads = await resp.json();
+    } catch (err) {
+      if (signal.aborted || mine !== shown) return;
+      fill(list, errorBox(err));
+      fill(where, '');
+      return;
+    }
+    if (mine !== shown) return;
+    if (!threads.length && page > 0) {
+      // The page emptied (deletions): show the last one with threads.
+      page -= 1;
+      refresh();
+      return;
+    }
+    const more = threads.length > pageSize;
+    threads = threads.slice(0, pageSize);
+    prev.disabled = page === 0;
+    next.disabled = !more;
+    const first = page * pageSize + 1;
+    fill(where, threads.length ? `${num(first)}–${num(first + threads.length - 1)}${total !== null ? ` of ${num(total)}` : ''}` : '');
+    fill(list, threadsTable(threads, q || status.value, remove));
+  }
+
+  async function remove(t) {
+    const name = t.title ? `“${t.title}” (${t.thread_id})` : t.thread_id;
+    const busy = t.status === 'busy';
+    const ok = await confirmAction({
+      title: 'Delete this thread?',
+      text: `Thread ${name}, with its messages, runs, files and token usage, is deleted for good.` +
+        (busy ? ' Its active run is cancelled first.' : ''),
+      confirm: 'Delete thread',
+    });
+    if (!ok || signal.aborted) return;
+    await deleteWithStatus(t.thread_id, busy, note, signal, refresh);
+  }
+
+  filter.addEventListener('submit', (e) => {
+    e.preventDefault();
+    page = 0;
+    refresh();
+  });
+  status.addEventListener('change', () => { page = 0; refresh(); });
+  prev.addEventListener('click', () => { page = Math.max(0, page - 1); refresh(); });
+  next.addEventListener('click', () => { page += 1; refresh(); });
+
   append(main, title('Threads'),
     section('new-run-h', 'Start a run', runForm({ signal })),
     h('section', { class: 'panel', 'aria-labelledby': 'threads-h' },
-      h('div', { class: 'section-head' }, h('h3', { id: 'threads-h' }, 'Recent threads'),
-        h('button', { type: 'button', onclick: refresh }, 'Refresh')),
-      list));
-  await refresh();
+      h('div', { class: 'section-head' }, h('h3', { id: 'threads-h' }, 'Threads'),
+        h('button', { type: 'button', id: 'threads-refresh', onclick: refresh }, 'Refresh')),
+      filter, note, list,
+      h('nav', { class: 'pager', 'aria-label': 'Pages of threads' }, prev, ' ', where, ' ', next)));
+  return refresh();
 }
 
-function threadsTable(threads) {
-  if (!threads.length) return h('p', { class: 'muted' }, 'No threads yet: start a run above.');
-  return h('div', { class: 'table-wrap' }, h('table', { class: 'list' },
-    h('thead', {}, h('tr', {}, ['Thread', 'Status', 'Updated', 'Last run'].map((c) => h('th', { scope: 'col' }, c)))),
-    h('tbody', {}, threads.map((t) => h('tr', {},
+// deleteWithStatus deletes a thread the person confirmed deleting, says
+// how it went in note, and calls done once the thread is gone. A thread
+// that became busy meanwhile is offered again with its run cancelled
+// first.
+async function deleteWithStatus(thread, cancel, note, signal, done) {
+  note.textContent = `Deleting thread ${thread}…`;
+  try {
+    await deleteThread(thread, { cancel, signal });
+    note.textContent = `Deleted thread ${thread}.`;
+  } catch (err) {
+    if (signal.aborted) return;
+    if (err.status !== 404) {
+      const parts = [errorBox(err)];
+      if (err.status === 409 && err.code === 'busy' && !cancel) {
+        parts.push(h('button', { type: 'button', id: 'delete-cancel-run', class: 'danger',
+          onclick: () => deleteWithStatus(thread, true, note, signal, done) }, 'Cancel its run and delete'));
+      }
+      fill(note, parts);
+      return;
+    }
+    note.textContent = `Thread ${thread} was already gone.`;
+  }
+  done();
+}
+
+function threadsTable(threads, filtered, remove) {
+  if (!threads.length) {
+    return h('p', { class: 'muted' }, filtered ? 'No thread matches.' : 'No threads yet: start a run above.');
+  }
+  return h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'threads-table' },
+    h('thead', {}, h('tr', {}, ['Thread', 'Status', 'Updated', 'Last run', ''].map((c) => h('th', { scope: 'col' }, c)))),
+    h('tbody', {}, threads.map((t) => h('tr', { 'data-thread-id': t.thread_id },
       h('td', {}, h('a', { href: threadHash(t.thread_id) }, t.title || t.thread_id),
         t.title ? h('div', { class: 'muted' }, h('code', {}, t.thread_id)) : null),
       h('td', {}, statusBadge(t.status)),
       h('td', {}, timeEl(t.updated_at)),
-      h('td', {}, t.last_run_id ? h('a', { href: runHash(t.thread_id, t.last_run_id) }, h('code', {}, t.last_run_id)) : '–'))))));
+      h('td', {}, t.last_run_id ? h('a', { href: runHash(t.thread_id, t.last_run_id) }, h('code', {}, t.last_run_id)) : '–'),
+      h('td', {}, h('button', { type: 'button', class: 'danger delete-thread', 'aria-label': `Delete thread ${t.thread_id}`,
+        onclick: () => remove(t) }, 'Delete')))))));
 }
 
 function runsTable(thread) {
@@ -173,12 +309,24 @@ function runsTable(thread) {
     if (!runs.length) return h('p', { class: 'muted' }, 'No runs.');
     return h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'runs-table' },
       h('thead', {}, h('tr', {}, ['Run', 'Status', 'Created', 'Note'].map((c) => h('th', { scope: 'col' }, c)))),
-      h('tbody', {}, runs.map((r) => h('tr', { 'data-run-id': r.run_id },
+      h('tbody', {}, runs.map((r, i) => h('tr', { 'data-run-id': r.run_id },
         h('td', {}, h('a', { href: runHash(thread, r.run_id) }, h('code', {}, r.run_id))),
         h('td', {}, statusBadge(r.status)),
         h('td', {}, timeEl(r.created_at)),
-        h('td', {}, r.stop_reason || r.error || (r.interrupt ? `waits for ${r.interrupt.kind}` : '') || (r.superseded_by ? `replaced by ${r.superseded_by}` : '')))))));
+        h('td', { class: 'run-note' }, runNote(r, i > 0 ? runs[i - 1] : null)))))));
   };
+}
+
+// runNote says why a run ended as it did. An interrupted run waits for a
+// person only while no run came after it on the thread (newer is the
+// next run, the list being newest first); after one, it was answered.
+function runNote(r, newer) {
+  if (r.stop_reason || r.error) return r.stop_reason || r.error;
+  if (r.interrupt) {
+    return newer ? ['answered: run ', h('a', { href: runHash(r.thread_id, newer.run_id) }, h('code', {}, newer.run_id)), ' came after it']
+      : `waits for ${r.interrupt.kind}`;
+  }
+  return r.superseded_by ? `replaced by ${r.superseded_by}` : '';
 }
 
 function transcript(st) {
@@ -197,7 +345,7 @@ function transcript(st) {
   out.push(h('ol', { class: 'timeline', id: 'transcript' }, msgs.map((m) => h('li', { class: `message ${m.role}` },
     h('div', { class: 'who' }, who[m.role] || m.role, m.name ? [' ', h('code', {}, m.name)] : null,
       m.meta && m.meta.run_id ? [' · ', h('a', { href: runHash(st.thread_id, m.meta.run_id), class: 'muted' }, 'run')] : null),
-    m.role === 'tool' ? h('pre', { class: 'tool-result' }, clipText(m.content)) : h('div', { class: 'text' }, m.content || ''),
+    m.role === 'tool' ? h('pre', { class: 'tool-result' }, clipText(textOf(m.content))) : h('div', { class: 'text' }, textOf(m.content)),
     (m.tool_calls || []).map((c) => h('div', { class: 'call' }, '→ ', h('code', {}, c.name), ' ', h('code', { class: 'muted' }, clipText(c.arguments, 300))))))));
   return out;
 }
@@ -258,7 +406,17 @@ async function threadView(thread, signal) {
   const runs = h('div', { id: 'runs' }, h('p', { class: 'muted' }, 'Loading…'));
   const conv = h('div', { id: 'conversation' }, h('p', { class: 'muted' }, 'Loading…'));
   const usage = h('div', { id: 'thread-usage' });
-  append(main, head, info,
+  const note = h('p', { id: 'thread-note', role: 'status' });
+  const del = h('button', { type: 'button', id: 'delete-thread', class: 'danger' }, 'Delete thread');
+  del.addEventListener('click', async () => {
+    const ok = await confirmAction({
+      title: 'Delete this thread?',
+      text: `Thread ${thread}, with its messages, runs, files and token usage, is deleted for good.`,
+      confirm: 'Delete thread',
+    });
+    if (ok && !signal.aborted) await deleteWithStatus(thread, false, note, signal, () => go('#/'));
+  });
+  append(main, head, info, h('div', { class: 'buttons' }, del), note,
     h('div', { class: 'run-grid' },
       h('div', { class: 'run-main' },
         section('send-h', 'Send a message', runForm({ thread, signal })),
@@ -306,8 +464,9 @@ async function route(focus) {
   const dec = decodeURIComponent;
   let m;
   try {
-    if (hash === '#/' || hash === '#') {
-      const p = threadsView(signal);
+    if (!hash.match(/^#\/threads\/[^/]+\/runs\/[^/]+$/)) takeHanded();
+    if (hash === '#/' || hash === '#' || hash.startsWith('#/?')) {
+      const p = threadsView(signal, new URLSearchParams(hash.startsWith('#/?') ? hash.slice(3) : ''));
       if (focus) main.querySelector('h2').focus();
       await p;
     } else if (hash === '#/new') {

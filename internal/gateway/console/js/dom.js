@@ -66,6 +66,16 @@ export function timeEl(s) {
   return s ? h('time', { datetime: s }, when(s)) : '';
 }
 
+// clock is an event's time of day to the second, with the whole date and
+// time in its tooltip.
+export function clock(s) {
+  if (!s) return '';
+  const d = new Date(s);
+  if (Number.isNaN(d.getTime())) return '';
+  return h('time', { class: 'clock', datetime: d.toISOString(), title: d.toLocaleString() },
+    d.toLocaleTimeString(undefined, { hour: '2-digit', minute: '2-digit', second: '2-digit', hour12: false }));
+}
+
 export function num(n) {
   return typeof n === 'number' ? n.toLocaleString() : '–';
 }
@@ -90,8 +100,18 @@ export function compact(v) {
   return s.length > 400 ? s.slice(0, 400) + '…' : s;
 }
 
+// knownStatuses are the run and thread statuses the stylesheet colours;
+// any other status a newer gateway sends is shown as it is, in a neutral
+// style.
+const knownStatuses = new Set(['pending', 'running', 'success', 'error', 'cancelled', 'interrupted', 'steered',
+  'rejected', 'timeout', 'idle', 'busy', 'deleting']);
+
+export function statusClass(status) {
+  return knownStatuses.has(status) ? `status-${status}` : 'status-other';
+}
+
 export function statusBadge(status) {
-  return h('span', { class: `badge status-${status || 'unknown'}` }, status || 'unknown');
+  return h('span', { class: `badge ${statusClass(status)}`, 'data-status': status || '' }, status || 'unknown');
 }
 
 // errorBox shows an error a person can act on.
@@ -110,3 +130,25 @@ export function newID() {
 }
 
 export const idPattern = '[A-Za-z0-9_\\-]{1,128}';
+
+// confirmAction asks the person to confirm something that cannot be
+// undone, in a modal dialog; it resolves true when they confirmed.
+export function confirmAction({ title, text, confirm }) {
+  const yes = h('button', { type: 'button', id: 'confirm-yes', class: 'danger' }, confirm);
+  const no = h('button', { type: 'button', id: 'confirm-no' }, 'Keep it');
+  const dialog = h('dialog', { id: 'confirm-dialog', 'aria-labelledby': 'confirm-title', 'aria-describedby': 'confirm-text' },
+    h('h2', { id: 'confirm-title' }, title),
+    h('p', { id: 'confirm-text' }, text),
+    h('div', { class: 'buttons' }, yes, no));
+  yes.addEventListener('click', () => dialog.close('yes'));
+  no.addEventListener('click', () => dialog.close(''));
+  document.body.append(dialog);
+  return new Promise((resolve) => {
+    dialog.addEventListener('close', () => {
+      resolve(dialog.returnValue === 'yes');
+      dialog.remove();
+    }, { once: true });
+    dialog.showModal();
+    no.focus();
+  });
+}

@@ -73,7 +73,20 @@ await check("threads.search finds the thread by metadata, newest first; threads.
   const sel = await client.threads.search({ metadata: { n: 2 }, select: ["thread_id"] });
   assert.deepEqual(sel, [{ thread_id: other.thread_id }]);
   assert.equal(await client.threads.count({ metadata: { app: "sdk-assistants" } }), 2);
+  assert.equal(await client.threads.count({ status: "idle" }), 2);
   await assert.rejects(client.threads.search({ values: { messages: [] } }), /values/);
+});
+
+await check("threads.search returns each thread's values unless select leaves them out", async () => {
+  const found = await client.threads.search({ metadata: { app: "sdk-assistants" }, limit: 10 });
+  assert.deepEqual(found[1].values.messages.map((m) => m.content), ["which model?", "model: assistant-model", "and now?", "model: run-model"]);
+  assert.deepEqual(found[0].values.messages, []);
+  const sorted = await client.threads.search({ metadata: { app: "sdk-assistants" }, sortBy: "created_at", sortOrder: "asc", select: ["thread_id", "values"] });
+  assert.deepEqual(sorted.map((t) => t.thread_id), [threadId, found[0].thread_id]);
+  assert.equal(sorted[0].values.messages.length, 4);
+  assert.deepEqual(Object.keys(sorted[0]).sort(), ["thread_id", "values"]);
+  const bare = await client.threads.search({ metadata: { app: "sdk-assistants" }, select: ["thread_id", "status"] });
+  assert.ok(bare.every((t) => !("values" in t)));
 });
 
 await check("assistants.delete removes it", async () => {

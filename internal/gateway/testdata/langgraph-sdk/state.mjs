@@ -47,6 +47,7 @@ await check("threads.getState has values, next, tasks, checkpoint, parent_checkp
   assert.equal(typeof afterFirst.created_at, "string");
   const thread = await client.threads.get(threadId);
   assert.equal(thread.status, "idle");
+  assert.deepEqual(texts(thread.values), ["human:hello", "ai:echo: hello"]);
 });
 
 await check("runs.create then runs.join answers the values after the run", async () => {

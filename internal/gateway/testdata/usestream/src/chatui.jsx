@@ -1,5 +1,7 @@
 // What Agent Chat UI (langchain-ai/agent-chat-ui) does at start-up, with
-// the official SDK: it searches the assistants (the graph picker), lists
+// the official SDK: it asks GET /info whether the server is up
+// (checkGraphStatus: any answer but 200 shows an error), searches the
+// assistants (the graph picker), lists
 // the history of the chosen graph with threads.search filtered on the
 // thread metadata graph_id (an assistant id filters on assistant_id) and
 // limit 100, opens a thread with useStream and fetchStateHistory (the
@@ -39,11 +41,16 @@ function App() {
   const [threadId, setThreadId] = useState(params.get("threadId"));
   const [error, setError] = useState("");
   const [draft, setDraft] = useState("");
+  const [server, setServer] = useState("checking");
 
   const getThreads = useCallback(async () => {
     const metadata = uuid.test(assistantId) ? { assistant_id: assistantId } : { graph_id: assistantId };
     return client.threads.search({ metadata, limit: 100 });
   }, [assistantId]);
+
+  useEffect(() => {
+    fetch(`${apiUrl}/info`).then((res) => setServer(res.ok ? "ok" : `down ${res.status}`), (e) => setServer(`down ${e}`));
+  }, []);
 
   useEffect(() => {
     client.assistants.search({ limit: 100 }).then(setAssistants, (e) => setError(String(e)));
@@ -72,6 +79,7 @@ function App() {
 
   return (
     <main>
+      <p id="server">{server}</p>
       <select id="graphs" value={assistantId} readOnly>
         {(assistants ?? []).map((a) => (
           <option key={a.assistant_id} value={a.graph_id} data-assistant={a.assistant_id}>{a.graph_id}</option>

@@ -1,4 +1,7 @@
-package app
+// Package natsconn dials NATS as a configuration's nats section says:
+// credentials, TLS, and errors that carry no secret. Every binary and the
+// CLI connect through it; it knows nothing of what runs on the connection.
+package natsconn
 
 import (
 	"crypto/tls"
@@ -11,8 +14,23 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/config"
 )
+
+// Connect dials NATS as configured, with the credentials and TLS of
+// NATSOptions; its errors carry no secret.
+func Connect(cfg config.Config, name string) (*nats.Conn, error) {
+	opts, err := NATSOptions(cfg.NATS)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := bus.Connect(cfg.NATS.URL, name, opts...)
+	if err != nil {
+		return nil, connectError(cfg.NATS, err)
+	}
+	return nc, nil
+}
 
 // NATSOptions turns the nats section's credentials and TLS settings into
 // connection options: the one place every binary gets them from. Files are

@@ -1,4 +1,4 @@
-package app
+package natsconn
 
 import (
 	"crypto/ecdsa"

@@ -1,0 +1,149 @@
+package worker
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
+)
+
+// Fold-4 edge (a): a worker released r1's thread (its summary in
+// last_run) and died before r1's record; before r1's request came back, a
+// steer run took the thread and finished, replacing last_run. r1 must
+// not run again: the steer's release records r1 from the summary first,
+// and r1's redelivery finds its record ended.
+func TestSteerAfterADeadReleaseDoesNotRunTheFirstRunAgain(t *testing.T) {
+	const ackWait = 8 * time.Second
+	h := newHarnessWith(t, bus.Settings{AckWait: ackWait, MaxDeliver: 5})
+	ctx := context.Background()
+	w1 := h.watch(protocol.DefaultTenant, "t1", "r1")
+	seq := h.submit(request("t1", "r1", "first"))
+	// The dead worker holds r1's delivery: it comes back an ack wait later.
+	cons, err := h.js.Consumer(ctx, h.names.RunsStream(), bus.RunsConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		if md, _ := m.Metadata(); md == nil || md.Sequence.Stream != seq {
+			t.Fatalf("fetched %v, want r1's request (seq %d)", md, seq)
+		}
+	}
+	// What its release left: no lease, r1's summary.
+	now := time.Now().UTC()
+	last := &protocol.Run{RunID: "r1", ThreadID: "t1", Tenant: protocol.DefaultTenant, Agent: protocol.DefaultAgent,
+		Status: protocol.StatusSuccess, Attempt: 1, CreatedAt: now, StartedAt: &now, FinishedAt: &now,
+		Output: &model.Message{Role: model.RoleAssistant, Content: "from last_run"}, Worker: "gone", Epoch: 1, MsgSeq: seq, Seq: 1}
+	th := &protocol.Thread{ThreadID: "t1", Tenant: protocol.DefaultTenant, CreatedAt: now, UpdatedAt: now, Status: protocol.ThreadIdle,
+		Epoch: 1, LastRunID: "r1", RecentRuns: []string{"r1"}, LastRun: last}
+	if _, err := h.stores.Threads.Put(ctx, th, 0); err != nil {
+		t.Fatal(err)
+	}
+
+	var r1Calls, calls atomic.Int32
+	m := model.Func(func(ctx context.Context, req *model.Request, onDelta func(model.Delta)) (*model.Response, error) {
+		calls.Add(1)
+		if req.LastUserContent() == "first" {
+			r1Calls.Add(1)
+		}
+		return &model.Response{Message: model.Message{Role: model.RoleAssistant, Content: "ran"}}, nil
+	})
+	h.startWorker(m, nil)
+	w2 := h.watch(protocol.DefaultTenant, "t1", "r2")
+	steer := request("t1", "r2", "second")
+	steer.MultitaskStrategy = protocol.StrategySteer
+	h.submit(steer)
+	if d := w2.finished(t, 30*time.Second); d.Status != protocol.StatusSuccess {
+		t.Fatalf("steer run %+v", d)
+	}
+	if got := h.threadRecord(protocol.DefaultTenant, "t1").LastRun; got == nil || got.RunID != "r2" {
+		t.Fatalf("last_run after the steer: %+v", got)
+	}
+
+	// r1's delivery comes back after the ack wait.
+	d := w1.finished(t, 10*ackWait)
+	if d.Status != protocol.StatusSuccess || d.Output == nil || d.Output.Content != "from last_run" {
+		t.Fatalf("r1 run.finished %+v", d)
+	}
+	testdeploy.WaitFor(t, 5*ackWait, "r1's request acked", func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
+	})
+	if n := r1Calls.Load(); n != 0 {
+		t.Fatalf("r1 called the model %d times after its end: it ran again", n)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("model called %d times, want once (r2)", n)
+	}
+	if rec := h.run(protocol.DefaultTenant, "r1"); rec.Status != protocol.StatusSuccess || rec.MsgSeq != seq {
+		t.Fatalf("r1 record %+v", rec)
+	}
+	if n := w1.count(protocol.EventRunFinished); n != 1 {
+		t.Fatalf("%d run.finished for r1, want 1", n)
+	}
+}
+
+// Fold-4 edge (b): a cancel that lands between the read that decides to
+// start a pending run and the lease the run takes (so the cancel sees no
+// lease to signal) still stops the run: it ends cancelled, its model call
+// cut short, and the thread's summary agrees with its record.
+func TestCancelRacingTheLeaseTakeStopsTheRun(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	var wh *workerHandle
+	var once atomic.Bool
+	cancelled := make(chan error, 1)
+	testHookLooked = func(j *job) {
+		if j.req.RunID == "r1" && once.CompareAndSwap(false, true) {
+			_, err := wh.w.cancelRun(ctx, j.req.Tenant, j.req.ThreadID, j.req.RunID, false)
+			cancelled <- err
+		}
+	}
+	t.Cleanup(func() { testHookLooked = nil })
+	completed := make(chan struct{}, 1)
+	m := model.Func(func(ctx context.Context, req *model.Request, onDelta func(model.Delta)) (*model.Response, error) {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Second):
+		}
+		completed <- struct{}{}
+		return &model.Response{Message: model.Message{Role: model.RoleAssistant, Content: "ran"}}, nil
+	})
+	wh = h.startWorker(m, nil)
+	w := h.watch(protocol.DefaultTenant, "t1", "r1")
+	h.submit(request("t1", "r1", "hello"))
+	if err := <-cancelled; err != nil {
+		t.Fatalf("cancel: %v", err)
+	}
+	d := w.finished(t, 30*time.Second)
+	if d.Status != protocol.StatusCancelled {
+		t.Fatalf("run ended %s, want cancelled", d.Status)
+	}
+	// The run took the lease: its release says how it ended.
+	testdeploy.WaitFor(t, time.Minute, "the run's release of the thread", func() bool {
+		th, _, err := h.stores.Threads.Get(ctx, protocol.DefaultTenant, "t1")
+		return err == nil && th.Lease == nil && th.LastRun != nil && th.LastRun.RunID == "r1"
+	})
+	select {
+	case <-completed:
+		t.Fatal("the cancelled run's model call ran to its end")
+	default:
+	}
+	if last := h.threadRecord(protocol.DefaultTenant, "t1").LastRun; last != nil && last.Status != protocol.StatusCancelled {
+		t.Fatalf("the thread says its last run ended %s; the record says cancelled", last.Status)
+	}
+	if n := w.count(protocol.EventRunFinished); n != 1 {
+		t.Fatalf("%d run.finished, want 1", n)
+	}
+}
