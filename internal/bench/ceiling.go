@@ -30,8 +30,9 @@ import (
 //  1. look: thread record get ∥ the thread's oldest request (direct get)
 //     ∥ the lease, a create of the thread record carrying the attempt
 //     (threads; protocol v2 revision 3: a tentative lease taken beside
-//     the look on a new thread); then run.started async (events), no
-//     record write
+//     the look on a new thread) ∥ the thread's creation index key
+//     (threads, created once per thread); then run.started async
+//     (events), no record write
 //     loop: 1 more event async (message.completed) and 2 live ones,
 //     core publishes outside the stream (thread.titled, message.delta)
 //  2. finalize: the last step's checkpoint delta (checkpoints)
@@ -60,11 +61,16 @@ import (
 //     the record's only write (1 run record fewer; the release and the
 //     record, in parallel before, are now one after the other)
 //
-// ceilingWrites stored messages: 1 request, 3 events, 1 run record, 2
-// thread writes, 1 checkpoint. When the protocol changes what a run
-// writes, this list changes with it.
+//   - the thread's creation index key (threads.search by created_at, issue
+//     18): written once per thread, beside the lease, so a run that
+//     creates its thread (every run here) stores 1 thread write more, and
+//     a run on an existing thread none
+//
+// ceilingWrites stored messages: 1 request, 3 events, 1 run record, 3
+// thread writes (the index key, the lease, the release), 1 checkpoint.
+// When the protocol changes what a run writes, this list changes with it.
 // ceilingWrites is how many messages the write set above stores a run.
-const ceilingWrites = 8
+const ceilingWrites = 9
 
 type ceiling struct {
 	e     *env
@@ -290,12 +296,16 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 	// 1. The thread record ∥ the thread's oldest request ∥ the lease, the
 	// thread record created (refused if the thread exists).
 	var wg sync.WaitGroup
-	var headErr, leaseErr error
+	var headErr, leaseErr, indexErr error
 	var thRev uint64
-	wg.Add(2)
+	wg.Add(3)
 	go func() {
 		defer wg.Done()
 		_, headErr = c.runs.GetMsg(ctx, 0, jetstream.WithGetMsgSubject(msg.Subject()))
+	}()
+	go func() {
+		defer wg.Done()
+		_, indexErr = c.kvThreads.Update(ctx, threadKey+".created._", []byte(`{"created_at":"2026-12-01T00:00:00Z"}`), 0)
 	}()
 	go func() {
 		defer wg.Done()
@@ -311,6 +321,9 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 	}
 	if leaseErr != nil {
 		return fmt.Errorf("lease: %w", leaseErr)
+	}
+	if indexErr != nil {
+		return fmt.Errorf("creation index: %w", indexErr)
 	}
 
 	// run.started and the loop's events; no record write.
@@ -382,6 +395,6 @@ func (c *ceiling) handle(ctx context.Context, msg jetstream.Msg) error {
 
 // ceilingStages is the stage list for the report.
 var ceilingStages = strings.Join([]string{
-	"request", "thread ∥ head reads ∥ lease create (+ events async)",
+	"request", "thread ∥ head reads ∥ lease create ∥ creation index key (+ events async)",
 	"checkpoint", "release (+ thread usage, last_run)", "terminal record create", "events confirmed", "run.finished",
 }, " → ")
