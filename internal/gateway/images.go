@@ -21,6 +21,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/natsagent/natsagent/internal/bus"
@@ -223,5 +224,36 @@ func checkImageRef(ctx context.Context, wd files.Workdir, img inputImage) error 
 		return notHere
 	}
 	img.ref.Size = int64(len(data))
+	return nil
+}
+
+// countingBody counts the bytes read from a request body.
+type countingBody struct {
+	io.ReadCloser
+	n int64
+}
+
+func (c *countingBody) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// checkBodyBesideImages refuses a run body whose bytes, besides the inline
+// images it carried (base64, each within images.max_bytes), are over
+// max_body_bytes: the run routes read bodies up to that limit plus room
+// for images, and that room is for images only.
+func (s *Server) checkBodyBesideImages(read int64, imgs []inputImage) error {
+	var room int64
+	for _, img := range imgs {
+		if img.data != nil {
+			// The data URL: base64 (4 bytes for every 3), its prefix,
+			// and JSON escapes of the prefix's slash.
+			room += int64(len(img.data)+2)/3*4 + 128
+		}
+	}
+	if read-room > s.cfg.MaxBodyBytes {
+		return errTooLarge(fmt.Sprintf("request body is over the limit of %d bytes (gateway.max_body_bytes; inline images have room of their own)", s.cfg.MaxBodyBytes))
+	}
 	return nil
 }

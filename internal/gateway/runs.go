@@ -46,6 +46,8 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 			return err
 		}
 		var body runBody
+		read := &countingBody{ReadCloser: r.Body}
+		r.Body = read
 		if err := decodeBody(r, &body); err != nil {
 			return err
 		}
@@ -62,6 +64,9 @@ func (s *Server) createRun(mode runMode, stateless bool) tenantHandler {
 		}
 		req, err := s.request(&body, tenant, thread)
 		if err != nil {
+			return err
+		}
+		if err := s.checkBodyBesideImages(read.n, body.images); err != nil {
 			return err
 		}
 		tagged := threadTags(req.Agent, assistantID)
