@@ -36,6 +36,13 @@ func (s *Runs) GetLatest(ctx context.Context, tenant, run string) (*protocol.Run
 	return getAfter[protocol.Run](ctx, s.js, s.bucket, bus.Key(tenant, run), 0)
 }
 
+// GetFromLeader reads a run record through the bucket's leader, at once:
+// unlike GetLatest it does not wait for a write in flight, so a missing
+// record answers ErrNotFound in one round trip.
+func (s *Runs) GetFromLeader(ctx context.Context, tenant, run string) (*protocol.Run, uint64, error) {
+	return getLatest[protocol.Run](ctx, s.js, s.bucket, bus.Key(tenant, run))
+}
+
 // Create writes a new run record; ErrExists if the run id is taken.
 func (s *Runs) Create(ctx context.Context, r *protocol.Run) (uint64, error) {
 	return putTTL(ctx, s.js, s.kv, s.bucket, bus.Key(r.Tenant, r.RunID), r, 0, s.finishedTTL(r))

@@ -316,7 +316,10 @@ func (j *job) retryLater(err error) {
 // request is looked at again a moment later; if it really was removed,
 // it is not delivered again.
 func (j *job) requestGone(ctx context.Context) {
-	rec, _, err := j.w.stores.Runs.GetLatest(ctx, j.req.Tenant, j.req.RunID)
+	// From the leader, but without GetLatest's wait for a write in flight:
+	// most runs have no record while they run, and that wait held a
+	// goroutine per run for two seconds.
+	rec, _, err := j.w.stores.Runs.GetFromLeader(ctx, j.req.Tenant, j.req.RunID)
 	if err == nil && (rec.Status.Terminal() || (rec.MsgSeq != 0 && rec.MsgSeq != j.seq)) {
 		_ = j.msg.Ack()
 		return
@@ -648,7 +651,10 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 // the run takes the lease, then reads the record here, from the leader.
 // One of the two sees the other.
 func (j *job) cancelledMeanwhile(ctx context.Context, cancelRun context.CancelCauseFunc) {
-	rec, _, err := j.w.stores.Runs.GetLatest(ctx, j.req.Tenant, j.req.RunID)
+	// From the leader, but without GetLatest's wait for a write in flight:
+	// most runs have no record while they run, and that wait held a
+	// goroutine per run for two seconds.
+	rec, _, err := j.w.stores.Runs.GetFromLeader(ctx, j.req.Tenant, j.req.RunID)
 	if err != nil || rec.ThreadID != j.req.ThreadID || (rec.MsgSeq != 0 && rec.MsgSeq != j.seq) {
 		return
 	}
