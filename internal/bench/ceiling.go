@@ -45,17 +45,23 @@ import (
 //     then the request is acked (not waited for)
 //
 // Protocol v2 folds, each removing writes from this list:
+//
 //   - usage: the run's totals live in its terminal record, the thread's in
 //     the thread record's release (no usage bucket write: 2 fewer)
+//
 //   - usage.model: its data rides in message.completed's meta.usage (1
 //     event fewer)
+//
 //   - run.queued: a run a worker creates from a plain publish has none; its
 //     run.started (seq 1) carries the queued data (1 event fewer)
+//
 //   - run index: the lease's write lists the run in the thread record's
 //     recent_runs; its index key is written only when it leaves that list
 //     (none for a thread's first 32 runs: 1 thread write fewer)
+//
 //   - live events: thread.titled and message.delta are core publishes
 //     (2 events fewer)
+//
 //   - the running record: the lease says the run runs; the release carries
 //     the terminal summary and goes before the terminal record, which is
 //     the record's only write (1 run record fewer; the release and the
