@@ -105,29 +105,38 @@ func (o *ObjectStore) entry(ctx context.Context, p string) (Info, bool, error) {
 
 // scan reads the thread's whole index. Only this thread's keys are read.
 func (o *ObjectStore) scan(ctx context.Context) ([]Info, error) {
+	var out []Info
+	if err := o.readIndex(ctx, func(_ jetstream.KeyValueEntry, i Info) { out = append(out, i) }); err != nil {
+		return nil, err
+	}
+	sortInfos(out)
+	return out, nil
+}
+
+// readIndex calls fn with every entry of the thread's file index (only
+// this thread's keys are read) whose value decodes to a file with a path.
+func (o *ObjectStore) readIndex(ctx context.Context, fn func(jetstream.KeyValueEntry, Info)) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	w, err := o.index.Watch(ctx, o.tenant+"."+o.thread+".file.*", jetstream.IgnoreDeletes())
 	if err != nil {
-		return nil, fmt.Errorf("read the file index: %w", err)
+		return fmt.Errorf("read the file index: %w", err)
 	}
 	defer func() { _ = w.Stop() }()
-	var out []Info
 	for {
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		case e, ok := <-w.Updates():
 			if !ok {
-				return nil, errors.New("read the file index: the watch ended early")
+				return errors.New("read the file index: the watch ended early")
 			}
 			if e == nil {
-				sortInfos(out)
-				return out, nil
+				return nil
 			}
 			var i Info
 			if json.Unmarshal(e.Value(), &i) == nil && i.Path != "" {
-				out = append(out, i)
+				fn(e, i)
 			}
 		}
 	}

@@ -28,31 +28,16 @@ type indexed struct {
 
 // entries reads the thread's index with each entry's revision.
 func (o *ObjectStore) entries(ctx context.Context) (map[string]indexed, error) {
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	w, err := o.index.Watch(ctx, o.tenant+"."+o.thread+".file.*", jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, fmt.Errorf("read the file index: %w", err)
-	}
-	defer func() { _ = w.Stop() }()
 	out := map[string]indexed{}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, errors.New("read the file index: the watch ended early")
-			}
-			if e == nil {
-				return out, nil
-			}
-			var i Info
-			if json.Unmarshal(e.Value(), &i) == nil && i.Path != "" && e.Key() == o.key(i.Path) {
-				out[i.Path] = indexed{Info: i, rev: e.Revision()}
-			}
+	err := o.readIndex(ctx, func(e jetstream.KeyValueEntry, i Info) {
+		if e.Key() == o.key(i.Path) {
+			out[i.Path] = indexed{Info: i, rev: e.Revision()}
 		}
+	})
+	if err != nil {
+		return nil, err
 	}
+	return out, nil
 }
 
 // Snapshot implements Versioned.
