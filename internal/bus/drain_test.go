@@ -25,6 +25,11 @@ func TestDrainWaitsForHandlers(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// The server must know of the subscription before another connection
+	// publishes, or the messages go to nobody.
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	pub := srv.Connect()
 	for range 3 {
 		if err := pub.Publish("work", nil); err != nil {
@@ -34,7 +39,11 @@ func TestDrainWaitsForHandlers(t *testing.T) {
 	if err := pub.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	<-started // the first is being handled, the others are queued
+	select { // the first is being handled, the others are queued
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no message reached the subscription in 30s")
+	}
 	if err := bus.Drain(nc, time.Minute); err != nil {
 		t.Fatal(err)
 	}
