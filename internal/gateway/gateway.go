@@ -143,6 +143,9 @@ type Server struct {
 	// checked, and repaired if it was behind (a cache of that check only:
 	// any gateway answers the same without it).
 	indexed sync.Map
+	// statusIndexed holds the tenants whose thread status index this
+	// process found complete, or completed (threadorder.go).
+	statusIndexed sync.Map
 }
 
 // New binds a gateway to a NATS connection. The deployment's assets must

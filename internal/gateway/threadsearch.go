@@ -184,6 +184,25 @@ func (s *Server) searchThreads(w http.ResponseWriter, r *http.Request, tenant st
 		if err != nil {
 			return errUnavailable("the threads bucket is not available", err)
 		}
+	case len(b.Ids) == 0 && b.Status != "" && b.Status != protocol.ThreadIdle:
+		// Busy, interrupted or error: the index's candidates, confirmed
+		// by their records (threadorder.go).
+		found, err := s.statusCandidates(r, tenant, b.Status, s.threadMatcher(r, &b))
+		if err != nil {
+			return errUnavailable("the threads bucket is not available", err)
+		}
+		top, total = topK(found, p.offset+p.limit, cmp), len(found)
+	case len(b.Ids) == 0 && (b.SortBy == "thread_id" || b.SortBy == "status"):
+		// In id or status order: the ids from the index's subjects, the
+		// records of the page only (threadorder.go).
+		ids, err := s.orderedIDs(r, tenant, b.SortBy, b.SortOrder != "asc", b.Status)
+		if err != nil {
+			return errUnavailable("the threads bucket is not available", err)
+		}
+		top, total, err = s.firstMatching(r.Context(), tenant, ids, p.offset+p.limit, s.threadMatcher(r, &b))
+		if err != nil {
+			return errUnavailable("the threads bucket is not available", err)
+		}
 	default:
 		found, err := s.matchingThreads(r, tenant, &b)
 		if err != nil {
@@ -291,6 +310,25 @@ func (s *Server) countThreads(w http.ResponseWriter, r *http.Request, tenant str
 			return errUnavailable("the threads bucket is not available", err)
 		}
 		writeJSON(w, http.StatusOK, n)
+		return nil
+	}
+	if len(b.Ids) == 0 && len(b.Metadata) == 0 {
+		// By status: from the indexes (threadorder.go).
+		n, err := s.countByStatus(r, tenant, b.Status)
+		if err != nil {
+			return errUnavailable("the threads bucket is not available", err)
+		}
+		writeJSON(w, http.StatusOK, n)
+		return nil
+	}
+	if len(b.Ids) == 0 && b.Status != "" && b.Status != protocol.ThreadIdle {
+		// Busy, interrupted or error with a metadata filter: the index's
+		// candidates, confirmed and filtered by their records.
+		found, err := s.statusCandidates(r, tenant, b.Status, s.threadMatcher(r, &b))
+		if err != nil {
+			return errUnavailable("the threads bucket is not available", err)
+		}
+		writeJSON(w, http.StatusOK, len(found))
 		return nil
 	}
 	all, err := s.matchingThreads(r, tenant, &b)

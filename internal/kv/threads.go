@@ -41,6 +41,9 @@ func (s *Threads) Put(ctx context.Context, t *protocol.Thread, rev uint64) (uint
 	if rev > 0 {
 		return put(ctx, s.kv, bus.Key(t.Tenant, t.ThreadID), t, rev)
 	}
+	if err := s.markStatus(ctx, nil, t); err != nil {
+		return 0, err
+	}
 	indexed, err := s.indexCreated(ctx, t)
 	if err != nil {
 		return 0, err
@@ -107,8 +110,10 @@ func (s *Threads) Mutate(ctx context.Context, tenant, thread string, fn func(*pr
 
 // MutateFrom is Mutate starting from a record the caller already holds at
 // revision rev (nil and 0 for "does not exist"), saving the read when the
-// cached copy is current.
+// cached copy is current. A write that moves the thread into or out of
+// an indexed status keeps the status index (threadstatus.go).
 func (s *Threads) MutateFrom(ctx context.Context, tenant, thread string, t *protocol.Thread, rev uint64, fn func(*protocol.Thread) error) (*protocol.Thread, uint64, error) {
+	var marked []*protocol.Thread // status keys written for attempts
 	for attempt := 0; ; attempt++ {
 		var next protocol.Thread
 		if t != nil {
@@ -126,8 +131,19 @@ func (s *Threads) MutateFrom(ctx context.Context, tenant, thread string, t *prot
 			next.Status = protocol.ThreadDeleting
 		}
 		next.UpdatedAt = time.Now().UTC()
+		if rev > 0 && IndexedStatus(next.Status) {
+			if err := s.markStatus(ctx, t, &next); err != nil {
+				return nil, 0, err
+			}
+			marked = append(marked, &next)
+		}
 		newRev, err := s.Put(ctx, &next, rev)
 		if err == nil {
+			s.unmarkStatus(ctx, t, &next)
+			for _, m := range marked {
+				// A key an attempt refused by a conflict wrote.
+				s.unmarkStatus(ctx, m, &next)
+			}
 			return &next, newRev, nil
 		}
 		if (!errors.Is(err, ErrConflict) && !errors.Is(err, ErrExists)) || attempt >= maxCASAttempts {
