@@ -216,11 +216,11 @@ func (s *Server) orderedIDs(r *http.Request, tenant, by string, desc bool, st st
 }
 
 // firstMatching reads the records of ids in their order, in batches
-// growing from want, until it holds want that match. It returns them and
+// starting at want and doubling, until it holds want that match. It returns them and
 // how many match in all, or -1 when it did not read every record.
 func (s *Server) firstMatching(ctx context.Context, tenant string, ids []string, want int, match func(*protocol.Thread) bool) ([]protocol.Thread, int, error) {
 	var found []protocol.Thread
-	n := max(want, 16)
+	n := max(want, 1)
 	for i := 0; i < len(ids); {
 		j := min(len(ids), i+n)
 		ths, err := s.threadsByKey(ctx, tenant, ids[i:j])

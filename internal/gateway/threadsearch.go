@@ -169,6 +169,14 @@ func (s *Server) searchThreads(w http.ResponseWriter, r *http.Request, tenant st
 	var top []protocol.Thread
 	var total int
 	switch {
+	case len(b.Ids) == 0 && b.Status != "" && b.Status != protocol.ThreadIdle:
+		// Busy, interrupted or error: the index's candidates, confirmed
+		// by their records (threadorder.go).
+		found, err := s.statusCandidates(r, tenant, b.Status, s.threadMatcher(r, &b))
+		if err != nil {
+			return errUnavailable("the threads bucket is not available", err)
+		}
+		top, total = topK(found, p.offset+p.limit, cmp), len(found)
 	case len(b.Ids) == 0 && (b.SortBy == "" || b.SortBy == "updated_at") && b.SortOrder != "asc":
 		// Newest first: read back from the newest writes only as far as
 		// the page needs (threadscan.go).
@@ -184,14 +192,6 @@ func (s *Server) searchThreads(w http.ResponseWriter, r *http.Request, tenant st
 		if err != nil {
 			return errUnavailable("the threads bucket is not available", err)
 		}
-	case len(b.Ids) == 0 && b.Status != "" && b.Status != protocol.ThreadIdle:
-		// Busy, interrupted or error: the index's candidates, confirmed
-		// by their records (threadorder.go).
-		found, err := s.statusCandidates(r, tenant, b.Status, s.threadMatcher(r, &b))
-		if err != nil {
-			return errUnavailable("the threads bucket is not available", err)
-		}
-		top, total = topK(found, p.offset+p.limit, cmp), len(found)
 	case len(b.Ids) == 0 && (b.SortBy == "thread_id" || b.SortBy == "status"):
 		// In id or status order: the ids from the index's subjects, the
 		// records of the page only (threadorder.go).
