@@ -269,3 +269,66 @@ func (s *Server) countByStatus(r *http.Request, tenant, st string) (int, error) 
 	}
 	return max(all-len(x.status), 0), nil
 }
+
+// maxMetadataCandidates bounds the threads a search with a metadata
+// filter reads from the metadata index's candidates; with more, the
+// search reads back from the newest writes (a filter that many threads
+// match finds its page there soon).
+const maxMetadataCandidates = 2048
+
+// metadataCandidates lists the threads r may see that the metadata index
+// names with every pair of want; ok is false when a pair is not indexed
+// (a value that is not a scalar, or too long).
+func (s *Server) metadataCandidates(r *http.Request, tenant string, want map[string]any) (ids []string, ok bool, err error) {
+	ctx := r.Context()
+	if err := s.ensureIndexed(ctx, tenant); err != nil {
+		return nil, false, err
+	}
+	if err := s.ensureStatusIndexed(ctx, tenant); err != nil {
+		return nil, false, err
+	}
+	_, owners := s.ownerFilter(r)
+	var have map[string]bool
+	for f, v := range want {
+		got, indexed, err := s.stores.Threads.WithMetadata(ctx, tenant, f, v, owners)
+		if err != nil || !indexed {
+			return nil, false, err
+		}
+		next := make(map[string]bool, len(got))
+		for _, id := range got {
+			if have == nil || have[id] {
+				next[id] = true
+			}
+		}
+		have = next
+	}
+	for id := range have {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids, true, nil
+}
+
+// countByMetadata counts the threads r may see with every pair of want
+// and status st ("" any) from the indexes; ok is false when a pair is
+// not indexed.
+func (s *Server) countByMetadata(r *http.Request, tenant string, want map[string]any, st string) (int, bool, error) {
+	ids, ok, err := s.metadataCandidates(r, tenant, want)
+	if err != nil || !ok {
+		return 0, ok, err
+	}
+	if st == "" {
+		return len(ids), true, nil
+	}
+	x, err := s.statusIndex(r, tenant, false)
+	if err != nil {
+		return 0, false, err
+	}
+	n := 0
+	for _, id := range ids {
+		if x.statusOf(id) == st {
+			n++
+		}
+	}
+	return n, true, nil
+}

@@ -181,3 +181,72 @@ func TestThreadsByStatusOwnThreadsOnly(t *testing.T) {
 	p.do("POST", "/threads/search", map[string]any{"status": "interrupted"}, ops...).expect(t, http.StatusServiceUnavailable)
 	p.do("POST", "/threads/search", map[string]any{"status": "error"}, bob...).expect(t, http.StatusServiceUnavailable)
 }
+
+// TestThreadsByMetadataFromIndex: counts with scalar metadata filters
+// come from the metadata index, which follows creation and patches; a
+// filter only old threads match reads their records only; a value the
+// index does not hold (an object) reads the records as before; another
+// owner's thread is neither read nor counted.
+func TestThreadsByMetadataFromIndex(t *testing.T) {
+	p := newPolicyEnv(t)
+	alice, bob := []string{"X-API-Key", aliceKey}, []string{"X-API-Key", bobKey}
+	for i := range 6 {
+		who := alice
+		if i >= 4 {
+			who = bob
+		}
+		p.do("POST", "/threads", map[string]any{"thread_id": fmt.Sprintf("m%d", i), "metadata": map[string]any{
+			"graph_id": "agent", "n": i % 2, "tags": map[string]any{"x": i},
+		}}, who...).expect(t, http.StatusOK)
+	}
+	p.do("PATCH", "/threads/m0", map[string]any{"metadata": map[string]any{"graph_id": "other"}}, alice...).expect(t, http.StatusOK)
+	setStatus(t, p.env, "acme", "m3", protocol.ThreadError)
+	count := func(who []string, body map[string]any) int {
+		t.Helper()
+		var n int
+		p.do("POST", "/threads/count", body, who...).expect(t, http.StatusOK).decode(t, &n)
+		return n
+	}
+	search := func(who []string, body map[string]any) string {
+		t.Helper()
+		var out []threadView
+		p.do("POST", "/threads/search", body, who...).expect(t, http.StatusOK).decode(t, &out)
+		return threadIDs(out)
+	}
+	if n := count(bob, map[string]any{"metadata": map[string]any{"graph_id": "agent"}}); n != 2 {
+		t.Fatalf("bob counts %d agent threads", n)
+	}
+	breakRecord(t, p.env, "acme", "m4")
+	breakRecord(t, p.env, "acme", "m5")
+	for _, c := range []struct {
+		body map[string]any
+		want int
+	}{
+		{map[string]any{"metadata": map[string]any{"graph_id": "agent"}}, 3},
+		{map[string]any{"metadata": map[string]any{"graph_id": "other"}}, 1},
+		{map[string]any{"metadata": map[string]any{"graph_id": "agent", "n": 1}}, 2},
+		{map[string]any{"metadata": map[string]any{"graph_id": "agent", "n": 1.0}, "status": "error"}, 1},
+		{map[string]any{"metadata": map[string]any{"graph_id": "agent"}, "status": "idle"}, 2},
+		{map[string]any{"metadata": map[string]any{"graph_id": "nope"}}, 0},
+	} {
+		if n := count(alice, c.body); n != c.want {
+			t.Fatalf("alice counts %v: %d, want %d", c.body, n, c.want)
+		}
+	}
+	for _, c := range []struct {
+		body map[string]any
+		want string
+	}{
+		{map[string]any{"metadata": map[string]any{"graph_id": "agent"}, "sort_by": "thread_id", "sort_order": "asc"}, "[m1 m2 m3]"},
+		{map[string]any{"metadata": map[string]any{"graph_id": "other"}}, "[m0]"},
+		{map[string]any{"metadata": map[string]any{"n": 0}, "sort_by": "created_at", "sort_order": "asc"}, "[m0 m2]"},
+	} {
+		if got := search(alice, c.body); got != c.want {
+			t.Fatalf("alice searches %v: %s, want %s", c.body, got, c.want)
+		}
+	}
+	// Not indexed (an object): the records are read, as before the index.
+	if n := count(alice, map[string]any{"metadata": map[string]any{"tags": map[string]any{"x": 1}}}); n != 1 {
+		t.Fatalf("alice counts %d threads tagged x 1", n)
+	}
+}

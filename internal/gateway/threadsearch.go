@@ -168,7 +168,36 @@ func (s *Server) searchThreads(w http.ResponseWriter, r *http.Request, tenant st
 	}
 	var top []protocol.Thread
 	var total int
+	var byMetadata []string // the metadata index's candidates, when few
+	useMetadata := false
+	if len(b.Ids) == 0 && len(b.Metadata) > 0 && (b.Status == "" || b.Status == protocol.ThreadIdle) {
+		ids, ok, err := s.metadataCandidates(r, tenant, b.Metadata)
+		if err != nil {
+			return errUnavailable("the threads bucket is not available", err)
+		}
+		if ok && len(ids) <= maxMetadataCandidates {
+			byMetadata, useMetadata = ids, true
+		}
+	}
 	switch {
+	case useMetadata:
+		// Few threads have the metadata: their records, confirmed.
+		ths, err := s.threadsByKey(r.Context(), tenant, byMetadata)
+		if err != nil {
+			return errUnavailable("the threads bucket is not available", err)
+		}
+		match := s.threadMatcher(r, &b)
+		var found []protocol.Thread
+		for _, th := range ths {
+			if th == nil {
+				continue
+			}
+			trimThread(th)
+			if match(th) {
+				found = append(found, *th)
+			}
+		}
+		top, total = topK(found, p.offset+p.limit, cmp), len(found)
 	case len(b.Ids) == 0 && b.Status != "" && b.Status != protocol.ThreadIdle:
 		// Busy, interrupted or error: the index's candidates, confirmed
 		// by their records (threadorder.go).
@@ -320,6 +349,17 @@ func (s *Server) countThreads(w http.ResponseWriter, r *http.Request, tenant str
 		}
 		writeJSON(w, http.StatusOK, n)
 		return nil
+	}
+	if len(b.Ids) == 0 {
+		// By scalar metadata (and status): from the indexes.
+		n, ok, err := s.countByMetadata(r, tenant, b.Metadata, b.Status)
+		if err != nil {
+			return errUnavailable("the threads bucket is not available", err)
+		}
+		if ok {
+			writeJSON(w, http.StatusOK, n)
+			return nil
+		}
 	}
 	if len(b.Ids) == 0 && b.Status != "" && b.Status != protocol.ThreadIdle {
 		// Busy, interrupted or error with a metadata filter: the index's

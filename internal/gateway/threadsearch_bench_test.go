@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
@@ -67,29 +69,65 @@ func benchSearch(b *testing.B, hs *httptest.Server, path, body string) {
 }
 
 // BenchmarkThreadsSearch: threads.search and threads.count with
-// 100,000 threads in the tenant, one sub-benchmark per sort order (limit
-// 10, a metadata filter matching a tenth, as Agent Chat UI's history
-// query) and per count. updated_at reads back from the newest writes of
-// the threads bucket, created_at reads the creation index from either
-// end, a count without filters counts subjects; thread_id and status
-// orders and a count with a metadata filter read every record of the
-// tenant.
+// 100,000 threads in the tenant, one in a hundred interrupted and one in
+// a hundred in error, one sub-benchmark per sort order (limit 10, a
+// metadata filter matching a tenth, as Agent Chat UI's history query),
+// per status filter and per count. updated_at reads back from the newest
+// writes of the threads bucket, created_at reads the creation index from
+// either end, thread_id and status orders list the creation and status
+// indexes' subjects and read the page's records, a status filter reads
+// its candidates, a count without filters, by status or by scalar
+// metadata lists subjects.
 func BenchmarkThreadsSearch(b *testing.B) {
 	d := benchDeployment(b)
-	gw, err := New(context.Background(), d.NC, Config{Settings: d.Settings, Logger: zap.NewNop()})
+	ctx := context.Background()
+	start := time.Now()
+	for i := 7; i < benchThreads(); i += 50 {
+		st := protocol.ThreadInterrupted
+		if i%100 == 57 {
+			st = protocol.ThreadError
+		}
+		if _, _, err := d.Stores.Threads.Mutate(ctx, "big", fmt.Sprintf("t%05d", i), func(t *protocol.Thread) error {
+			t.Status = st
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Logf("set %d statuses in %v", benchThreads()/50, time.Since(start))
+	gw, err := New(ctx, d.NC, Config{Settings: d.Settings, Logger: zap.NewNop()})
 	if err != nil {
 		b.Fatal(err)
 	}
 	hs := httptest.NewServer(gw.Handler())
 	defer hs.Close()
+	// The first search by status checks the status index once per
+	// process (and builds it on a deployment older than it).
+	start = time.Now()
+	req, _ := http.NewRequest("POST", hs.URL+"/threads/count", strings.NewReader(`{"status": "idle"}`))
+	req.Header.Set("X-Tenant", "big")
+	resp, err := hs.Client().Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	resp.Body.Close()
+	b.Logf("first count by status %v", time.Since(start))
 	for _, c := range []struct{ name, path, body string }{
 		{"updated_at-desc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "updated_at", "sort_order": "desc"}`},
 		{"created_at-desc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "created_at", "sort_order": "desc"}`},
 		{"created_at-asc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "created_at", "sort_order": "asc"}`},
 		{"thread_id-asc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "thread_id", "sort_order": "asc"}`},
+		{"thread_id-desc-unfiltered", "/threads/search", `{"limit": 10, "sort_by": "thread_id", "sort_order": "desc"}`},
 		{"status-desc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "status", "sort_order": "desc"}`},
+		{"status-asc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "status", "sort_order": "asc"}`},
+		{"filter-interrupted", "/threads/search", `{"limit": 10, "status": "interrupted"}`},
+		{"filter-error-metadata", "/threads/search", `{"limit": 10, "status": "error", "metadata": {"user": "u7"}}`},
+		{"filter-idle", "/threads/search", `{"limit": 10, "status": "idle", "metadata": {"user": "u3"}}`},
+		{"count-interrupted", "/threads/count", `{"status": "interrupted"}`},
+		{"count-idle", "/threads/count", `{"status": "idle"}`},
 		{"count", "/threads/count", `{}`},
 		{"count-metadata", "/threads/count", `{"metadata": {"user": "u3"}}`},
+		{"count-metadata-status", "/threads/count", `{"metadata": {"user": "u7"}, "status": "error"}`},
 	} {
 		b.Run(c.name, func(b *testing.B) { benchSearch(b, hs, c.path, c.body) })
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -42,6 +43,9 @@ func (s *Threads) Put(ctx context.Context, t *protocol.Thread, rev uint64) (uint
 		return put(ctx, s.kv, bus.Key(t.Tenant, t.ThreadID), t, rev)
 	}
 	if err := s.markStatus(ctx, nil, t); err != nil {
+		return 0, err
+	}
+	if err := s.markMetadata(ctx, nil, t); err != nil {
 		return 0, err
 	}
 	indexed, err := s.indexCreated(ctx, t)
@@ -111,7 +115,8 @@ func (s *Threads) Mutate(ctx context.Context, tenant, thread string, fn func(*pr
 // MutateFrom is Mutate starting from a record the caller already holds at
 // revision rev (nil and 0 for "does not exist"), saving the read when the
 // cached copy is current. A write that moves the thread into or out of
-// an indexed status keeps the status index (threadstatus.go).
+// an indexed status, or changes its metadata, keeps the status and
+// metadata indexes (threadstatus.go, threadmeta.go).
 func (s *Threads) MutateFrom(ctx context.Context, tenant, thread string, t *protocol.Thread, rev uint64, fn func(*protocol.Thread) error) (*protocol.Thread, uint64, error) {
 	var marked []*protocol.Thread // status keys written for attempts
 	for attempt := 0; ; attempt++ {
@@ -131,8 +136,11 @@ func (s *Threads) MutateFrom(ctx context.Context, tenant, thread string, t *prot
 			next.Status = protocol.ThreadDeleting
 		}
 		next.UpdatedAt = time.Now().UTC()
-		if rev > 0 && IndexedStatus(next.Status) {
+		if rev > 0 && (IndexedStatus(next.Status) || len(next.Metadata) > 0) {
 			if err := s.markStatus(ctx, t, &next); err != nil {
+				return nil, 0, err
+			}
+			if err := s.markMetadata(ctx, t, &next); err != nil {
 				return nil, 0, err
 			}
 			marked = append(marked, &next)
@@ -140,9 +148,11 @@ func (s *Threads) MutateFrom(ctx context.Context, tenant, thread string, t *prot
 		newRev, err := s.Put(ctx, &next, rev)
 		if err == nil {
 			s.unmarkStatus(ctx, t, &next)
+			s.unmarkMetadata(ctx, t, &next)
 			for _, m := range marked {
-				// A key an attempt refused by a conflict wrote.
+				// Keys an attempt refused by a conflict wrote.
 				s.unmarkStatus(ctx, m, &next)
+				s.unmarkMetadata(ctx, m, &next)
 			}
 			return &next, newRev, nil
 		}
@@ -166,6 +176,9 @@ func cloneThread(t *protocol.Thread) protocol.Thread {
 		c.Lease = &l
 	}
 	c.Preempt = append([]protocol.Preemption(nil), t.Preempt...)
+	// A patch edits metadata in place; the metadata index compares the
+	// record before and after it.
+	c.Metadata = maps.Clone(t.Metadata)
 	return c
 }
 

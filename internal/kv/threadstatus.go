@@ -46,7 +46,8 @@ func StatusKey(tenant, thread, st, owner string) string {
 	return bus.Key(tenant, thread, statusToken, st, OwnerToken(owner))
 }
 
-// statusMarkerKey is the key saying tenant's status index is complete.
+// statusMarkerKey is the key saying tenant's status and metadata indexes
+// are complete.
 // "=" is no character of a thread id, so the key is no thread's, and it
 // has three tokens: no filter of records or index keys matches it.
 func statusMarkerKey(tenant string) string {
@@ -175,8 +176,8 @@ func (s *Threads) WithStatus(ctx context.Context, tenant, st string, owners []st
 	return s.listIndex(ctx, tenant, []string{statusToken, st}, owners)
 }
 
-// StatusIndexed reports whether tenant's status index is complete (its
-// marker written by ReindexStatus).
+// StatusIndexed reports whether tenant's status and metadata indexes are
+// complete (its marker written by ReindexStatus).
 func (s *Threads) StatusIndexed(ctx context.Context, tenant string) (bool, error) {
 	ctx, cancel := bound(ctx)
 	defer cancel()
@@ -191,10 +192,11 @@ func (s *Threads) StatusIndexed(ctx context.Context, tenant string) (bool, error
 	}
 }
 
-// ReindexStatus makes tenant's status index complete: it adds the key of
-// each thread whose record is interrupted or error and has none, removes
-// the keys, older than a minute, that their record does not confirm, and
-// then writes the tenant's marker. It reads every record of the tenant,
+// ReindexStatus makes tenant's status and metadata indexes complete: it
+// adds the status key of each thread whose record is interrupted or
+// error and the metadata keys of its scalar metadata, those it has not,
+// removes the keys, older than a minute, that their record does not
+// confirm, and then writes the tenant's marker. It reads every record of the tenant,
 // once per tenant (threads written before the index existed), not per
 // request. Running it twice, or on two gateways at once, is harmless.
 func (s *Threads) ReindexStatus(ctx context.Context, tenant string) (added, removed int, err error) {
@@ -205,7 +207,7 @@ func (s *Threads) ReindexStatus(ctx context.Context, tenant string) (added, remo
 	if err != nil {
 		return 0, 0, err
 	}
-	lister, err := s.kv.ListKeysFiltered(ctx, bus.Key(tenant, "*", statusToken, "*", "*"))
+	lister, err := s.kv.ListKeysFiltered(ctx, bus.Key(tenant, "*", statusToken, "*", "*"), bus.Key(tenant, "*", metaToken, "*", "*"))
 	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
 		return 0, 0, err
 	}
@@ -217,7 +219,20 @@ func (s *Threads) ReindexStatus(ctx context.Context, tenant string) (added, remo
 	}
 	want := map[string]bool{}
 	for _, t := range records {
-		if t.ThreadID == "" || t.Tenant != tenant || !IndexedStatus(t.Status) {
+		if t.ThreadID == "" || t.Tenant != tenant {
+			continue
+		}
+		for k := range metadataKeys(t) {
+			want[k] = true
+			if keys[k] {
+				continue
+			}
+			if _, err := s.kv.Put(ctx, k, []byte(`{}`)); err != nil {
+				return added, removed, err
+			}
+			added++
+		}
+		if !IndexedStatus(t.Status) {
 			continue
 		}
 		k := StatusKey(tenant, t.ThreadID, t.Status, t.Owner)
@@ -240,7 +255,7 @@ func (s *Threads) ReindexStatus(ctx context.Context, tenant string) (added, remo
 		}
 		// Read again: the record may have moved into the status since.
 		toks := strings.Split(k, ".")
-		if t, _, err := s.GetLatest(ctx, tenant, toks[1]); err == nil && StatusKey(tenant, toks[1], t.Status, t.Owner) == k {
+		if t, _, err := s.GetLatest(ctx, tenant, toks[1]); err == nil && (StatusKey(tenant, toks[1], t.Status, t.Owner) == k || metadataKeys(t)[k]) {
 			continue
 		} else if err != nil && !errors.Is(err, ErrNotFound) {
 			return added, removed, err

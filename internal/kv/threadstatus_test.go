@@ -142,3 +142,65 @@ func TestThreadStatusReindex(t *testing.T) {
 		t.Fatalf("count %d %v", n, err)
 	}
 }
+
+// TestThreadMetadataIndex: creation indexes scalar metadata, a patch that
+// changes a value moves its key, writes that leave metadata alone (a
+// run's) write no key, and objects and long strings are not indexed.
+func TestThreadMetadataIndex(t *testing.T) {
+	s := openStores(t)
+	ctx := context.Background()
+	th := indexThread("tm", "a", "alice")
+	th.Metadata = map[string]any{"graph_id": "agent", "n": 2.0, "obj": map[string]any{"x": 1}, "long": string(make([]byte, MaxIndexedMetadataBytes+1))}
+	if _, err := s.Threads.Put(ctx, th, 0); err != nil {
+		t.Fatal(err)
+	}
+	list := func(field string, v any) string {
+		t.Helper()
+		ids, ok, err := s.Threads.WithMetadata(ctx, "tm", field, v, []string{"alice"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return "not indexed"
+		}
+		return fmt.Sprint(ids)
+	}
+	if got := list("graph_id", "agent"); got != "[a]" {
+		t.Fatalf("graph_id %s", got)
+	}
+	if got := list("n", 2); got != "[a]" {
+		t.Fatalf("n %s", got)
+	}
+	if got := list("obj", map[string]any{"x": 1}); got != "not indexed" {
+		t.Fatalf("obj %s", got)
+	}
+	if got := list("long", string(make([]byte, MaxIndexedMetadataBytes+1))); got != "not indexed" {
+		t.Fatalf("long %s", got)
+	}
+	if ids, _, _ := s.Threads.WithMetadata(ctx, "tm", "graph_id", "agent", []string{"bob"}); len(ids) != 0 {
+		t.Fatalf("bob's %v", ids)
+	}
+	st, err := s.Threads.bucketStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := st.Info(ctx)
+	moveTo(t, s, "tm", "a", protocol.ThreadBusy, "alice")
+	moveTo(t, s, "tm", "a", protocol.ThreadIdle, "alice")
+	after, _ := st.Info(ctx)
+	if after.State.LastSeq-before.State.LastSeq != 2 {
+		t.Fatalf("two record writes stored %d messages", after.State.LastSeq-before.State.LastSeq)
+	}
+	if _, _, err := s.Threads.Mutate(ctx, "tm", "a", func(th *protocol.Thread) error {
+		th.Metadata["graph_id"] = "other"
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := list("graph_id", "agent"); got != "[]" {
+		t.Fatalf("graph_id agent after the patch %s", got)
+	}
+	if got := list("graph_id", "other"); got != "[a]" {
+		t.Fatalf("graph_id other after the patch %s", got)
+	}
+}
