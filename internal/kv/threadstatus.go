@@ -218,32 +218,60 @@ func (s *Threads) ReindexStatus(ctx context.Context, tenant string) (added, remo
 		}
 	}
 	want := map[string]bool{}
+	var acks []jetstream.PubAckFuture
+	// The missing keys go out as async publishes, a window at a time: a
+	// tenant of 100,000 threads is one key or more each.
+	settle := func() error {
+		for _, a := range acks {
+			select {
+			case <-a.Ok():
+			case err := <-a.Err():
+				return fmt.Errorf("index threads: %w", err)
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		acks = acks[:0]
+		return nil
+	}
+	add := func(k string) error {
+		data, _ := json.Marshal(statusEntry{At: time.Now().UTC()})
+		a, err := s.js.PublishAsync("$KV."+s.bucket+"."+k, data)
+		if err != nil {
+			return err
+		}
+		acks = append(acks, a)
+		added++
+		if len(acks) >= 1000 {
+			return settle()
+		}
+		return nil
+	}
 	for _, t := range records {
 		if t.ThreadID == "" || t.Tenant != tenant {
 			continue
 		}
 		for k := range metadataKeys(t) {
 			want[k] = true
-			if keys[k] {
-				continue
+			if !keys[k] {
+				if err := add(k); err != nil {
+					return added, removed, err
+				}
 			}
-			if _, err := s.kv.Put(ctx, k, []byte(`{}`)); err != nil {
-				return added, removed, err
-			}
-			added++
 		}
 		if !IndexedStatus(t.Status) {
 			continue
 		}
 		k := StatusKey(tenant, t.ThreadID, t.Status, t.Owner)
 		want[k] = true
-		if keys[k] {
-			continue
+		if !keys[k] {
+			if err := add(k); err != nil {
+				return added, removed, err
+			}
 		}
-		if err := s.markStatus(ctx, nil, t); err != nil {
-			return added, removed, err
-		}
-		added++
+	}
+	if err := settle(); err != nil {
+		return added, removed, err
 	}
 	for k := range keys {
 		if want[k] {
