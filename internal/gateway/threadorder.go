@@ -276,6 +276,32 @@ func (s *Server) countByStatus(r *http.Request, tenant, st string) (int, error) 
 // match finds its page there soon).
 const maxMetadataCandidates = 2048
 
+// metadataCounts counts, from subject totals, the threads r may see
+// that the metadata index names with each pair of want; ok is false
+// when a pair is not indexed (a value that is not a scalar, or too
+// long). It returns the smallest count.
+func (s *Server) metadataCounts(r *http.Request, tenant string, want map[string]any) (least int, ok bool, err error) {
+	ctx := r.Context()
+	if err := s.ensureIndexed(ctx, tenant); err != nil {
+		return 0, false, err
+	}
+	if err := s.ensureStatusIndexed(ctx, tenant); err != nil {
+		return 0, false, err
+	}
+	_, owners := s.ownerFilter(r)
+	least = -1
+	for f, v := range want {
+		n, indexed, err := s.stores.Threads.CountMetadata(ctx, tenant, f, v, owners)
+		if err != nil || !indexed {
+			return 0, false, err
+		}
+		if least < 0 || n < least {
+			least = n
+		}
+	}
+	return max(least, 0), true, nil
+}
+
 // metadataCandidates lists the threads r may see that the metadata index
 // names with every pair of want; ok is false when a pair is not indexed
 // (a value that is not a scalar, or too long).
@@ -313,6 +339,10 @@ func (s *Server) metadataCandidates(r *http.Request, tenant string, want map[str
 // and status st ("" any) from the indexes; ok is false when a pair is
 // not indexed.
 func (s *Server) countByMetadata(r *http.Request, tenant string, want map[string]any, st string) (int, bool, error) {
+	if len(want) == 1 && st == "" {
+		// One pair: the server's subject totals, no listing.
+		return s.metadataCounts(r, tenant, want)
+	}
 	ids, ok, err := s.metadataCandidates(r, tenant, want)
 	if err != nil || !ok {
 		return 0, ok, err

@@ -171,12 +171,20 @@ func (s *Server) searchThreads(w http.ResponseWriter, r *http.Request, tenant st
 	var byMetadata []string // the metadata index's candidates, when few
 	useMetadata := false
 	if len(b.Ids) == 0 && len(b.Metadata) > 0 && (b.Status == "" || b.Status == protocol.ThreadIdle) {
-		ids, ok, err := s.metadataCandidates(r, tenant, b.Metadata)
+		// Counted first (subject totals): listing many candidates costs
+		// more than the newest writes' page.
+		least, ok, err := s.metadataCounts(r, tenant, b.Metadata)
 		if err != nil {
 			return errUnavailable("the threads bucket is not available", err)
 		}
-		if ok && len(ids) <= maxMetadataCandidates {
-			byMetadata, useMetadata = ids, true
+		if ok && least <= maxMetadataCandidates {
+			ids, ok, err := s.metadataCandidates(r, tenant, b.Metadata)
+			if err != nil {
+				return errUnavailable("the threads bucket is not available", err)
+			}
+			if ok && len(ids) <= maxMetadataCandidates {
+				byMetadata, useMetadata = ids, true
+			}
 		}
 	}
 	switch {

@@ -152,3 +152,23 @@ func (s *Threads) WithMetadata(ctx context.Context, tenant, field string, value 
 	ids, err := s.listIndex(ctx, tenant, []string{metaToken, pair}, owners)
 	return ids, true, err
 }
+
+// CountMetadata counts, from the server's subject totals (no listing,
+// no record), the metadata index keys of field = value of tenant's
+// threads whose owner is one of owners (nil: every owner). It reports
+// false when the pair is not indexed.
+func (s *Threads) CountMetadata(ctx context.Context, tenant, field string, value any, owners []string) (int, bool, error) {
+	pair, ok := MetadataPair(field, value)
+	if !ok || !protocol.ValidToken(tenant) {
+		return 0, ok, nil
+	}
+	total := 0
+	for _, tok := range ownerTokens(owners) {
+		n, err := s.countSubjects(ctx, "$KV."+s.bucket+"."+bus.Key(tenant, "*", metaToken, pair, tok))
+		if err != nil {
+			return 0, false, err
+		}
+		total += n
+	}
+	return total, true, nil
+}
