@@ -19,7 +19,9 @@ import (
 // (kv.Threads.WithStatus), busy threads those whose run request is
 // still in the runs stream (a run's request is acknowledged after it
 // released the thread) and whose record says busy; idle is every other
-// thread. The server lists the subjects without reading a message, and
+// thread. Scalar metadata filters use the metadata index
+// (kv.Threads.WithMetadata, CountMetadata). The server lists the
+// subjects without reading a message, and
 // the gateway then reads only the records of the page it answers (or of
 // the candidates of a busy, interrupted or error filter). Every listing
 // is under the tenant's keys and, for a user who may see only their own

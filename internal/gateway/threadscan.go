@@ -22,8 +22,10 @@ import (
 // holds a page, and orders it by the write's place in the stream, the
 // order the NATS server stored the writes in (updated_at is the writer's
 // clock, set just before it wrote: the same order but for writes a few
-// milliseconds apart from different hosts). Other orders and counts read
-// the tenant's records in full (kv.Threads.Scan). The gateway keeps no
+// milliseconds apart from different hosts). The thread_id and status
+// orders, status filters and counts by status or scalar metadata list
+// index subjects (threadorder.go); what neither serves reads the
+// tenant's records in full (kv.Threads.Scan). The gateway keeps no
 // index: it starts without reading the bucket, and a write, deletion or
 // erasure shows in the next search because the record is the index.
 
