@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -112,15 +114,28 @@ func (s *Threads) markMetadata(ctx context.Context, prev, t *protocol.Thread) er
 	if prev != nil {
 		had = metadataKeys(prev)
 	}
+	// All keys at once, then every ack: one round trip however many
+	// fields.
+	var acks []jetstream.PubAckFuture
 	for k := range metadataKeys(t) {
 		if had[k] {
 			continue
 		}
-		bctx, cancel := bound(ctx)
-		_, err := s.kv.Put(bctx, k, []byte(`{}`))
-		cancel()
+		a, err := s.js.PublishAsync("$KV."+s.bucket+"."+k, []byte(`{}`))
 		if err != nil {
+			return fmt.Errorf("index thread %s metadata: %w", t.ThreadID, err)
+		}
+		acks = append(acks, a)
+	}
+	bctx, cancel := bound(ctx)
+	defer cancel()
+	for _, a := range acks {
+		select {
+		case <-a.Ok():
+		case err := <-a.Err():
 			return fmt.Errorf("index thread %s metadata: %w", t.ThreadID, bus.MarkStoreFull(s.bucket, err))
+		case <-bctx.Done():
+			return fmt.Errorf("index thread %s metadata: %w", t.ThreadID, bctx.Err())
 		}
 	}
 	return nil
