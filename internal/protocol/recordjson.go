@@ -324,6 +324,10 @@ func appendThread(b []byte, t *Thread) ([]byte, bool) {
 			return b, false
 		}
 	}
+	if len(t.CancelledRuns) > 0 {
+		b = append(b, `,"cancelled_runs":`...)
+		b = appendStrings(b, t.CancelledRuns)
+	}
 	return append(b, '}'), true
 }
 

@@ -131,10 +131,9 @@ func (w *Worker) handleControl(m *nats.Msg) {
 	if err := json.Unmarshal(m.Data, &c); err != nil {
 		return
 	}
-	j := w.runningJob(c.Tenant, c.Run)
 	switch c.Action {
 	case actionLook:
-		if j != nil {
+		if j := w.runningJob(c.Tenant, c.Run); j != nil {
 			j.hold.Lock()
 			lease := j.lease
 			j.hold.Unlock()
@@ -145,6 +144,13 @@ func (w *Worker) handleControl(m *nats.Msg) {
 			}
 		}
 	case actionCancel:
+		cause := ErrCancelled
+		if c.Rollback {
+			cause = ErrCancelRollback
+		}
+		// A run that took its lease but is not running here yet is
+		// cancelled as it starts.
+		j := w.runningOrAsked(c.Tenant, c.Run, cause)
 		if j == nil {
 			respondJSON(m, controlReply{Found: false})
 			return
@@ -153,11 +159,7 @@ func (w *Worker) handleControl(m *nats.Msg) {
 		cancelRun := j.cancelRun
 		j.hold.Unlock()
 		if cancelRun != nil {
-			if c.Rollback {
-				cancelRun(ErrCancelRollback)
-			} else {
-				cancelRun(ErrCancelled)
-			}
+			cancelRun(cause)
 		}
 		select {
 		case <-j.finished:
@@ -339,17 +341,49 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string, roll
 	return "", &codedError{protocol.CodeConflict, fmt.Sprintf("run %s kept changing while being cancelled; try again", run)}
 }
 
-// cancelIfStarted tells the worker running run to cancel it, if a worker
-// took the thread's lease for it while its pending (or missing) record was
-// being cancelled: since protocol v2 starting a run writes no record, so
-// the cancel's write cannot have stopped the start. The run's end then
-// finds the cancelled record and keeps it.
+// cancelIfStarted makes sure a run whose pending (or missing) record a
+// cancel just ended does not run: since protocol v2 starting a run writes
+// no record, so the cancel's write cannot stop a start by itself. Called
+// after the record was written, it writes the thread record by
+// compare-and-set: if the thread's lease names the run, the run took it
+// meanwhile and its worker is told to cancel it (the run's end then finds
+// the cancelled record and keeps it); otherwise the run is listed in the
+// thread's cancelled_runs, and no run listed there takes the lease (admit
+// refuses it and settles the run from its record).
+//
+// Why one side always sees the other: the lease is taken by a
+// compare-and-set write of the same record, whose mutation reads the
+// revision it replaces. The two writes are ordered by the record's
+// revisions. If the lease's write came first, this write's mutation sees
+// the lease and signals its worker (a worker that has not registered the
+// run as running yet keeps the signal for it, runningOrAsked). If this
+// write came first, the lease's mutation sees the run listed and takes
+// nothing, whatever the run read before. So the run side needs no read
+// of its own after taking the lease. The thread record is created when it
+// does not exist, so a run guessing a new thread's lease (guessLease)
+// finds it.
 func (w *Worker) cancelIfStarted(ctx context.Context, tenant, thread, run string, rollback bool) {
-	th, _, err := w.stores.Threads.GetLatest(ctx, tenant, thread)
-	if err != nil || th.Lease == nil || th.Lease.RunID != run {
+	var holder string
+	_, _, err := w.stores.Threads.Mutate(ctx, tenant, thread, func(t *protocol.Thread) error {
+		holder = ""
+		switch {
+		case t.Lease != nil && t.Lease.RunID == run:
+			holder = t.Lease.Worker
+			return errUnchanged
+		case t.Status == protocol.ThreadDeleting, t.RunCancelled(run):
+			return errUnchanged
+		}
+		t.AddCancelledRun(run)
+		return nil
+	})
+	if err != nil && !errors.Is(err, errUnchanged) {
+		w.log.Warn("could not mark the cancelled run on its thread; a worker taking its lease now may run it",
+			zap.String("tenant", tenant), zap.String("thread_id", thread), zap.String("run_id", run), zap.Error(err))
 		return
 	}
-	w.signal(th.Lease.Worker, control{Action: actionCancel, Tenant: tenant, Thread: thread, Run: run, Rollback: rollback})
+	if holder != "" {
+		w.signal(holder, control{Action: actionCancel, Tenant: tenant, Thread: thread, Run: run, Rollback: rollback})
+	}
 }
 
 // finishHeld ends a run that holds its thread's lease but that no worker

@@ -144,6 +144,9 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 			// The lease was taken beside the reads (guessLease): it
 			// stands if this request is its thread's oldest.
 			if err == nil && snap.head == headSelf {
+				if testHookLeased != nil {
+					testHookLeased(j)
+				}
 				j.start(ctx, meta, nil, 0, snap.spec, snap.specRev)
 				return
 			}
@@ -179,7 +182,14 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 			return
 		}
 		if d.verdict == verdictStart {
+			if testHookLeased != nil {
+				testHookLeased(j)
+			}
 			j.start(ctx, meta, snap.rec, snap.rev, d.thread, d.rev)
+			return
+		}
+		if d.verdict == verdictCancelled {
+			j.cancelledBeforeStart(ctx)
 			return
 		}
 		if d.verdict == verdictGone {
@@ -286,6 +296,30 @@ func (j *job) settled(ctx context.Context, rec *protocol.Run) bool {
 		return false
 	}
 	return true
+}
+
+// cancelledBeforeStart settles a run its thread lists as cancelled
+// before it took the lease (cancelIfStarted): the cancel ended its record
+// before it listed the run, so the record, read from the leader, says
+// cancelled; the run's request is acked without running it.
+func (j *job) cancelledBeforeStart(ctx context.Context) {
+	w := j.w
+	j.log.Info("the run was cancelled while it took its thread; not starting it")
+	rec, _, err := w.stores.Runs.GetLatest(ctx, j.req.Tenant, j.req.RunID)
+	if err == nil && j.settled(ctx, rec) {
+		return
+	}
+	if err != nil && !errors.Is(err, kv.ErrNotFound) {
+		j.retryLater(err)
+		return
+	}
+	// The record is gone (expired) or still pending: the thread's list
+	// says a cancel ended the run, so it ends cancelled.
+	if _, _, _, err := w.ensureRecord(ctx, j.req, j.seq); err != nil {
+		j.retryLater(err)
+		return
+	}
+	j.finishPending(ctx, protocol.StatusCancelled, "", "")
 }
 
 // retryLater hands the request back after an infrastructure error (NATS
@@ -513,6 +547,10 @@ var errAlreadyFinished = errors.New("run already finished")
 // read and before it is decided on.
 var testHookLooked func(*job)
 
+// testHookLeased, set by tests only, runs after a request's run took its
+// thread's lease and before it starts.
+var testHookLeased func(*job)
+
 // errStateUnavailable stops a run whose thread state could not be read
 // for a reason that passes (a leader election, a node loss): it is handed
 // back, not failed.
@@ -625,7 +663,11 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	j.preempt = preempt
 	drained := j.drained
 	j.hold.Unlock()
-	w.setRunning(j)
+	if cause := w.setRunning(j); cause != nil {
+		// A cancel saw this run's lease before it ran here.
+		j.log.Info("the run was cancelled while it took its thread; stopping it")
+		cancelRun(cause)
+	}
 	if drained {
 		preempt(middleware.ErrHandOff)
 	}
@@ -637,31 +679,11 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	if rec != nil && rec.CancelRequested {
 		cancelRun(ErrCancelled)
 	}
-	go j.cancelledMeanwhile(ctx, cancelRun)
 
 	host := &runHost{j: j, lease: lease, stream: stream}
 	out := j.execute(runCtx, preemptCtx, host)
 	lease.stopFence()
 	j.finalize(ctx, lease, host, out)
-}
-
-// cancelledMeanwhile stops the run if a cancel ended its record between
-// the read that decided to start it and the lease it took: the cancel
-// writes the record, then looks for a lease to signal (cancelIfStarted);
-// the run takes the lease, then reads the record here, from the leader.
-// One of the two sees the other.
-func (j *job) cancelledMeanwhile(ctx context.Context, cancelRun context.CancelCauseFunc) {
-	// From the leader, but without GetLatest's wait for a write in flight:
-	// most runs have no record while they run, and that wait held a
-	// goroutine per run for two seconds.
-	rec, _, err := j.w.stores.Runs.GetFromLeader(ctx, j.req.Tenant, j.req.RunID)
-	if err != nil || rec.ThreadID != j.req.ThreadID || (rec.MsgSeq != 0 && rec.MsgSeq != j.seq) {
-		return
-	}
-	if rec.CancelRequested || rec.Status == protocol.StatusCancelled {
-		j.log.Info("the run was cancelled while it took its thread; stopping it")
-		cancelRun(ErrCancelled)
-	}
 }
 
 // execute prepares the run and drives the agent loop.

@@ -12,6 +12,7 @@ import (
 	"github.com/natsagent/natsagent/internal/model/openaitest"
 	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 // The sequential round trips a no-op run waits for between its delivery
@@ -46,8 +47,19 @@ func TestRunStages(t *testing.T) {
 		t.Fatalf("warm-up run %s: %s", fin.Status, fin.Error)
 	}
 
+	cons, err := h.js.Consumer(context.Background(), h.names.RunsStream(), bus.RunsConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
 	count := func(t *testing.T, thread, run string) int {
 		t.Helper()
+		// The previous run's ack is out first: it comes after its
+		// run.finished, and counted in this run's rounds it would end
+		// them at once (0 stages).
+		testdeploy.WaitFor(t, time.Minute, "the previous run's request acked", func() bool {
+			info, err := cons.Info(context.Background())
+			return err == nil && info.NumAckPending == 0 && info.NumPending == 0
+		})
 		w := h.watch(protocol.DefaultTenant, thread, run)
 		proxy.Hold()
 		h.submit(request(thread, run, "hi"))
