@@ -97,7 +97,7 @@ const (
 // Put writes a delta. Checkpoint ids are unique per lease epoch, so two
 // workers never write the same key.
 func (s *Checkpoints) Put(ctx context.Context, tenant, thread string, d *Delta) (int, error) {
-	data, err := json.Marshal(d)
+	data, err := encodeDelta(d)
 	if err != nil {
 		return 0, err
 	}

@@ -90,6 +90,18 @@ type EventDataAppender interface {
 	AppendEventDataJSON(b []byte) ([]byte, bool)
 }
 
+// AppendMessageJSON appends m as encoding/json writes it, or reports
+// false (b then may hold a partial write) for a value the hand encoder
+// does not know: the caller uses encoding/json.
+func AppendMessageJSON(b []byte, m *model.Message) ([]byte, bool) { return appendMessage(b, m) }
+
+// AppendTimeJSON appends t as encoding/json writes it, or reports false
+// for a time it refuses (a year beyond 9999, an odd zone).
+func AppendTimeJSON(b []byte, t time.Time) ([]byte, bool) { return appendTime(b, t) }
+
+// AppendStringsJSON appends ss as encoding/json writes it.
+func AppendStringsJSON(b []byte, ss []string) []byte { return appendStrings(b, ss) }
+
 // AppendJSONString appends s as a JSON string, as encoding/json writes it
 // (HTML characters and U+2028/9 escaped, invalid UTF-8 replaced).
 func AppendJSONString(b []byte, s string) []byte { return appendJSONString(b, s) }
