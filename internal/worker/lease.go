@@ -38,6 +38,10 @@ type leaseHandle struct {
 	// still its own (the stream publishes the events it kept).
 	onResume func()
 
+	// renewing is set while a heartbeat's renewal of the lease is out
+	// (renewLeases).
+	renewing atomic.Bool
+
 	mu   sync.Mutex
 	th   *protocol.Thread
 	rev  uint64

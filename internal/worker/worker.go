@@ -178,7 +178,9 @@ type Worker struct {
 	// (by tenant.run): a cancel may see a run's lease before the worker
 	// that took it got to setRunning.
 	cancelAsked map[string]cancelAsk
-	waiters     map[string]*waiter // per thread, runs waiting for it
+	// renewSlots bounds the lease renewals out at once (renewLeases).
+	renewSlots chan struct{}
+	waiters    map[string]*waiter // per thread, runs waiting for it
 	// unheld: requests the lease sweep found held by no worker, and when
 	// it first did (reaper.go), by stream seq.
 	unheld   map[uint64]time.Time
@@ -248,6 +250,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
 		held:        make(map[uint64]*job),
 		running:     make(map[string]*job),
 		cancelAsked: make(map[string]cancelAsk),
+		renewSlots:  make(chan struct{}, 16),
 		waiters:     make(map[string]*waiter),
 		tracer:      tracerOf(cfg.Traces),
 	}, nil
@@ -453,23 +456,34 @@ func (w *Worker) heartbeats(ctx context.Context, done <-chan struct{}) {
 				leases = append(leases, l)
 			}
 		}
-		renewLeases(ctx, leases)
+		renewLeases(ctx, leases, every, w.renewSlots, (*leaseHandle).renew)
 	}
 }
 
-// renewLeases renews leases a few at a time.
-func renewLeases(ctx context.Context, leases []*leaseHandle) {
-	sem := make(chan struct{}, 16)
-	var wg sync.WaitGroup
+// renewLeases starts renew for each lease whose last renewal is not still
+// out, and returns without waiting for them: a renewal the server is slow
+// to answer held the next tick (every request's in-progress signal, every
+// other lease's renewal) until it returned. Each renewal is bounded by
+// bound (the heartbeat period: the next tick tries again), and at most
+// cap(slots) are sent at once.
+func renewLeases(ctx context.Context, leases []*leaseHandle, bound time.Duration, slots chan struct{}, renew func(*leaseHandle, context.Context)) {
 	for _, l := range leases {
-		sem <- struct{}{}
-		wg.Add(1)
+		if !l.renewing.CompareAndSwap(false, true) {
+			continue // the last tick's renewal is still out
+		}
 		go func() {
-			defer func() { <-sem; wg.Done() }()
-			l.renew(ctx)
+			defer l.renewing.Store(false)
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			defer func() { <-slots }()
+			rctx, cancel := context.WithTimeout(ctx, bound)
+			defer cancel()
+			renew(l, rctx)
 		}()
 	}
-	wg.Wait()
 }
 
 func (w *Worker) track(j *job) {
