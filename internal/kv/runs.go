@@ -177,11 +177,14 @@ func (s *Stores) RunView(ctx context.Context, tenant, thread, run string) (*prot
 // for a reader that names the thread (an API path, a client's wait): a
 // run of another thread is ErrNotFound. A record not found is asked of
 // the stream's leader before the thread's lease is consulted: any replica
-// answers a read, and one may not have a record created a moment ago.
+// answers a read, and one may not have a record created a moment ago. The
+// leader's answer is final (GetFromLeader, not GetLatest): every write
+// acknowledged is stored there, and most running runs have no record, so
+// GetLatest's wait for a write in flight cost them 2 s a read.
 func (s *Stores) RunOfThread(ctx context.Context, tenant, thread, run string) (*protocol.Run, error) {
 	rec, _, err := s.Runs.Get(ctx, tenant, run)
 	if errors.Is(err, ErrNotFound) {
-		rec, _, err = s.Runs.GetLatest(ctx, tenant, run)
+		rec, _, err = s.Runs.GetFromLeader(ctx, tenant, run)
 	}
 	switch {
 	case errors.Is(err, ErrNotFound):

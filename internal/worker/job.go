@@ -305,7 +305,9 @@ func (j *job) settled(ctx context.Context, rec *protocol.Run) bool {
 func (j *job) cancelledBeforeStart(ctx context.Context) {
 	w := j.w
 	j.log.Info("the run was cancelled while it took its thread; not starting it")
-	rec, _, err := w.stores.Runs.GetLatest(ctx, j.req.Tenant, j.req.RunID)
+	// The cancel's write of the record was acknowledged before it listed
+	// the run: the leader has it, no write is in flight.
+	rec, _, err := w.stores.Runs.GetFromLeader(ctx, j.req.Tenant, j.req.RunID)
 	if err == nil && j.settled(ctx, rec) {
 		return
 	}
