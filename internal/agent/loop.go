@@ -412,7 +412,7 @@ func (l *loop) beforeStep(ctx context.Context, jumps *int) (req *middleware.Mode
 			}
 			return nil, Outcome{}, false, false
 		}
-		if len(last.ToolCalls) == 0 && l.isLast(last.ID) && !l.again {
+		if len(last.ToolCalls) == 0 && l.isLast(last.ID) && !l.again && last.Meta[middleware.MetaSentBack] == nil {
 			// A guard's note ends the run as the guard did.
 			reason, _ := last.Meta[middleware.MetaStopNote].(string)
 			return nil, ended(reason), true, true
@@ -516,6 +516,16 @@ func (l *loop) afterStep(ctx context.Context, msgID string, resp *middleware.Mod
 	case res.Jump != middleware.JumpModel && (final == nil || len(final.ToolCalls) == 0):
 		// A final answer: its checkpoint goes with the run's end.
 		return Outcome{Status: protocol.StatusSuccess}, true, true
+	}
+	if res.Jump == middleware.JumpModel && final != nil && len(final.ToolCalls) == 0 {
+		// Saved with the step: a redelivery before the next model call
+		// makes that call instead of ending on this answer.
+		sent := final.Clone()
+		if sent.Meta == nil {
+			sent.Meta = map[string]any{}
+		}
+		sent.Meta[middleware.MetaSentBack] = true
+		l.stage(state.Update{Messages: []model.Message{sent}})
 	}
 	if err := l.flush(ctx); err != nil {
 		return l.failed(ctx, err), false, true
