@@ -71,6 +71,10 @@ type Run struct {
 	// stops at its next safe boundary (aborting a streaming response,
 	// never a tool batch).
 	Preempt context.Context
+	// NoImages is set when the model takes no image input: the image
+	// parts of the transcript go to it as text notes naming their files
+	// (Prepared.Vision false).
+	NoImages bool
 }
 
 // Outcome is how a run ended.
@@ -567,7 +571,12 @@ func (l *loop) callModel(ctx context.Context, req *middleware.ModelRequest) (*mi
 	// so the prompt's prefix stays stable (middleware/promptcontext.go).
 	req = middleware.Sent(req)
 	middleware.RecordSent(ctx, req)
-	msgs := l.images.resolve(ctx, l.rt.Files, req.Messages)
+	var msgs []model.Message
+	if l.NoImages {
+		msgs = imageNotes(req.Messages)
+	} else {
+		msgs = l.images.resolve(ctx, l.rt.Files, req.Messages)
+	}
 	mreq := &model.Request{Model: req.ModelName, System: req.System, Messages: msgs, Tools: req.Tools}
 	msgID := middleware.MessageID(ctx)
 	if err := l.fenced(ctx); err != nil {

@@ -749,6 +749,7 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 		State:     st,
 		Host:      host,
 		Preempt:   preempt,
+		NoImages:  !prep.Vision,
 	}
 	if !resumed && req.Input != nil {
 		run.Input = req.Input.Messages
