@@ -157,7 +157,7 @@ func blockUntilTimeout(ctx context.Context, ch <-chan struct{}, d time.Duration)
 // derived ids and returns its answer. The child ran once, and its usage is
 // in the lead's exactly once.
 func TestLeadCrashWithChildInFlight_DeerFlow4758(t *testing.T) {
-	e := newEnv(t)
+	e := newRedeliveryEnv(t) // the dead worker's lead is redelivered to wb
 	gate := make(chan struct{})
 	var gateOnce sync.Once
 	open := func() { gateOnce.Do(func() { close(gate) }) }
