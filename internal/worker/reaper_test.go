@@ -106,7 +106,7 @@ func TestReaperDeadLettersExhaustedRequestWhoseAdvisoryWasLost(t *testing.T) {
 	// gives up and sends its advisory to nobody (this test only watches).
 	select {
 	case <-exceeded:
-	case <-time.After(10 * time.Second):
+	case <-time.After(natstest.Patience):
 		t.Fatal("no max-deliveries advisory")
 	}
 	cons, err := h.js.Consumer(context.Background(), h.names.RunsStream(), bus.RunsConsumer)
@@ -264,7 +264,7 @@ func TestOwnTerminationsDeadLetteredOnce(t *testing.T) {
 		if s != seq {
 			t.Fatalf("advisory for %d, want %d", s, seq)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(natstest.Patience):
 		t.Fatal("no termination advisory")
 	}
 	// The worker handled the same advisory; give it time to (not) add.
@@ -333,7 +333,7 @@ func TestReaperSettlesRequestExhaustedByDeliveriesThatNeverStarted(t *testing.T)
 	}
 	select {
 	case <-exceeded:
-	case <-time.After(10 * time.Second):
+	case <-time.After(natstest.Patience):
 		t.Fatal("no max-deliveries advisory")
 	}
 	info, err := cons.Info(ctx)
