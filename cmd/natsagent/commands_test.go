@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 )
@@ -198,7 +199,7 @@ func TestTailThread(t *testing.T) {
 	e.cli("run", "--thread", "t3", "--run-id", "second", "two").must(t, 0)
 	testdeploy.WaitFor(t, 10*time.Second, "the second run followed to its end", func() bool { return strings.Contains(out.String(), "■ success · run second") })
 	cancel()
-	if code := <-done; code != 0 {
+	if code := natstest.Recv(t, done, "tail to exit"); code != 0 {
 		t.Fatalf("tail exit %d: %s", code, errOut.String())
 	}
 	got := out.String()
@@ -222,7 +223,7 @@ func TestRunCtrlCDetaches(t *testing.T) {
 	}()
 	testdeploy.WaitFor(t, 10*time.Second, "the answer streaming", func() bool { return strings.Contains(out.String(), "word") })
 	cancel()
-	if code := <-done; code != 0 {
+	if code := natstest.Recv(t, done, "run to exit after Ctrl-C"); code != 0 {
 		t.Fatalf("exit %d after Ctrl-C", code)
 	}
 	if !strings.Contains(errOut.String(), "natsagent tail --run long") || strings.Contains(out.String(), "■") {
@@ -282,7 +283,7 @@ func TestCancel(t *testing.T) {
 	}()
 	e.waitStatus("victim", protocol.StatusRunning)
 	e.cli("cancel", "victim").must(t, 0).has(t, "run victim cancelled")
-	wg.Wait()
+	natstest.Wait(t, &wg, "the followed run of the cancelled victim to end")
 	following.must(t, 1).has(t, "■ cancelled")
 	if !strings.Contains(following.err, "run victim ended cancelled") {
 		t.Fatalf("no reason on stderr:\n%s", following)
