@@ -46,7 +46,7 @@ func TestScheduledJobOnACluster(t *testing.T) {
 		if at.Before(due) {
 			t.Fatalf("ran at %s, due %s", at, due)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(natstest.Patience):
 		t.Fatal("the scheduled job never ran on the cluster")
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/worker"
@@ -546,7 +547,7 @@ func TestGracefulHandOffKeepsChildRunning(t *testing.T) {
 	a.cancel() // graceful: the lead is handed over at its next safe boundary
 	select {
 	case <-a.done:
-	case <-time.After(10 * time.Second):
+	case <-time.After(natstest.Patience):
 		t.Fatal("worker wa did not stop")
 	}
 	testdeploy.WaitFor(t, 20*time.Second, "the lead to move to wb", func() bool {
