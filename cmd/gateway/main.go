@@ -131,8 +131,8 @@ func run() error {
 		return err
 	}
 
-	// Stopped after the workers (deferred before them): their last spans
-	// are exported.
+	// Stopped after the workers (deferred before them): the --dev workers
+	// count into its registry, served until they stopped.
 	tel, stopTelemetry, err := app.StartTelemetry(ctx, cfg.Telemetry, app.ServiceGateway, log)
 	if err != nil {
 		return err
