@@ -524,3 +524,71 @@ func TestCompact(t *testing.T) {
 		t.Fatalf("busy thread: %s", r)
 	}
 }
+
+// Events that trail the run's terminal record (the record is written
+// first; a worker whose lease fence paused holds its events) are shown:
+// the record ends a silent follow only after one more silent idleCheck.
+// Before, the follow printed the record's answer alone, without the tool
+// call that led to it.
+func TestTailShowsEventsThatTrailTheRecord(t *testing.T) {
+	defer func(d time.Duration) { idleCheck = d }(idleCheck)
+	idleCheck = 2 * time.Second
+	e := newCLIEnv(t, scriptModel())
+	e.cli("run", "--thread", "ty", "--run-id", "late", "what", "time", "is", "it").must(t, 0)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	nc := e.srv.Connect()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := e.settings.Names.RunEvents(protocol.DefaultTenant, "ty", "late")
+	st, err := js.Stream(ctx, e.settings.Names.EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored [][]byte
+	for {
+		batch, err := cons.FetchNoWait(100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			stored = append(stored, m.Data())
+			n++
+		}
+		if n == 0 {
+			break
+		}
+	}
+	if len(stored) < 4 {
+		t.Fatalf("the run stored %d events", len(stored))
+	}
+	if err := st.Purge(ctx, jetstream.WithPurgeSubject(subject)); err != nil {
+		t.Fatal(err)
+	}
+	// The events come back once the follow has seen the ended record.
+	republished := make(chan error, 1)
+	testHookRecordEnded = func() {
+		for _, data := range stored {
+			if _, err := js.Publish(ctx, subject, data); err != nil {
+				republished <- err
+				return
+			}
+		}
+		republished <- nil
+	}
+	defer func() { testHookRecordEnded = nil }()
+
+	r := e.cli("tail", "--run", "late").must(t, 0)
+	if err := natstest.Recv(t, republished, "the events republished after the record was read"); err != nil {
+		t.Fatal(err)
+	}
+	r.has(t, "▸ current_time({})", "The time is now.", "■ success · run late")
+}
