@@ -217,8 +217,14 @@ type Run struct {
 	IncompleteDetails *IncompleteDetails `json:"incomplete_details,omitempty"`
 	Error             string             `json:"error,omitempty"`
 	Output            *model.Message     `json:"output,omitempty"`
-	Parent            *Parent            `json:"parent,omitempty"`
-	Metadata          map[string]any     `json:"metadata,omitempty"`
+	// OutputCheckpoint is set on a thread's last_run whose output was
+	// too large to carry (over 4 KiB): the checkpoint whose last
+	// assistant message is the output. The record written from the
+	// summary carries the output instead; a record still has it only
+	// when that checkpoint could not be read (it was deleted).
+	OutputCheckpoint string         `json:"output_checkpoint,omitempty"`
+	Parent           *Parent        `json:"parent,omitempty"`
+	Metadata         map[string]any `json:"metadata,omitempty"`
 	// SupersededBy names the run that steered or rolled back this one.
 	SupersededBy string `json:"superseded_by,omitempty"`
 	// Interrupt says what a person must answer before an interrupted run's

@@ -210,6 +210,7 @@ func appendRun(b []byte, r *Run) ([]byte, bool) {
 			return b, false
 		}
 	}
+	b = appendOptString(b, `,"output_checkpoint":`, r.OutputCheckpoint)
 	if r.Parent != nil {
 		b = append(b, `,"parent":{"run_id":`...)
 		b = appendJSONString(b, r.Parent.RunID)

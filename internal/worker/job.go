@@ -240,7 +240,12 @@ func (j *job) finishFromLastRun(ctx context.Context, snap *snapshot) {
 	w := j.w
 	last := snap.th.LastRun
 	j.log.Info("run ended before its record was written; finishing it from its thread's last_run", zap.String("status", string(last.Status)))
-	rec, err := writeEnded(ctx, w.stores.Runs, protocol.EndedRun(kv.NewRun(j.req, j.seq, last.CreatedAt), last))
+	final, err := w.stores.WithOutput(ctx, protocol.EndedRun(kv.NewRun(j.req, j.seq, last.CreatedAt), last))
+	if err != nil {
+		j.retryLater(err)
+		return
+	}
+	rec, err := writeEnded(ctx, w.stores.Runs, final)
 	own := err == nil
 	if errors.Is(err, errAlreadyFinished) || errors.Is(err, kv.ErrExists) {
 		rec, _, err = w.stores.Runs.GetLatest(ctx, j.req.Tenant, j.req.RunID)
@@ -553,6 +558,10 @@ var testHookLooked func(*job)
 // thread's lease and before it starts.
 var testHookLeased func(*job)
 
+// testHookReleased, set by tests only, runs after a run's release gave
+// its thread back (with last_run) and before its terminal record.
+var testHookReleased func(*job)
+
 // errStateUnavailable stops a run whose thread state could not be read
 // for a reason that passes (a leader election, a node loss): it is handed
 // back, not failed.
@@ -764,6 +773,7 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 		State:     st,
 		Host:      host,
 		Preempt:   preempt,
+		NoImages:  !prep.Vision,
 	}
 	if !resumed && req.Input != nil {
 		run.Input = req.Input.Messages
@@ -972,7 +982,11 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 	// A rollback takes the run's files back too, before the thread is
 	// released to the next run.
 	filesBack := rollback && host != nil && host.files.rollback(ctx, host.chain, rollbackTo)
-	opts := &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: rollback, filesBack: filesBack, head: head, title: title, usage: usage, last: lastRunOf(final)}
+	endHead := head
+	if endHead == "" {
+		endHead = lease.head()
+	}
+	opts := &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: rollback, filesBack: filesBack, head: head, title: title, usage: usage, last: lastRunOf(final, endHead)}
 	relErr := j.settleWrite(ctx, func() error { return lease.release(ctx, opts) })
 	for try := 0; relErr != nil && ctx.Err() == nil; try++ {
 		// The write may have been stored without its answer reaching
@@ -998,6 +1012,9 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		j.log.Warn("could not release the thread; handing the run back", zap.Error(relErr))
 		j.retryLater(relErr)
 		return
+	}
+	if testHookReleased != nil {
+		testHookReleased(j)
 	}
 	var rec *protocol.Run
 	err := j.settleWrite(ctx, func() (err error) {
@@ -1086,8 +1103,16 @@ func (j *job) recordOverwritten(ctx context.Context, lease *leaseHandle) {
 		j.log.Warn("could not read the record of the thread's last run before replacing its summary", zap.String("last_run", prev.RunID), zap.Error(err))
 		return
 	}
-	last := *prev
-	rec, err = writeEnded(ctx, w.stores.Runs, &last)
+	last, err := w.stores.WithOutput(ctx, prev)
+	if err != nil {
+		j.log.Warn("could not read the output of the thread's last run before replacing its summary", zap.String("last_run", prev.RunID), zap.Error(err))
+		return
+	}
+	if last == prev {
+		copied := *prev
+		last = &copied
+	}
+	rec, err = writeEnded(ctx, w.stores.Runs, last)
 	own := err == nil
 	if errors.Is(err, errAlreadyFinished) || errors.Is(err, kv.ErrExists) {
 		rec, _, err = w.stores.Runs.GetLatest(ctx, j.req.Tenant, prev.RunID)
@@ -1132,12 +1157,14 @@ const lastRunSmall = 4 << 10
 // lastRunOf is the terminal summary of rec the release carries: what a
 // record written from it needs, without what only the request knows
 // (metadata, parent, webhook) and without an output or interrupt larger
-// than lastRunSmall.
-func lastRunOf(rec *protocol.Run) *protocol.Run {
+// than lastRunSmall. An output left out is named by the checkpoint the
+// run ended at (head), whose last assistant message it is: the record
+// written from the summary reads it there (kv.Stores.WithOutput).
+func lastRunOf(rec *protocol.Run, head string) *protocol.Run {
 	last := *rec
 	last.Metadata, last.Parent, last.Webhook = nil, nil, nil
 	if last.Output != nil && messageSize(last.Output) > lastRunSmall {
-		last.Output = nil
+		last.Output, last.OutputCheckpoint = nil, head
 	}
 	if last.Interrupt != nil {
 		if b, err := json.Marshal(last.Interrupt); err != nil || len(b) > lastRunSmall {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -62,13 +63,20 @@ func TestRunStages(t *testing.T) {
 		})
 		w := h.watch(protocol.DefaultTenant, thread, run)
 		proxy.Hold()
-		h.submit(request(thread, run, "hi"))
+		seq := h.submit(request(thread, run, "hi"))
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		// The run's request is acked once the run ended: +ACK on its
-		// delivery's ack subject (an in-progress signal is +WPI).
+		// delivery's ack subject (an in-progress signal is +WPI),
+		// $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.... Its
+		// own: the previous run's ack follows its run.finished, and on a
+		// loaded machine came in this run's first round, which then
+		// counted 0 stages.
+		ackOf := "$JS.ACK." + h.names.RunsStream() + "." + bus.RunsConsumer + "."
 		rounds, err := proxy.Rounds(ctx, 150*time.Millisecond, func(p natstest.Pub) bool {
-			return strings.HasPrefix(p.Subject, "$JS.ACK."+h.names.RunsStream()+".") && bytes.HasPrefix(p.Data, []byte("+ACK"))
+			rest, ok := strings.CutPrefix(p.Subject, ackOf)
+			tok := strings.Split(rest, ".")
+			return ok && len(tok) > 1 && tok[1] == strconv.FormatUint(seq, 10) && bytes.HasPrefix(p.Data, []byte("+ACK"))
 		})
 		proxy.Release()
 		if err != nil {
