@@ -289,7 +289,11 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string, roll
 			}
 			w.ended(rec)
 			_ = w.stores.Threads.IndexRun(ctx, tenant, thread, run, rec.CreatedAt)
-			w.cancelIfStarted(ctx, tenant, thread, run, rollback)
+			owner := ""
+			if req.Principal != nil && req.Parent == nil {
+				owner = req.Principal.User
+			}
+			w.cancelIfStarted(ctx, tenant, thread, run, owner, rollback)
 			if err := w.pub.PublishFinished(ctx, rec); err != nil {
 				return "", err
 			}
@@ -303,7 +307,9 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string, roll
 				return "", err
 			}
 			if done {
-				w.cancelIfStarted(ctx, tenant, thread, run, rollback)
+				// A pending record is a submitter's, which created the
+				// thread with its owner.
+				w.cancelIfStarted(ctx, tenant, thread, run, "", rollback)
 				return protocol.StatusCancelled, nil
 			}
 			continue // it started meanwhile
@@ -361,8 +367,11 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string, roll
 // nothing, whatever the run read before. So the run side needs no read
 // of its own after taking the lease. The thread record is created when it
 // does not exist, so a run guessing a new thread's lease (guessLease)
-// finds it.
-func (w *Worker) cancelIfStarted(ctx context.Context, tenant, thread, run string, rollback bool) {
+// finds it; owner is then its owner, as the cancelled run's lease would
+// have made it (takeLease): the record's creation also writes its
+// creation index key, which names the owner, and a thread created without
+// one would be missing from its owner's searches once a later run owns it.
+func (w *Worker) cancelIfStarted(ctx context.Context, tenant, thread, run, owner string, rollback bool) {
 	var holder string
 	_, _, err := w.stores.Threads.Mutate(ctx, tenant, thread, func(t *protocol.Thread) error {
 		holder = ""
@@ -372,6 +381,9 @@ func (w *Worker) cancelIfStarted(ctx context.Context, tenant, thread, run string
 			return errUnchanged
 		case t.Status == protocol.ThreadDeleting, t.RunCancelled(run):
 			return errUnchanged
+		}
+		if t.Epoch == 0 && t.Owner == "" && t.Head == "" && len(t.RecentRuns) == 0 && len(t.CancelledRuns) == 0 {
+			t.Owner = owner // a thread that never ran: it is created here
 		}
 		t.AddCancelledRun(run)
 		return nil

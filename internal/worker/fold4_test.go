@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -9,7 +10,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 )
@@ -245,7 +248,7 @@ func TestCancelSignalledBeforeTheRunRegistersStopsIt(t *testing.T) {
 		if j.req.RunID != "r1" || !once.CompareAndSwap(false, true) {
 			return
 		}
-		wh.w.cancelIfStarted(ctx, j.req.Tenant, j.req.ThreadID, j.req.RunID, false)
+		wh.w.cancelIfStarted(ctx, j.req.Tenant, j.req.ThreadID, j.req.RunID, "", false)
 		key := bus.Key(j.req.Tenant, j.req.RunID)
 		testdeploy.WaitFor(t, 30*time.Second, "the signal kept for the run", func() bool {
 			wh.w.mu.Lock()
@@ -281,5 +284,44 @@ func TestCancelSignalledBeforeTheRunRegistersStopsIt(t *testing.T) {
 	wh.w.mu.Unlock()
 	if left != 0 {
 		t.Fatalf("%d kept cancel signals left after the run took its own", left)
+	}
+}
+
+// A cancel of a run no worker has seen, on a thread that does not exist
+// yet, creates the thread record (so a lease guess finds the run
+// cancelled) with the owner the run's first lease would have given it,
+// and the creation index key names that owner: the owner's searches,
+// which read only keys naming them, list the thread.
+func TestCancelBeforeTheFirstRunOwnsTheNewThread(t *testing.T) {
+	h := newHarness(t)
+	started := make(chan struct{}, 2)
+	m := model.NewScripted(func(n int, req *model.Request) model.Reply {
+		started <- struct{}{}
+		return model.Reply{Text: strings.Repeat("y ", 500), Pieces: 500, PieceDelay: 20 * time.Millisecond}
+	})
+	h.startWorker(m, func(c *Config) { c.Concurrency = 1 })
+	h.submit(request("busy", "first", "go"))
+	natstest.Recv(t, started, "the model call of run first")
+
+	req := request("fresh", "queued", "later")
+	req.Principal = &protocol.Principal{User: "alice"}
+	h.submit(req)
+	if r, e := h.cancel("default", "fresh", "queued"); e != nil || r.Status != protocol.StatusCancelled {
+		t.Fatalf("cancel: %+v %+v", r, e)
+	}
+	ctx := context.Background()
+	th, _, err := h.stores.Threads.Get(ctx, "default", "fresh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if th.Owner != "alice" || !th.RunCancelled("queued") {
+		t.Fatalf("thread owner %q, cancelled runs %v", th.Owner, th.CancelledRuns)
+	}
+	kvb, err := h.js.KeyValue(ctx, h.names.ThreadsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kvb.Get(ctx, kv.CreatedKey("default", "fresh", "alice")); err != nil {
+		t.Fatalf("the creation index key naming alice: %v", err)
 	}
 }
