@@ -51,6 +51,10 @@ type Agent struct {
 	Subagents []Agent
 	// MaxSteps bounds model calls per run (0: 50).
 	MaxSteps int
+	// NoVision says the agent's model takes no image input: the images
+	// of a run reach it as text notes naming their files in the
+	// thread's workdir (the YAML's vision: false).
+	NoVision bool
 }
 
 // profiles converts the agent, and its subagents, into the engine's
@@ -80,6 +84,10 @@ func (a Agent) profiles(kind string) ([]agent.Profile, []Tool, map[string]Model,
 		Kind:         kind,
 		Middleware:   chain,
 		Tools:        append([]string(nil), a.ToolNames...),
+	}
+	if a.NoVision {
+		sees := false
+		p.Vision = &sees
 	}
 	for _, t := range a.Tools {
 		if t == nil {

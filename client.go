@@ -216,7 +216,7 @@ func (c *Client) Submit(ctx context.Context, req RunRequest) (*Submitted, error)
 func (c *Client) checkDuplicate(ctx context.Context, thread, run string, seq uint64) error {
 	m, err := bus.GetMsgFromLeader(ctx, c.js, c.names.RunsStream(), bus.MsgQuery{Seq: seq})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		rec, _, err := c.stores.Runs.GetLatest(ctx, c.tenant, run)
+		rec, _, err := c.stores.Runs.GetFromLeader(ctx, c.tenant, run)
 		switch {
 		case errors.Is(err, kv.ErrNotFound):
 			return fmt.Errorf("%w: run %s was submitted before (stream sequence %d) and left no run record; choose another run id", ErrRunIDTaken, run, seq)
@@ -320,8 +320,9 @@ func (c *Client) Run(ctx context.Context, run string) (*Run, error) {
 	rec, err := c.stores.FindRunView(ctx, c.tenant, run)
 	if errors.Is(err, kv.ErrNotFound) {
 		// Any replica answers a read, and one may not have a record
-		// created a moment ago: the leader decides.
-		rec, _, err = c.stores.Runs.GetLatest(ctx, c.tenant, run)
+		// created a moment ago: the leader decides, at once (a run
+		// without a record is the usual case, not a write in flight).
+		rec, _, err = c.stores.Runs.GetFromLeader(ctx, c.tenant, run)
 	}
 	if errors.Is(err, kv.ErrNotFound) {
 		rec, err = c.queued(ctx, run)

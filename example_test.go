@@ -133,11 +133,21 @@ func ExampleClient() {
 	workerCtx, stopWorker := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- worker.Run(workerCtx) }()
-	defer func() { stopWorker(); <-done }()
+	defer func() {
+		stopWorker()
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			log.Fatal("the worker did not stop in a minute")
+		}
+	}()
 
 	var client *natsagent.Client
 	for client == nil { // the worker creates the streams and buckets
 		if client, err = natsagent.NewClient(nc, nil); err != nil {
+			if ctx.Err() != nil {
+				log.Fatalf("no client before the deadline: %v", err)
+			}
 			time.Sleep(50 * time.Millisecond)
 		}
 	}

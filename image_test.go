@@ -3,9 +3,12 @@ package natsagent_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"image"
 	"image/png"
+	"strings"
 	"testing"
 
 	"github.com/natsagent/natsagent"
@@ -43,5 +46,58 @@ func TestClientImageInput(t *testing.T) {
 	}
 	if _, err := d.Client.ImageInput(ctx, "img1", "x", []byte("not an image")); err == nil {
 		t.Fatal("bytes that are no image were accepted")
+	}
+}
+
+// An agent whose model takes no image input (Agent.NoVision, the YAML's
+// vision: false) sends its model a note naming the image's file in the
+// thread's workdir instead of the image; the transcript passes the strict
+// validator (Start fails the test otherwise).
+func TestImageInputForAModelWithoutVision(t *testing.T) {
+	for name, cfg := range map[string]natsagent.Config{
+		"go agent":    {Agents: []natsagent.Agent{{Name: "chatbot", NoVision: true}}},
+		"yaml agent":  {ConfigYAML: []byte("agents:\n  - name: chatbot\n    vision: false\n")},
+		"yaml models": {ConfigYAML: []byte("agents:\n  - name: chatbot\n    model: openai/blind-1\nmodels:\n  - name: blind-1\n    vision: false\n")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			d := natsagenttest.Start(t, cfg, natsagenttest.Text("I cannot see it."))
+			var b bytes.Buffer
+			if err := png.Encode(&b, image.NewGray(image.Rect(0, 0, 2, 2))); err != nil {
+				t.Fatal(err)
+			}
+			in, err := d.Client.ImageInput(context.Background(), "img1", "What is this?", b.Bytes())
+			if err != nil {
+				t.Fatal(err)
+			}
+			img := in.Messages[0].Parts[1].Image
+			res := d.Submit(natsagent.RunRequest{ThreadID: "img1", Input: in})
+			natsagenttest.RequireStatus(t, res, natsagent.StatusSuccess)
+			reqs := d.ModelRequests()
+			if len(reqs) != 1 {
+				t.Fatalf("%d model requests", len(reqs))
+			}
+			sum := sha256.Sum256(b.Bytes())
+			path := "/uploads/images/" + hex.EncodeToString(sum[:]) + ".png"
+			if img == nil || img.SHA256 != hex.EncodeToString(sum[:]) {
+				t.Fatalf("image reference %+v", img)
+			}
+			noted := false
+			for _, m := range reqs[0].Messages {
+				if strings.Contains(string(m.Content), "data:image") {
+					t.Fatalf("image bytes sent as text: %.80q", m.Content)
+				}
+				for _, p := range m.Parts {
+					if p.Type == "image_url" {
+						t.Fatalf("the model (%s) was sent an image: %.60q", reqs[0].Model, p.ImageURL.URL)
+					}
+					if p.Text != nil && strings.Contains(*p.Text, path) && strings.Contains(*p.Text, "cannot see images") {
+						noted = true
+					}
+				}
+			}
+			if !noted {
+				t.Fatalf("no note naming %s in %+v", path, reqs[0].LastMessage())
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package natsagent_test
 
 import (
+	"go/ast"
 	"go/parser"
 	"go/token"
 	"os/exec"
@@ -114,5 +115,78 @@ func TestCLIClientCommandsUseThePublicClient(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// cmd/worker and the --dev workers of cmd/gateway are users of the public
+// natsagent.Worker, as any program's main would be: neither imports the
+// engine (the worker, the agents, the chain) directly, and of the wiring
+// in internal/app cmd/worker uses only the command-line plumbing the
+// public API has no business exposing (flags and --print-config, the NATS
+// connection from the configuration, the logger, the GC target).
+func TestWorkerCommandsUseThePublicWorker(t *testing.T) {
+	const module = "github.com/natsagent/natsagent"
+	engine := []string{"internal/worker", "internal/agent", "internal/tools", "internal/jobs"}
+	for _, cmd := range []string{"./cmd/worker", "./cmd/gateway"} {
+		out, err := exec.Command("go", "list", "-deps", "-f", `{{if eq .ImportPath "`+module+strings.TrimPrefix(cmd, ".")+`"}}{{join .Imports "\n"}}{{end}}`, cmd).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", cmd, err, out)
+		}
+		imports := strings.Fields(string(out))
+		if !slices.Contains(imports, module) {
+			t.Errorf("%s does not import the public package; its imports: %v", cmd, imports)
+		}
+		for _, p := range imports {
+			for _, e := range engine {
+				if p == module+"/"+e {
+					t.Errorf("%s imports %s: its workers are natsagent.Workers", cmd, e)
+				}
+			}
+		}
+	}
+
+	allowed := []string{"RegisterFlags", "Logger", "ApplyGC", "Connect"}
+	files, err := filepath.Glob("cmd/worker/*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	used := 0
+	for _, path := range files {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := ""
+		for _, is := range f.Imports {
+			if p, _ := strconv.Unquote(is.Path.Value); p == module+"/internal/app" {
+				name = "app"
+				if is.Name != nil {
+					name = is.Name.Name
+				}
+			}
+		}
+		if name == "" {
+			continue
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			sel, ok := n.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			if id, ok := sel.X.(*ast.Ident); ok && id.Name == name {
+				used++
+				if !slices.Contains(allowed, sel.Sel.Name) {
+					t.Errorf("%s: app.%s: cmd/worker builds its worker with natsagent.NewWorker, not from internal/app", fset.Position(sel.Pos()), sel.Sel.Name)
+				}
+			}
+			return true
+		})
+	}
+	if used == 0 {
+		t.Fatal("no use of internal/app found in cmd/worker: the check looks at nothing")
 	}
 }

@@ -221,6 +221,8 @@ func TestNewWorker_Errors(t *testing.T) {
 		"replace a required one":   {Agents: []natsagent.Agent{{Name: "a", Middleware: []natsagent.Middleware{named("tool_call_repair")}}}},
 		"invalid YAML":             {ConfigYAML: []byte("agents: [")},
 		"YAML names an unknown mw": {ConfigYAML: []byte("agents:\n  - name: x\n    middleware: {user: [{use: nope_mw}]}\n")},
+		"two replicas":             {Replicas: 2},
+		"invalid prefix":           {Prefix: "a.b"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			d := natsagenttest.Start(t, natsagent.Config{}, natsagenttest.Text("unused"))

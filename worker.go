@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/http"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/app"
@@ -22,7 +24,8 @@ import (
 type Config struct {
 	// ConfigFile is a YAML configuration (docs/configuration.md): agents,
 	// middleware, tools, limits, files. Its nats.url is ignored (the
-	// worker uses the connection it is given); nats.prefix is used.
+	// worker uses the connection it is given); nats.prefix and
+	// nats.replicas are used unless Prefix and Replicas replace them.
 	ConfigFile string
 	// ConfigYAML is the same configuration held in memory; at most one of
 	// ConfigFile and ConfigYAML is set.
@@ -43,6 +46,15 @@ type Config struct {
 	Models map[string]Model
 	// ID names the worker in leases and logs ("": random).
 	ID string
+	// Prefix replaces the configuration's nats.prefix, the first token
+	// of every subject and the prefix of every stream and bucket name
+	// ("": the configuration's, "agent" by default). Clients and workers
+	// of one deployment use the same.
+	Prefix string
+	// Replicas replaces the configuration's nats.replicas: the
+	// JetStream replicas of the streams and buckets the worker
+	// provisions, 1 or 3 (0: the configuration's, 1 by default).
+	Replicas int
 	// Concurrency is how many runs execute at once (0: the
 	// configuration's, 8 by default).
 	Concurrency int
@@ -52,6 +64,14 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// Logger receives the worker's logs (nil: none).
 	Logger *zap.Logger
+	// MetricsRegistry receives the worker's Prometheus metrics when the
+	// configuration has them on (telemetry.metrics, on by default); the
+	// program serves the registry, and MetricsHandler is nil. Several
+	// workers, and other natsagent parts of one process, may share one
+	// registry: they count into the same series. nil: the worker has a
+	// registry of its own, with the Go runtime and process collectors,
+	// which MetricsHandler serves.
+	MetricsRegistry *prometheus.Registry
 }
 
 // Worker executes runs: it consumes run requests, runs the agent loop in
@@ -61,6 +81,15 @@ type Worker struct {
 	nc    *nats.Conn
 	cfg   config.Config
 	parts app.WorkerParts
+}
+
+// MetricsHandler serves the worker's Prometheus metrics in the text
+// format, for the program's own HTTP server (at /metrics, say); it works
+// before Run. It is nil when the configuration turns metrics off, serves
+// them on an address of their own (telemetry.metrics.listen, which Run
+// serves), or Config.MetricsRegistry holds them.
+func (w *Worker) MetricsHandler() http.Handler {
+	return w.parts.Telemetry.InlineMetrics()
 }
 
 // NewWorker checks the configuration and every agent (tools exist, chains
@@ -85,11 +114,23 @@ func NewWorker(nc *nats.Conn, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Prefix != "" {
+		c.NATS.Prefix = cfg.Prefix
+	}
+	if cfg.Replicas != 0 {
+		c.NATS.Replicas = cfg.Replicas
+	}
 	if cfg.Concurrency > 0 {
 		c.Worker.Concurrency = cfg.Concurrency
 	}
 	if cfg.ShutdownGrace > 0 {
 		c.Worker.ShutdownGrace = config.Duration(cfg.ShutdownGrace)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("natsagent.NewWorker: %w", err)
+	}
+	if _, err := app.Settings(c); err != nil {
+		return nil, fmt.Errorf("natsagent.NewWorker: %w", err)
 	}
 	parts := app.WorkerParts{ID: cfg.ID, Logger: cfg.Logger}
 	models := maps.Clone(cfg.Models)
@@ -122,6 +163,9 @@ func NewWorker(nc *nats.Conn, cfg Config) (*Worker, error) {
 		maps.Copy(models, ms)
 	}
 	fallback := cfg.Model
+	if fallback != nil {
+		parts.ModelLabel = "the program's model (Config.Model)"
+	}
 	parts.Model = func(configured model.Model) model.Model {
 		if fallback != nil {
 			configured = fallback
@@ -131,6 +175,9 @@ func NewWorker(nc *nats.Conn, cfg Config) (*Worker, error) {
 	parts.Tools = dedupeTools(parts.Tools)
 	if err := app.CheckParts(c, parts); err != nil {
 		return nil, err
+	}
+	if parts.Telemetry, err = app.NewMetrics(c.Telemetry, cfg.MetricsRegistry); err != nil {
+		return nil, fmt.Errorf("natsagent.NewWorker: %w", err)
 	}
 	return &Worker{nc: nc, cfg: c, parts: parts}, nil
 }

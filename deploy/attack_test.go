@@ -25,6 +25,7 @@ import (
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/natsjwt"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
 	"github.com/natsagent/natsagent/internal/worker"
 )
@@ -461,7 +462,7 @@ func runAttackerSuite(t *testing.T, d attackDeployment) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(testdeploy.MinWait); ; time.Sleep(50 * time.Millisecond) {
 		m, err := evStream.GetLastMsgForSubject(ctx, settings.Names.EventSubject("globex", "gc", "r1", protocol.KindLifecycle))
 		if err == nil && strings.Contains(string(m.Data), `"type":"run.finished"`) {
 			break
@@ -567,7 +568,7 @@ func waitRunFinished(t *testing.T, js jetstream.JetStream, tenant, run string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(testdeploy.MinWait)
 	for {
 		e, err := bucket.Get(context.Background(), tenant+"."+run)
 		if err == nil {
@@ -673,7 +674,7 @@ type natsUser struct {
 func (u *natsUser) denied(op, subject string) {
 	u.t.Helper()
 	want := strings.ToLower(op + ` to "` + subject + `"`)
-	deadline := time.After(5 * time.Second)
+	deadline := time.After(testdeploy.MinWait)
 	for {
 		select {
 		case err := <-u.errs:
@@ -758,7 +759,7 @@ func (u *natsUser) clean() {
 // finishedOn reads live events from sub until run's run.finished.
 func finishedOn(t *testing.T, sub *nats.Subscription, tenant, run string) protocol.FinishedData {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(testdeploy.MinWait)
 	for time.Now().Before(deadline) {
 		m, err := sub.NextMsg(time.Until(deadline))
 		if err != nil {
@@ -787,7 +788,7 @@ func finishedOn(t *testing.T, sub *nats.Subscription, tenant, run string) protoc
 // failing on any event of another tenant before it.
 func liveDeltaOn(t *testing.T, sub *nats.Subscription, tenant, run string) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(testdeploy.MinWait)
 	for time.Now().Before(deadline) {
 		m, err := sub.NextMsg(time.Until(deadline))
 		if err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/natsagent/natsagent/internal/natsjwt"
 	"github.com/natsagent/natsagent/internal/natsjwt/natsjwttest"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 // jwtDeployment is a nats-server in operator mode trusting a natsjwt
@@ -358,7 +359,7 @@ func TestJWTIsolation(t *testing.T) {
 		name   string
 		closed func() bool
 	}{{"globex", globex.isClosed}, {"mallory", mallory.IsClosed}} {
-		deadline := time.Now().Add(5 * time.Second)
+		deadline := time.Now().Add(testdeploy.MinWait)
 		for !c.closed() && time.Now().Before(deadline) {
 			time.Sleep(20 * time.Millisecond)
 		}

@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/natsagent/natsagent"
 	"github.com/natsagent/natsagent/internal/app"
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/config"
@@ -30,7 +31,6 @@ import (
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/policy"
-	"github.com/natsagent/natsagent/internal/worker"
 )
 
 func main() {
@@ -131,31 +131,8 @@ func run() error {
 		return err
 	}
 
-	var agentOpts []app.AgentsOption
-	if o.dev {
-		mcpServers, err := app.MCP(ctx, cfg, log)
-		if err != nil {
-			return err
-		}
-		// Deferred before the workers' stop, so it runs after it.
-		defer func() { _ = mcpServers.Close() }()
-		agentOpts = append(agentOpts, app.WithMCP(mcpServers))
-		mem, err := app.Memory(ctx, js, settings)
-		if err != nil {
-			return err
-		}
-		agentOpts = append(agentOpts, app.WithMemory(mem))
-		// One catalog for the in-process workers, on the gateway's
-		// connection; stopped after the workers.
-		remote, err := app.RemoteTools(ctx, cfg, nc, settings, log)
-		if err != nil {
-			return err
-		}
-		defer remote.Stop()
-		agentOpts = append(agentOpts, app.WithRemoteTools(remote))
-	}
-	// Stopped after the workers (deferred before them): their last spans
-	// are exported.
+	// Stopped after the workers (deferred before them): the --dev workers
+	// count into its registry, served until they stopped.
 	tel, stopTelemetry, err := app.StartTelemetry(ctx, cfg.Telemetry, app.ServiceGateway, log)
 	if err != nil {
 		return err
@@ -167,8 +144,14 @@ func run() error {
 		stopWorkers()
 		workers.Wait()
 	}()
+	workerFailed := make(chan error, max(o.workers, 1))
 	if o.dev {
-		if err := startWorkers(ctx, workerCtx, &workers, cfg, settings, o.workers, connect, log, tel, agentOpts...); err != nil {
+		// The flags and the file were applied to cfg already; each worker
+		// reads the same file and takes those values. Its metrics go to the
+		// gateway's registry, so the gateway's /metrics shows them.
+		wc := natsagent.Config{ConfigFile: flags.ConfigPath, Prefix: cfg.NATS.Prefix, Replicas: cfg.NATS.Replicas,
+			Concurrency: cfg.Worker.Concurrency, Logger: log, MetricsRegistry: tel.Registry()}
+		if err := startWorkers(workerCtx, &workers, workerFailed, wc, o.workers, connect, log); err != nil {
 			return err
 		}
 	}
@@ -221,12 +204,17 @@ func run() error {
 		devHint(os.Stderr, log, flags.Console && app.StderrIsTerminal(), ln.Addr())
 	}
 
+	var failed error
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
 		if !errors.Is(err, http.ErrServerClosed) {
 			return err
 		}
+	case failed = <-workerFailed:
+		// As a worker process would exit: --dev is one deployment, and
+		// one without its workers would take runs nobody executes.
+		log.Error("an in-process worker stopped", zap.Error(failed))
 	}
 	log.Info("shutting down")
 	shutCtx, cancelShut := context.WithTimeout(context.Background(), 10*time.Second)
@@ -234,75 +222,27 @@ func run() error {
 	_ = hs.Shutdown(shutCtx)
 	stopWorkers()
 	workers.Wait()
-	return nil
+	return failed
 }
 
-// startWorkers runs n in-process workers, each on its own connection.
-func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config.Config, settings bus.Settings, n int, connect func(string) (*nats.Conn, error), log *zap.Logger, tel *app.Telemetry, agentOpts ...app.AgentsOption) error {
-	m, label, err := app.Model(cfg)
-	if err != nil {
-		return err
-	}
-	agents, err := app.Agents(cfg, m, agentOpts...)
-	if err != nil {
-		return err
-	}
-	submitHooks, err := app.SubmitHooks(cfg)
-	if err != nil {
-		return err
-	}
-	log.Info("model", zap.String("model", label))
-	if w := app.SandboxWarning(cfg); w != "" {
-		log.Warn(w)
-	}
+// startWorkers runs n in-process workers, each a natsagent.Worker on its
+// own connection, as n worker processes would be: cmd/gateway uses the
+// public API for them, as any program's main would. Each starts its own
+// MCP servers, remote tools catalog and memory store, as a worker process
+// does (one worker of n×concurrency slots would share them, but the
+// deployment would lose what --workers shows: several consumers, leases
+// and ids sharing the work). They share the gateway's metrics registry
+// (wc.MetricsRegistry). A worker that stops with an error before ctx
+// ends reports it on failed.
+func startWorkers(ctx context.Context, wg *sync.WaitGroup, failed chan<- error, wc natsagent.Config, n int, connect func(string) (*nats.Conn, error), log *zap.Logger) error {
 	for i := range n {
 		nc, err := connect(fmt.Sprintf("natsagent-worker-%d", i+1))
 		if err != nil {
 			return err
 		}
-		wjs, err := jetstream.New(nc)
-		if err != nil {
-			nc.Close()
-			return err
-		}
-		mem, err := app.Memory(ctx, wjs, settings)
-		if err != nil {
-			nc.Close()
-			return err
-		}
-		workdirs, err := app.Files(ctx, cfg, nc, settings)
-		if err != nil {
-			nc.Close()
-			return err
-		}
-		lim, err := app.Limiter(ctx, wjs, cfg, settings)
-		if err != nil {
-			nc.Close()
-			return err
-		}
-		jobRunner, err := app.Jobs(ctx, wjs, cfg, settings, mem, m, log, app.WithCompaction(agents, workdirs),
-			app.WithRetention(cfg.Retention, app.QuotaFiles(workdirs, lim)))
-		if err != nil {
-			nc.Close()
-			return err
-		}
-		w, err := worker.New(ctx, nc, worker.Config{
-			Settings:      settings,
-			Limits:        lim,
-			ID:            fmt.Sprintf("dev-%d-%d", os.Getpid(), i+1),
-			Concurrency:   cfg.Worker.Concurrency,
-			RunTimeout:    time.Duration(cfg.Worker.RunTimeout),
-			ShutdownGrace: time.Duration(cfg.Worker.ShutdownGrace),
-			StoreFullWait: cfg.Worker.RunStoreFullWait(),
-			Agents:        agents,
-			Logger:        log,
-			Jobs:          jobRunner,
-			Files:         app.QuotaFiles(workdirs, lim),
-			Metrics:       tel.Metrics,
-			Traces:        tel.TracerProvider,
-			Submit:        submitHooks,
-			KeyTTLs:       app.KeyTTLs(cfg.Retention),
-		})
+		c := wc
+		c.ID = fmt.Sprintf("dev-%d-%d", os.Getpid(), i+1)
+		w, err := natsagent.NewWorker(nc, c)
 		if err != nil {
 			nc.Close()
 			return err
@@ -315,8 +255,11 @@ func startWorkers(ctx, workerCtx context.Context, wg *sync.WaitGroup, cfg config
 					log.Warn("worker's NATS connection", zap.Error(err))
 				}
 			}()
-			if err := w.Run(workerCtx); err != nil {
-				log.Error("worker stopped", zap.Error(err))
+			if err := w.Run(ctx); err != nil && ctx.Err() == nil {
+				select {
+				case failed <- fmt.Errorf("in-process worker %s: %w", c.ID, err):
+				default:
+				}
 			}
 		}()
 	}

@@ -41,7 +41,9 @@ const testPrefix = "clitest"
 
 func newCLIEnv(t *testing.T, m model.Model) *cliEnv {
 	t.Helper()
-	d := testdeploy.Start(t, bus.Settings{Names: bus.Names{Prefix: testPrefix}, AckWait: 2 * time.Second, MaxDeliver: 5})
+	// 30 s: no test here waits for a redelivery, and a 2 s ack wait under
+	// load paused healthy runs' lease fences (events held for seconds).
+	d := testdeploy.Start(t, bus.Settings{Names: bus.Names{Prefix: testPrefix}, AckWait: 30 * time.Second, MaxDeliver: 5})
 	e := &cliEnv{t: t, srv: d.Server, settings: d.Settings, stores: d.Stores, workdirs: make(map[string]*files.Memory)}
 	e.startWorker(m)
 	return e

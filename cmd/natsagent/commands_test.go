@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 )
@@ -198,7 +199,7 @@ func TestTailThread(t *testing.T) {
 	e.cli("run", "--thread", "t3", "--run-id", "second", "two").must(t, 0)
 	testdeploy.WaitFor(t, 10*time.Second, "the second run followed to its end", func() bool { return strings.Contains(out.String(), "■ success · run second") })
 	cancel()
-	if code := <-done; code != 0 {
+	if code := natstest.Recv(t, done, "tail to exit"); code != 0 {
 		t.Fatalf("tail exit %d: %s", code, errOut.String())
 	}
 	got := out.String()
@@ -222,7 +223,7 @@ func TestRunCtrlCDetaches(t *testing.T) {
 	}()
 	testdeploy.WaitFor(t, 10*time.Second, "the answer streaming", func() bool { return strings.Contains(out.String(), "word") })
 	cancel()
-	if code := <-done; code != 0 {
+	if code := natstest.Recv(t, done, "run to exit after Ctrl-C"); code != 0 {
 		t.Fatalf("exit %d after Ctrl-C", code)
 	}
 	if !strings.Contains(errOut.String(), "natsagent tail --run long") || strings.Contains(out.String(), "■") {
@@ -282,7 +283,7 @@ func TestCancel(t *testing.T) {
 	}()
 	e.waitStatus("victim", protocol.StatusRunning)
 	e.cli("cancel", "victim").must(t, 0).has(t, "run victim cancelled")
-	wg.Wait()
+	natstest.Wait(t, &wg, "the followed run of the cancelled victim to end")
 	following.must(t, 1).has(t, "■ cancelled")
 	if !strings.Contains(following.err, "run victim ended cancelled") {
 		t.Fatalf("no reason on stderr:\n%s", following)
@@ -522,4 +523,72 @@ func TestCompact(t *testing.T) {
 	if r := e.cli("compact", "--thread", "tb"); r.code != 1 || !strings.Contains(r.err, "is busy with run") {
 		t.Fatalf("busy thread: %s", r)
 	}
+}
+
+// Events that trail the run's terminal record (the record is written
+// first; a worker whose lease fence paused holds its events) are shown:
+// the record ends a silent follow only after one more silent idleCheck.
+// Before, the follow printed the record's answer alone, without the tool
+// call that led to it.
+func TestTailShowsEventsThatTrailTheRecord(t *testing.T) {
+	defer func(d time.Duration) { idleCheck = d }(idleCheck)
+	idleCheck = 2 * time.Second
+	e := newCLIEnv(t, scriptModel())
+	e.cli("run", "--thread", "ty", "--run-id", "late", "what", "time", "is", "it").must(t, 0)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	nc := e.srv.Connect()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := e.settings.Names.RunEvents(protocol.DefaultTenant, "ty", "late")
+	st, err := js.Stream(ctx, e.settings.Names.EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored [][]byte
+	for {
+		batch, err := cons.FetchNoWait(100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			stored = append(stored, m.Data())
+			n++
+		}
+		if n == 0 {
+			break
+		}
+	}
+	if len(stored) < 4 {
+		t.Fatalf("the run stored %d events", len(stored))
+	}
+	if err := st.Purge(ctx, jetstream.WithPurgeSubject(subject)); err != nil {
+		t.Fatal(err)
+	}
+	// The events come back once the follow has seen the ended record.
+	republished := make(chan error, 1)
+	testHookRecordEnded = func() {
+		for _, data := range stored {
+			if _, err := js.Publish(ctx, subject, data); err != nil {
+				republished <- err
+				return
+			}
+		}
+		republished <- nil
+	}
+	defer func() { testHookRecordEnded = nil }()
+
+	r := e.cli("tail", "--run", "late").must(t, 0)
+	if err := natstest.Recv(t, republished, "the events republished after the record was read"); err != nil {
+		t.Fatal(err)
+	}
+	r.has(t, "▸ current_time({})", "The time is now.", "■ success · run late")
 }

@@ -63,26 +63,40 @@ func (c *client) endedRecord(ctx context.Context, thread, run string) (*natsagen
 	return natsagent.FinishedEvent(rec)
 }
 
+// testHookRecordEnded, set by tests only, runs when a silent feed's run
+// record was first seen ended.
+var testHookRecordEnded func()
+
 // followRun prints a run's events from f until its run.finished, and
 // returns that event's data. ctx ending (Ctrl-C) returns errDetached.
+//
+// A terminal record seen while the feed is silent ends the follow only
+// after the feed stayed silent for one more idleCheck: the record is
+// written before the run's last events are, and under load those events
+// can trail it by seconds (a worker whose lease fence paused holds its
+// events until the lease is confirmed). Ending at once printed the answer
+// without the tool calls that led to it.
 func (c *client) followRun(ctx context.Context, f *natsagent.Events, r *renderer, thread, run string) (*protocol.FinishedData, error) {
+	var ended *natsagent.Event
 	for {
 		ev, err := nextWithin(ctx, f, idleCheck)
 		switch {
 		case ctx.Err() != nil:
 			return nil, errDetached
 		case errors.Is(err, context.DeadlineExceeded):
-			ev, err := c.endedRecord(ctx, thread, run)
-			if err != nil {
-				return nil, err
-			}
-			if ev == nil {
+			if ended == nil {
+				if ended, err = c.endedRecord(ctx, thread, run); err != nil {
+					return nil, err
+				}
+				if ended != nil && testHookRecordEnded != nil {
+					testHookRecordEnded()
+				}
 				continue
 			}
-			if fin := r.event(ev.Raw()); fin != nil {
+			if fin := r.event(ended.Raw()); fin != nil {
 				return fin, nil
 			}
-			return ev.Finished(), nil
+			return ended.Finished(), nil
 		case err != nil:
 			return nil, fmt.Errorf("lost the run's events: %w; follow it again with `natsagent tail --run %s`", err, run)
 		default:

@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+
+	"github.com/natsagent/natsagent/internal/natstest"
 )
 
 // TestJWTCommands drives `natsagent jwt` as an operator would: init,
@@ -72,7 +74,7 @@ func TestJWTCommands(t *testing.T) {
 	mustRun("user-rotate", "--dir", dir, "--account", "acme", "--user", "app", "--server", url)
 	select {
 	case <-closed:
-	case <-time.After(5 * time.Second):
+	case <-time.After(natstest.Patience):
 		t.Fatal("the rotated user's connection stayed open")
 	}
 	if _, err := nats.Connect(url, nats.UserCredentials(oldCreds)); err == nil {

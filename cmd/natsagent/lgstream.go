@@ -81,6 +81,7 @@ func followModes(ctx context.Context, c *client, std stdio, f *clientFlags, fd *
 	if err := write(tr.Open()); err != nil {
 		return err
 	}
+	var ended *natsagent.Event
 	for {
 		ev, err := nextWithin(ctx, fd, idleCheck)
 		var data []byte
@@ -90,15 +91,16 @@ func followModes(ctx context.Context, c *client, std stdio, f *clientFlags, fd *
 			return nil
 		case errors.Is(err, context.DeadlineExceeded):
 			// A run whose events expired, or whose worker died before its
-			// run.finished: its record ends the stream.
-			fin, err := c.endedRecord(ctx, rec.ThreadID, rec.RunID)
-			if err != nil {
-				return err
-			}
-			if fin == nil {
+			// run.finished: its record ends the stream, once the feed
+			// stayed silent another idleCheck after the record was seen
+			// ended (as followRun does: events can trail the record).
+			if ended == nil {
+				if ended, err = c.endedRecord(ctx, rec.ThreadID, rec.RunID); err != nil {
+					return err
+				}
 				continue
 			}
-			data = fin.Raw()
+			data = ended.Raw()
 		case err != nil:
 			return fmt.Errorf("lost the run's events: %w; follow it again with `natsagent tail --run %s --stream-mode %s`", err, rec.RunID, strings.Join(modes.List(), ","))
 		default:

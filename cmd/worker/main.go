@@ -1,5 +1,12 @@
 // Command worker executes natsagent runs from a NATS JetStream server or
 // cluster. Run any number of them; they share the work.
+//
+// It is a user of the public API (natsagent.NewWorker), as any program's
+// worker binary would be. What it keeps from internal/app is the
+// command-line plumbing the API has no business exposing: the shared
+// flags and --print-config (app.Flags), the NATS connection from the
+// configuration's credentials and TLS (app.Connect), the logger
+// (app.Logger) and the garbage collector's target (app.ApplyGC).
 package main
 
 import (
@@ -15,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
+	"github.com/natsagent/natsagent"
 	"github.com/natsagent/natsagent/internal/app"
 	"github.com/natsagent/natsagent/internal/bus"
 )
@@ -53,20 +61,29 @@ func run() error {
 			log.Warn("NATS connection", zap.Error(err))
 		}
 	}()
-	w, err := app.NewWorker(ctx, nc, cfg, app.WorkerParts{ID: *id, Logger: log})
+	// The flags and the file were applied to cfg already (--prefix,
+	// --replicas, --concurrency); the worker reads the same file and
+	// takes those values.
+	w, err := natsagent.NewWorker(nc, natsagent.Config{
+		ConfigFile:  flags.ConfigPath,
+		Prefix:      cfg.NATS.Prefix,
+		Replicas:    cfg.NATS.Replicas,
+		Concurrency: cfg.Worker.Concurrency,
+		ID:          *id,
+		Logger:      log,
+	})
 	if err != nil {
 		return err
 	}
-	tel := w.Telemetry
-	if *listen == "" && tel.InlineMetrics() != nil {
+	metrics := w.MetricsHandler()
+	if *listen == "" && metrics != nil {
 		log.Info("metrics are not served: set --listen (health and /metrics) or telemetry.metrics.listen")
 	}
-	stopHealth, err := startHealth(ctx, *listen, isSet(fs, "listen"), nc, log, tel.InlineMetrics())
+	stopHealth, err := startHealth(ctx, *listen, isSet(fs, "listen"), nc, log, metrics)
 	if err != nil {
 		return err
 	}
 	defer stopHealth()
-	log.Info("natsagent worker", zap.String("nats", nc.ConnectedUrlRedacted()), zap.String("model", w.ModelLabel), zap.String("prefix", cfg.NATS.Prefix))
 	return w.Run(ctx)
 }
 

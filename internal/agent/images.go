@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/model"
@@ -95,4 +96,49 @@ func (ii *inputImages) dataURL(ctx context.Context, wd files.Workdir, img model.
 		ii.urls[img.SHA256] = url
 	}
 	return url, nil
+}
+
+// imageNotes is msgs for a model that takes no image input: each image
+// part becomes a text note that says where the image is (its file in the
+// thread's workdir, which the agent's file tools can reach, or its URL),
+// so the agent can still refer to it. Nothing is read.
+func imageNotes(msgs []model.Message) []model.Message {
+	var out []model.Message
+	for i, m := range msgs {
+		if !slices.ContainsFunc(m.Parts, func(p model.Part) bool { return p.Type == model.PartImageFile || p.Type == model.PartImageURL }) {
+			continue
+		}
+		if out == nil {
+			// The transcript is shared with state: copy before editing.
+			out = slices.Clone(msgs)
+		}
+		c := m.Clone()
+		for k, p := range c.Parts {
+			switch p.Type {
+			case model.PartImageFile:
+				c.Parts[k] = model.Part{Type: model.PartText, Text: imageFileNote(p.Image)}
+			case model.PartImageURL:
+				c.Parts[k] = model.Part{Type: model.PartText, Text: imageURLNote(p.ImageURL)}
+			}
+		}
+		out[i] = c
+	}
+	if out == nil {
+		return msgs
+	}
+	return out
+}
+
+func imageFileNote(img *model.ImageFile) string {
+	if img == nil || !protocol.ValidSHA256(img.SHA256) || protocol.ImageTypes[img.MIME] == "" {
+		return "[The person sent an image; this model cannot see images.]"
+	}
+	return fmt.Sprintf("[The person sent an image (%s), stored in this thread's files at %s; this model cannot see images.]", img.MIME, protocol.InputImagePath(*img))
+}
+
+func imageURLNote(url string) string {
+	if (strings.HasPrefix(url, "https://") || strings.HasPrefix(url, "http://")) && len(url) <= protocol.MaxImageURLBytes && !strings.ContainsAny(url, " []\n\r") {
+		return fmt.Sprintf("[The person sent an image at %s; this model cannot see images.]", url)
+	}
+	return "[The person sent an image; this model cannot see images.]"
 }

@@ -71,6 +71,10 @@ type Run struct {
 	// stops at its next safe boundary (aborting a streaming response,
 	// never a tool batch).
 	Preempt context.Context
+	// NoImages is set when the model takes no image input: the image
+	// parts of the transcript go to it as text notes naming their files
+	// (Prepared.Vision false).
+	NoImages bool
 }
 
 // Outcome is how a run ended.
@@ -412,7 +416,7 @@ func (l *loop) beforeStep(ctx context.Context, jumps *int) (req *middleware.Mode
 			}
 			return nil, Outcome{}, false, false
 		}
-		if len(last.ToolCalls) == 0 && l.isLast(last.ID) && !l.again {
+		if len(last.ToolCalls) == 0 && l.isLast(last.ID) && !l.again && last.Meta[middleware.MetaSentBack] == nil {
 			// A guard's note ends the run as the guard did.
 			reason, _ := last.Meta[middleware.MetaStopNote].(string)
 			return nil, ended(reason), true, true
@@ -517,6 +521,16 @@ func (l *loop) afterStep(ctx context.Context, msgID string, resp *middleware.Mod
 		// A final answer: its checkpoint goes with the run's end.
 		return Outcome{Status: protocol.StatusSuccess}, true, true
 	}
+	if res.Jump == middleware.JumpModel && final != nil && len(final.ToolCalls) == 0 {
+		// Saved with the step: a redelivery before the next model call
+		// makes that call instead of ending on this answer.
+		sent := final.Clone()
+		if sent.Meta == nil {
+			sent.Meta = map[string]any{}
+		}
+		sent.Meta[middleware.MetaSentBack] = true
+		l.stage(state.Update{Messages: []model.Message{sent}})
+	}
 	if err := l.flush(ctx); err != nil {
 		return l.failed(ctx, err), false, true
 	}
@@ -557,7 +571,12 @@ func (l *loop) callModel(ctx context.Context, req *middleware.ModelRequest) (*mi
 	// so the prompt's prefix stays stable (middleware/promptcontext.go).
 	req = middleware.Sent(req)
 	middleware.RecordSent(ctx, req)
-	msgs := l.images.resolve(ctx, l.rt.Files, req.Messages)
+	var msgs []model.Message
+	if l.NoImages {
+		msgs = imageNotes(req.Messages)
+	} else {
+		msgs = l.images.resolve(ctx, l.rt.Files, req.Messages)
+	}
 	mreq := &model.Request{Model: req.ModelName, System: req.System, Messages: msgs, Tools: req.Tools}
 	msgID := middleware.MessageID(ctx)
 	if err := l.fenced(ctx); err != nil {

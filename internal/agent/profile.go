@@ -24,6 +24,10 @@ type Profile struct {
 	Tools []string
 	// MaxSteps bounds model calls per run unless the run sets its own.
 	MaxSteps int
+	// Vision false: the model takes no image input, and image parts of
+	// the transcript reach it as text notes naming their files; nil:
+	// Resources.Vision of the run's model decides, else images are sent.
+	Vision *bool
 	// Kind is middleware.KindLead (default) or middleware.KindSubagent.
 	Kind string
 	// Subagents names the subagent profiles a lead may start (nil: every
@@ -59,6 +63,8 @@ type Prepared struct {
 	Tools     *tools.Set
 	Chain     *middleware.Chain
 	MaxSteps  int
+	// Vision is false when the run's model takes no image input.
+	Vision bool
 }
 
 // ErrUnknownAgent is returned for a run naming an agent that no profile
@@ -78,6 +84,8 @@ type Agents struct {
 	subagents map[string][]middleware.SubagentInfo
 	// toolPolicy narrows a run's tools to its principal's (nil: none).
 	toolPolicy func(tenant string, p *protocol.Principal) func(name string) bool
+	// vision is Resources.Vision.
+	vision map[string]bool
 }
 
 // NewAgents checks every profile and assembles its chain, so a profile
@@ -102,6 +110,9 @@ type Resources struct {
 	// ContextWindows are the configured context windows by model name
 	// (config models[]), consulted before the built-in table.
 	ContextWindows map[string]int
+	// Vision says, by model name (config models[].vision), whether a
+	// model sees images; a model not named does.
+	Vision map[string]bool
 	// ToolPolicy returns which tools a run of a principal may use (nil
 	// func, or a nil result: every tool); see policy.Policy.ToolFilter.
 	ToolPolicy func(tenant string, p *protocol.Principal) func(name string) bool
@@ -114,7 +125,7 @@ func NewAgentsWith(res Resources, profiles ...Profile) (*Agents, error) {
 		return nil, errors.New("agents need a model")
 	}
 	a := &Agents{profiles: make(map[string]Profile), chains: make(map[string]*middleware.Chain), model: m, tools: reg,
-		source: res.Source, selections: make(map[string]toolSelection), toolPolicy: res.ToolPolicy}
+		source: res.Source, selections: make(map[string]toolSelection), toolPolicy: res.ToolPolicy, vision: res.Vision}
 	if err := checkNamespace(reg, res.Source); err != nil {
 		return nil, err
 	}
@@ -235,7 +246,25 @@ func (a *Agents) Prepare(req *protocol.RunRequest) (*Prepared, error) {
 	// Named even when the provider's default answers: the span ("chat
 	// <model>") and the model label say which model the run called.
 	name = model.NameOf(a.model, name)
-	return &Prepared{Profile: p, Model: a.model, ModelName: name, Tools: set, Chain: chain, MaxSteps: maxSteps}, nil
+	return &Prepared{Profile: p, Model: a.model, ModelName: name, Tools: set, Chain: chain, MaxSteps: maxSteps, Vision: a.sees(p, name)}, nil
+}
+
+// sees reports whether a run of profile p on model name sends images to
+// the model: the profile's vision, else the configured model's (as
+// written, then without a provider/ prefix), else true.
+func (a *Agents) sees(p Profile, name string) bool {
+	if p.Vision != nil {
+		return *p.Vision
+	}
+	if v, ok := a.vision[name]; ok {
+		return v
+	}
+	if i := strings.LastIndexByte(name, '/'); i >= 0 {
+		if v, ok := a.vision[name[i+1:]]; ok {
+			return v
+		}
+	}
+	return true
 }
 
 // filterTools returns the tools of set that allow keeps, in order.

@@ -98,7 +98,7 @@ func Agents(cfg config.Config, m model.Model, opts ...AgentsOption) (*agent.Agen
 		}
 	}
 	return agent.NewAgentsWith(agent.Resources{Model: m, Tools: b.registry, Memory: b.memory, Source: b.source,
-		ContextWindows: windows, ToolPolicy: pol.ToolFilter}, b.profiles...)
+		ContextWindows: windows, Vision: cfg.Vision(), ToolPolicy: pol.ToolFilter}, b.profiles...)
 }
 
 // DemoSubagent is the subagent profile a deployment on the demo model
@@ -133,6 +133,7 @@ func Profiles(cfg config.Config) ([]agent.Profile, error) {
 			Model:        a.Model,
 			Tools:        a.Tools,
 			MaxSteps:     a.MaxSteps,
+			Vision:       a.Vision,
 			Kind:         a.Kind,
 			Subagents:    a.Subagents,
 			Middleware:   chain,

@@ -94,3 +94,44 @@ func TestInsecureHostPortEndpoint(t *testing.T) {
 		t.Fatalf("%d export requests (path %v), want the span exported to /v1/traces", got.Load(), path.Load())
 	}
 }
+
+// A worker's metrics built on the registry of another part of the process
+// (gateway --dev) count into that registry; the worker neither serves
+// them inline nor on telemetry.metrics.listen, which the owner serves.
+func TestMetricsOnASharedRegistry(t *testing.T) {
+	cfg := config.Default().Telemetry
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Metrics.Listen = ln.Addr().String()
+	_ = ln.Close()
+	owner, stopOwner, err := StartTelemetry(context.Background(), cfg, ServiceGateway, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopOwner()
+	w, err := NewMetrics(cfg, owner.Registry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The owner holds the address: a worker serving it too would fail.
+	stopWorker, err := w.Start(context.Background(), ServiceWorker, zap.NewNop())
+	if err != nil {
+		t.Fatalf("the worker's telemetry on a shared registry: %v", err)
+	}
+	defer stopWorker()
+	if w.InlineMetrics() != nil {
+		t.Error("metrics on a shared registry are served inline by the worker")
+	}
+	w.Metrics.ModelRetry("network")
+	resp, err := http.Get("http://" + cfg.Metrics.Listen + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if !strings.Contains(string(body), `natsagent_model_retries_total{kind="network"} 1`) {
+		t.Fatalf("the owner's /metrics lacks the worker's series:\n%s", body)
+	}
+}

@@ -30,6 +30,10 @@ type WorkerParts struct {
 	// Model, when set, wraps the configured model provider (the public
 	// package routes registered model names to their providers with it).
 	Model func(configured model.Model) model.Model
+	// ModelLabel, when set, says in the start log which model serves the
+	// runs, in place of the configured one's label (the program's own
+	// model serves them).
+	ModelLabel string
 	// Tools are added to the deployment's registry: agent profiles, from
 	// the YAML or from code, select them by name.
 	Tools []tools.Tool
@@ -40,6 +44,11 @@ type WorkerParts struct {
 	// code profile named like the built-in chatbot replaces it; one named
 	// like a configured profile is an error.
 	Profiles []agent.Profile
+	// Telemetry is the worker's, built beforehand (NewMetrics) so that its
+	// program serves the metrics before the worker starts; NewWorker
+	// starts it (traces, telemetry.metrics.listen) and Run stops it. nil:
+	// NewWorker builds it from the configuration.
+	Telemetry *Telemetry
 }
 
 // Worker is a worker wired from a configuration and its parts, with
@@ -47,16 +56,12 @@ type WorkerParts struct {
 // stops when the worker returned.
 type Worker struct {
 	*worker.Worker
-	// Telemetry is the process's telemetry (metrics, traces).
-	Telemetry *Telemetry
-	// ModelLabel says which model provider serves the runs, for a log.
-	ModelLabel string
-	closers    []func()
+	closers []func()
 }
 
 // NewWorker provisions the deployment's streams and buckets on nc (which
 // stays the caller's), and builds a worker serving cfg's agents and the
-// parts': what cmd/worker runs, and what the public package's Worker is.
+// parts: what the public package's Worker runs.
 func NewWorker(ctx context.Context, nc *nats.Conn, cfg config.Config, parts WorkerParts) (_ *Worker, err error) {
 	log := parts.Logger
 	if log == nil {
@@ -88,7 +93,9 @@ func NewWorker(ctx context.Context, nc *nats.Conn, cfg config.Config, parts Work
 	if parts.Model != nil {
 		m = parts.Model(m)
 	}
-	w.ModelLabel = label
+	if parts.ModelLabel != "" {
+		label = parts.ModelLabel
+	}
 	mcpServers, err := MCP(ctx, cfg, log)
 	if err != nil {
 		return nil, err
@@ -130,12 +137,17 @@ func NewWorker(ctx context.Context, nc *nats.Conn, cfg config.Config, parts Work
 	if err != nil {
 		return nil, err
 	}
-	tel, stopTelemetry, err := StartTelemetry(ctx, cfg.Telemetry, ServiceWorker, log)
+	tel := parts.Telemetry
+	if tel == nil {
+		if tel, err = NewMetrics(cfg.Telemetry, nil); err != nil {
+			return nil, err
+		}
+	}
+	stopTelemetry, err := tel.Start(ctx, ServiceWorker, log)
 	if err != nil {
 		return nil, err
 	}
 	w.closers = append(w.closers, stopTelemetry)
-	w.Telemetry = tel
 	w.Worker, err = worker.New(ctx, nc, worker.Config{
 		Settings:      settings,
 		Limits:        lim,
@@ -156,6 +168,7 @@ func NewWorker(ctx context.Context, nc *nats.Conn, cfg config.Config, parts Work
 	if err != nil {
 		return nil, err
 	}
+	log.Info("natsagent worker", zap.String("nats", nc.ConnectedUrlRedacted()), zap.String("model", label), zap.String("prefix", settings.Names.Prefix))
 	return w, nil
 }
 

@@ -88,7 +88,7 @@ func TestStoredCounting(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	<-js.PublishAsyncComplete()
+	natstest.Recv(t, js.PublishAsyncComplete(), "the stream's acks of 4 events")
 	if _, err := js.Publish(ctx, "acct-x.events.e", []byte("x")); err != nil {
 		t.Fatal(err)
 	}

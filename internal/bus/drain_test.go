@@ -75,7 +75,7 @@ func TestDrainTimesOut(t *testing.T) {
 	if err := nc.Publish("stuck", nil); err != nil {
 		t.Fatal(err)
 	}
-	<-started
+	natstest.Recv(t, started, "the message on stuck")
 	if err := bus.Drain(nc, 50*time.Millisecond); err == nil {
 		t.Error("Drain of a connection whose handler never returns: no error")
 	}

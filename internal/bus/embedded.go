@@ -67,6 +67,11 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		if err != nil {
 			return nil, fmt.Errorf("embedded nats: listen port %q is not a number", portText)
 		}
+		if port == 0 {
+			// ":0" is any free port, as for net.Listen; the server reads 0
+			// as its default, 4222, which another process may hold.
+			port = server.RANDOM_PORT
+		}
 		opts.Host, opts.Port = host, port
 	}
 	s, err := server.NewServer(opts)

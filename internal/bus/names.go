@@ -143,16 +143,6 @@ func (n Names) RunDeleteSubject(tenant, thread, run string) string {
 	return n.Prefix + ".ctl." + tenant + "." + thread + "." + run + ".delete"
 }
 
-// ThreadErasedSubject is the core NATS notice (stored by no stream) that
-// a thread's record was removed with a stream purge, which KV watchers do
-// not see (the gateway's thread index listens).
-func (n Names) ThreadErasedSubject(tenant, thread string) string {
-	return n.Prefix + ".ctl." + tenant + "." + thread + ".erased"
-}
-
-// ThreadErasedSubjects matches every erasure notice.
-func (n Names) ThreadErasedSubjects() string { return n.Prefix + ".ctl.*.*.erased" }
-
 // ThreadDeleteSubjects matches every thread delete request.
 func (n Names) ThreadDeleteSubjects() string { return n.Prefix + ".ctl.*.*.delete" }
 

@@ -95,6 +95,10 @@ type Agent struct {
 	Model    string   `yaml:"model"`
 	Tools    []string `yaml:"tools"`
 	MaxSteps int      `yaml:"max_steps"`
+	// Vision false: the profile's model takes no image input (image
+	// parts reach it as text notes naming their files); true: images
+	// are sent. Unset: the models entry of its model decides, else true.
+	Vision *bool `yaml:"vision"`
 	// Kind is lead (default) or subagent.
 	Kind       string     `yaml:"kind"`
 	Middleware Middleware `yaml:"middleware"`

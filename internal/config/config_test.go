@@ -51,6 +51,8 @@ model:
 models:
   - name: qwen2.5:7b
     context_window: 32768
+  - name: text-only
+    vision: false
 agents:
   - name: researcher
     tools: [current_time]
@@ -66,6 +68,12 @@ agents:
 	cfg, err := Load(p)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if w := cfg.ContextWindows(); len(w) != 1 || w["qwen2.5:7b"] != 32768 {
+		t.Fatalf("context windows %v", w)
+	}
+	if v := cfg.Vision(); len(v) != 1 || v["text-only"] {
+		t.Fatalf("vision %v, want text-only false only", v)
 	}
 	if cfg.NATS.Replicas != 3 || time.Duration(cfg.NATS.AckWait) != 45*time.Second || cfg.Worker.Concurrency != 16 {
 		t.Fatalf("file values not applied: %+v", cfg)
@@ -99,6 +107,7 @@ func TestLoadRejectsBadFieldsWithTheirPath(t *testing.T) {
 		"model:\n  base_url: http://localhost:8000/v1\n":  "model.name",
 		"models:\n  - context_window: 8192\n":             "models[0].name",
 		"models:\n  - name: m\n    context_window: 512\n": "models[0].context_window",
+		"models:\n  - name: m\n":                          "models[0]: says nothing of the model",
 		"models:\n  - name: m\n    context_window: 8192\n  - name: m\n    context_window: 8192\n": "models[1].name",
 		"models:\n  - name: m\n    context_windw: 8192\n":                                         "context_windw",
 		"nats:\n  events_max_age: 1m\n  duplicate_window: 10m\n":                                  "nats.duplicate_window: 10m0s is longer than nats.events_max_age 1m0s",

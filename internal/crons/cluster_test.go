@@ -62,7 +62,7 @@ func TestCronSurvivesJobsLeaderLoss(t *testing.T) {
 		rctx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() { defer close(done); _ = r.Run(rctx) }()
-		t.Cleanup(func() { cancel(); <-done; nc.Close() })
+		t.Cleanup(func() { cancel(); natstest.Recv(t, done, "the cron runner to stop"); nc.Close() })
 	}
 
 	// Every 5 seconds: longer than a leader election, so no tick falls

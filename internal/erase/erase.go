@@ -560,15 +560,7 @@ func (e *Eraser) removeThread(ctx context.Context, tenant, thread string, recs [
 	if err := e.purgeKV(ctx, n.ThreadsBucket(), bus.Key(tenant, thread, ">")); err != nil {
 		return err
 	}
-	if err := e.purgeKV(ctx, n.ThreadsBucket(), bus.Key(tenant, thread)); err != nil {
-		return err
-	}
-	// A stream purge is invisible to KV watchers: tell the gateways'
-	// thread indexes on core NATS, which stores nothing.
-	if e.nc != nil {
-		_ = e.nc.Publish(n.ThreadErasedSubject(tenant, thread), nil)
-	}
-	return nil
+	return e.purgeKV(ctx, n.ThreadsBucket(), bus.Key(tenant, thread))
 }
 
 // Job kinds whose jobs name a thread (compact.JobKind, memory.JobKind).

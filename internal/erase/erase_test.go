@@ -152,7 +152,7 @@ func (e *env) seed(t *testing.T, tenant, thread, owner string) {
 	}
 	select {
 	case <-e.js.PublishAsyncComplete():
-	case <-time.After(10 * time.Second):
+	case <-time.After(natstest.Patience):
 		t.Fatal("run index writes not acknowledged")
 	}
 }

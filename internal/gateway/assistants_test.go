@@ -14,6 +14,7 @@ import (
 	"github.com/natsagent/natsagent/internal/agent"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/model/openaitest"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/tools"
 	"github.com/natsagent/natsagent/internal/worker"
@@ -268,7 +269,7 @@ func TestRunWithAssistantConfig(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() { cancel(); natstest.Recv(t, done, "the worker to stop") })
 
 	var a assistantView
 	e.do("POST", "/assistants", map[string]any{"graph_id": "chatbot", "context": map[string]any{"model": "from-assistant"}}).

@@ -16,6 +16,7 @@ import (
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/crons"
 	"github.com/natsagent/natsagent/internal/jobs"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/submit"
 )
@@ -53,7 +54,7 @@ func (e *env) startCronWorker() {
 	}
 	done := make(chan struct{})
 	go func() { _ = runner.Run(ctx); close(done) }()
-	e.t.Cleanup(func() { cancel(); <-done; nc.Close() })
+	e.t.Cleanup(func() { cancel(); natstest.Recv(e.t, done, "the cron runner to stop"); nc.Close() })
 }
 
 // secondGateway serves the same deployment from another connection.

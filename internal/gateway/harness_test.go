@@ -52,7 +52,10 @@ func newEnv(t *testing.T, m model.Model) *env {
 // serves.
 func newEnvWith(t *testing.T, m model.Model, adjust func(*Server)) *env {
 	t.Helper()
-	return newEnvSettings(t, m, bus.Settings{AckWait: 2 * time.Second, MaxDeliver: 5}, adjust)
+	// A long ack wait: no test here needs a redelivery, and a 2 s one can
+	// redeliver a healthy run on a loaded machine (a second run.started,
+	// attempt 2), which the tests that read a run's events do not expect.
+	return newEnvSettings(t, m, bus.Settings{AckWait: 30 * time.Second, MaxDeliver: 5}, adjust)
 }
 
 // newEnvSettings is newEnvWith on a deployment provisioned with settings.
@@ -149,7 +152,11 @@ func (e *env) do(method, path string, body any, headers ...string) response {
 		}
 		rd = bytes.NewReader(data)
 	}
-	req, err := http.NewRequest(method, e.http.URL+path, rd)
+	// A gateway that never answers fails the test, not go test's
+	// 30-minute timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*natstest.Patience)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, e.http.URL+path, rd)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -319,6 +326,9 @@ func (s *stream) fail(err error) {
 // next returns the next event, failing the test after timeout.
 func (s *stream) next(timeout time.Duration) (sseEvent, bool) {
 	s.t.Helper()
+	// The timeout says when an event is overdue, not how fast it must
+	// come: no wait gives up before testdeploy.MinWait.
+	timeout = max(timeout, testdeploy.MinWait)
 	select {
 	case ev, ok := <-s.events:
 		return ev, ok
@@ -345,6 +355,7 @@ func (s *stream) take(n int) []sseEvent {
 // rest reads events until the server ends the stream.
 func (s *stream) rest(timeout time.Duration) []sseEvent {
 	s.t.Helper()
+	timeout = max(timeout, testdeploy.MinWait)
 	var out []sseEvent
 	deadline := time.After(timeout)
 	for {

@@ -21,6 +21,7 @@ import (
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/model/openaitest"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/policy"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/tools"
@@ -108,7 +109,7 @@ func newPolicyEnv(t *testing.T) *policyEnv {
 	go func() { done <- w.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		<-done
+		natstest.Recv(t, done, "the worker to stop")
 		nc.Close()
 	})
 	return &policyEnv{env: e, llm: llm, store: store}

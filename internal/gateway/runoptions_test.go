@@ -17,6 +17,7 @@ import (
 	"github.com/natsagent/natsagent/internal/jobs"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/submit"
 	"github.com/natsagent/natsagent/internal/testdeploy"
@@ -47,7 +48,7 @@ func (e *env) startJobs(wh webhook.Config) {
 	}
 	done := make(chan struct{})
 	go func() { _ = runner.Run(ctx); close(done) }()
-	e.t.Cleanup(func() { cancel(); <-done })
+	e.t.Cleanup(func() { cancel(); natstest.Recv(e.t, done, "the job runner to stop") })
 }
 
 // Every option natsagent does not serve is refused with its name; none

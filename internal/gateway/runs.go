@@ -378,6 +378,12 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, tenant string)
 		if rec = protocol.RunView(id, rec, th); rec == nil {
 			continue
 		}
+		if rec.OutputCheckpoint != "" {
+			// Read from a last_run that left the output out for size.
+			if full, err := s.stores.WithOutput(r.Context(), rec); err == nil {
+				rec = full
+			}
+		}
 		if rec.ThreadID != th.ThreadID || (status != "" && rec.Status != status) {
 			continue
 		}

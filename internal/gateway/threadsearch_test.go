@@ -14,6 +14,7 @@ import (
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/erase"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -233,7 +234,7 @@ func writeThreads(tb testing.TB, js jetstream.JetStream, bucket, tenant, prefix 
 			tb.Fatal(err)
 		}
 		if i%2000 == 1999 {
-			<-js.PublishAsyncComplete()
+			natstest.Recv(tb, js.PublishAsyncComplete(), "the stream's acks of 2000 threads")
 		}
 	}
 	select {

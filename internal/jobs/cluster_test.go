@@ -36,7 +36,7 @@ func TestScheduledJobOnACluster(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = r.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() { cancel(); natstest.Recv(t, done, "the job runner to stop") })
 	due := time.Now().Add(2 * time.Second).Truncate(time.Second)
 	if _, err := Enqueue(context.Background(), js, settings.Names, Spec{Kind: "demo", Key: "k", ID: "c-1", Due: due}); err != nil {
 		t.Fatal(err)
@@ -46,7 +46,7 @@ func TestScheduledJobOnACluster(t *testing.T) {
 		if at.Before(due) {
 			t.Fatalf("ran at %s, due %s", at, due)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(natstest.Patience):
 		t.Fatal("the scheduled job never ran on the cluster")
 	}
 }

@@ -30,11 +30,19 @@ type env struct {
 	settings bus.Settings
 }
 
+// newEnv's ack wait is long: a runner's heartbeat or ack can be seconds
+// late on a loaded machine, and a short ack wait then redelivers a job
+// that ran, which the tests count as a duplicate or a second attempt.
 func newEnv(t *testing.T) *env {
+	t.Helper()
+	return newEnvAckWait(t, 30*time.Second)
+}
+
+func newEnvAckWait(t *testing.T, ackWait time.Duration) *env {
 	t.Helper()
 	srv := natstest.Start(t)
 	nc := srv.Connect()
-	settings := bus.Settings{AckWait: time.Second, MaxDeliver: 3}.WithDefaults()
+	settings := bus.Settings{AckWait: ackWait, MaxDeliver: 3}.WithDefaults()
 	natstest.Provision(t, nc, settings)
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -208,15 +216,20 @@ func TestPermanentErrorAndUnknownKindDeadLetterAtOnce(t *testing.T) {
 	}
 }
 
+// heartbeatAckWait is short, so a job outlasts it within the test, and
+// not shorter: a heartbeat (every third of it) late by more than two
+// thirds of it under load would let the job be redelivered.
+const heartbeatAckWait = 2 * time.Second
+
 func TestLongJobIsHeartbeated(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnvAckWait(t, heartbeatAckWait) // the job outlasts the ack wait: heartbeats hold it
 	var calls atomic.Int32
 	done := make(chan struct{})
 	e.start(map[string]Handler{"slow": func(ctx context.Context, j *Job) error {
 		calls.Add(1)
 		select {
-		case <-time.After(2500 * time.Millisecond): // 2.5 × the ack wait
+		case <-time.After(5 * heartbeatAckWait / 2):
 		case <-ctx.Done():
 			return ctx.Err()
 		}

@@ -97,7 +97,7 @@ const (
 // Put writes a delta. Checkpoint ids are unique per lease epoch, so two
 // workers never write the same key.
 func (s *Checkpoints) Put(ctx context.Context, tenant, thread string, d *Delta) (int, error) {
-	data, err := json.Marshal(d)
+	data, err := encodeDelta(d)
 	if err != nil {
 		return 0, err
 	}
@@ -191,7 +191,7 @@ func (s *Checkpoints) chain(ctx context.Context, tenant, thread, head string, by
 			}
 		}
 		if !ok {
-			return nil, fmt.Errorf("thread %s: checkpoint %s is missing (chain from head %s)", thread, id, head)
+			return nil, fmt.Errorf("thread %s: %w: %s (chain from head %s)", thread, ErrCheckpointMissing, id, head)
 		}
 		chain = append(chain, d)
 		id = d.Parent
@@ -201,6 +201,10 @@ func (s *Checkpoints) chain(ctx context.Context, tenant, thread, head string, by
 	}
 	return chain, nil
 }
+
+// ErrCheckpointMissing: a checkpoint of the chain asked for is not in
+// the bucket (deleted, or never written).
+var ErrCheckpointMissing = errors.New("checkpoint is missing")
 
 // errWatchStalled is a watch of a thread's deltas that stopped delivering
 // before it caught up.

@@ -68,7 +68,7 @@ func TestIssue7CreateRefusedOnAReplicatedBucketIsReadable(t *testing.T) {
 			}
 		}()
 	}
-	wg.Wait()
+	natstest.Wait(t, &wg, "the concurrent creates")
 }
 
 // Compare-and-set loops converge on a replicated bucket under
@@ -96,7 +96,7 @@ func TestMutateConvergesOnAReplicatedBucket(t *testing.T) {
 			}
 		}()
 	}
-	wg.Wait()
+	natstest.Wait(t, &wg, "the concurrent mutations of hot")
 	th, _, err := sets[0].Threads.GetLatest(ctx, "default", "hot")
 	if err != nil {
 		t.Fatal(err)

@@ -74,7 +74,7 @@ func TestMutateUnderContention(t *testing.T) {
 			}
 		}()
 	}
-	wg.Wait()
+	natstest.Wait(t, &wg, "the concurrent mutations of r1")
 	r, _, err := s.Runs.Get(ctx, "default", "r1")
 	if err != nil || r.Attempt != 20 {
 		t.Fatalf("attempt %d (%v), want 20", r.Attempt, err)

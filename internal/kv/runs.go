@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -170,18 +171,56 @@ func (s *Stores) RunView(ctx context.Context, tenant, thread, run string) (*prot
 	if v == nil {
 		return nil, 0, ErrNotFound
 	}
+	if v != rec && v.OutputCheckpoint != "" {
+		// Read from a last_run that left the output out for size.
+		if full, err := s.WithOutput(ctx, v); err == nil {
+			v = full
+		}
+	}
 	return v, rev, nil
+}
+
+// WithOutput completes a run made from its thread's last_run, which
+// leaves out an output over 4 KiB and names the checkpoint that holds it
+// instead (OutputCheckpoint): the result has
+// the last assistant message of the state at that checkpoint as its
+// output. v itself is returned when it has nothing to add, or when that
+// checkpoint is gone (output_checkpoint then stays to say the output
+// was not kept); a read that failed otherwise is an error to retry.
+func (s *Stores) WithOutput(ctx context.Context, v *protocol.Run) (*protocol.Run, error) {
+	if v.Output != nil || v.OutputCheckpoint == "" {
+		return v, nil
+	}
+	st, _, err := s.Checkpoints.Load(ctx, v.Tenant, v.ThreadID, v.OutputCheckpoint)
+	if errors.Is(err, ErrCheckpointMissing) {
+		return v, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the output of run %s: %w", v.RunID, err)
+	}
+	for i := len(st.Messages) - 1; i >= 0; i-- {
+		if st.Messages[i].Role == model.RoleAssistant {
+			full := *v
+			m := st.Messages[i].Clone()
+			full.Output, full.OutputCheckpoint = &m, ""
+			return &full, nil
+		}
+	}
+	return v, nil
 }
 
 // RunOfThread is the run of thread as clients see it (protocol.RunView),
 // for a reader that names the thread (an API path, a client's wait): a
 // run of another thread is ErrNotFound. A record not found is asked of
 // the stream's leader before the thread's lease is consulted: any replica
-// answers a read, and one may not have a record created a moment ago.
+// answers a read, and one may not have a record created a moment ago. The
+// leader's answer is final (GetFromLeader, not GetLatest): every write
+// acknowledged is stored there, and most running runs have no record, so
+// GetLatest's wait for a write in flight cost them 2 s a read.
 func (s *Stores) RunOfThread(ctx context.Context, tenant, thread, run string) (*protocol.Run, error) {
 	rec, _, err := s.Runs.Get(ctx, tenant, run)
 	if errors.Is(err, ErrNotFound) {
-		rec, _, err = s.Runs.GetLatest(ctx, tenant, run)
+		rec, _, err = s.Runs.GetFromLeader(ctx, tenant, run)
 	}
 	switch {
 	case errors.Is(err, ErrNotFound):

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -70,7 +71,7 @@ func TestThreadCreationIndex(t *testing.T) {
 	for range 4 {
 		wg.Go(func() { _, _ = s.Threads.Put(ctx, indexThread("ta", "race", "carol"), 0) })
 	}
-	wg.Wait()
+	natstest.Wait(t, &wg, "the concurrent creates of race")
 	if n, _ := s.Threads.Count(ctx, "ta", []string{"carol"}); n != 1 {
 		t.Fatalf("carol's threads after a racing create: %d", n)
 	}

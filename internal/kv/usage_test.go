@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -81,7 +82,7 @@ func TestUsage_ConcurrentRunsOfOneThread(t *testing.T) {
 			}
 		}()
 	}
-	wg.Wait()
+	natstest.Wait(t, &wg, "the concurrent usage records")
 	th, _, err := s.Usage.Thread(ctx, "default", "h1")
 	if err != nil {
 		t.Fatal(err)

@@ -62,7 +62,7 @@ func TestAdmitCountsExactlyUnderContention(t *testing.T) {
 			}
 		}()
 	}
-	wg.Wait()
+	natstest.Wait(t, &wg, "the concurrent admissions")
 	if admitted != 10 || refused != 15 {
 		t.Fatalf("admitted %d and refused %d of 25, want 10 and 15", admitted, refused)
 	}

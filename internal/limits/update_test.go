@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/natstest"
 )
 
 // Every compare-and-set count of the limits bucket is exact when many
@@ -47,7 +48,7 @@ func TestCountsExactUnderContention(t *testing.T) {
 			}
 		}()
 	}
-	wg.Wait()
+	natstest.Wait(t, &wg, "the concurrent limit updates")
 	if n, err := l.EventBytes(ctx, "acme"); err != nil || n != 10*writers {
 		t.Errorf("event bytes %d (%v), want %d", n, err, 10*writers)
 	}

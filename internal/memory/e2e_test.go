@@ -15,6 +15,7 @@ import (
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/model/openaitest"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
@@ -72,7 +73,7 @@ func TestMemoryEndToEnd(t *testing.T) {
 	go func() { done <- w.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
+		if err := natstest.Recv(t, done, "the worker to stop"); err != nil {
 			t.Errorf("worker: %v", err)
 		}
 	})

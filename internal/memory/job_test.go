@@ -12,6 +12,7 @@ import (
 	"github.com/natsagent/natsagent/internal/jobs"
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/state"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 )
@@ -60,7 +61,7 @@ func (e *env) runJobs(m model.Model) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = r.Run(ctx) }()
-	e.t.Cleanup(func() { cancel(); <-done })
+	e.t.Cleanup(func() { cancel(); natstest.Recv(e.t, done, "the job runner to stop") })
 }
 
 // turn is the state after a run r on thread h.

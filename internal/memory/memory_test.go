@@ -37,7 +37,10 @@ type env struct {
 
 func newEnv(t *testing.T, cfg Config) *env {
 	t.Helper()
-	d := testdeploy.Start(t, bus.Settings{AckWait: time.Second, MaxDeliver: 3})
+	// A long ack wait: no test here waits for a redelivery, and a 1 s one
+	// could redeliver a memory job that ran (a second extraction) on a
+	// loaded machine.
+	d := testdeploy.Start(t, bus.Settings{AckWait: 30 * time.Second, MaxDeliver: 3})
 	cfg.Names = d.Settings.Names
 	if cfg.SettleDelay == 0 {
 		cfg.SettleDelay = 10 * time.Millisecond
@@ -263,7 +266,7 @@ func TestConcurrentRemembersAllLand(t *testing.T) {
 			}
 		}()
 	}
-	wg.Wait()
+	natstest.Wait(t, &wg, "the concurrent remembers")
 	notes, err := e.store.Notes(context.Background(), "default", "carol")
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,12 @@ import (
 // stripped; its value is the guard's stop reason.
 const MetaStopNote = "stopped_by"
 
+// MetaSentBack marks a final answer an after-model hook sent back to the
+// model (JumpModel, as the todo completion reminder does). The loop sets
+// it with the step's checkpoint, so a run redelivered before the next
+// model call makes that call instead of ending on the answer.
+const MetaSentBack = "sent_back"
+
 // InterruptValue is the state value holding the interrupt a thread waits
 // for (a protocol.Interrupt); the middleware that raises it sets it, the
 // one that handles the resume clears it.

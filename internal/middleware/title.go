@@ -69,6 +69,12 @@ type titledData struct {
 	Title string `json:"title"`
 }
 
+// AppendEventDataJSON writes what json.Marshal writes, without it.
+func (d titledData) AppendEventDataJSON(b []byte) ([]byte, bool) {
+	b = append(b, `{"title":`...)
+	return append(protocol.AppendJSONString(b, d.Title), '}'), true
+}
+
 type titleJob struct {
 	mu       sync.Mutex
 	start    bool

@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
 )
 
@@ -249,6 +251,20 @@ func TestNewTitle_Validation(t *testing.T) {
 	} {
 		if _, err := NewTitle(bad, nil); err == nil {
 			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// thread.titled's data encodes by hand to what encoding/json writes.
+func TestTitledDataJSON(t *testing.T) {
+	for _, title := range []string{"", "What time is it?", "<a & b> \u2028 \"q\" \\ \x01 é \xff"} {
+		want, err := json.Marshal(titledData{Title: title})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := protocol.AppendEventDataJSON(nil, titledData{Title: title})
+		if !ok || string(got) != string(want) {
+			t.Fatalf("title %q: hand %s (%v), encoding/json %s", title, got, ok, want)
 		}
 	}
 }

@@ -9,8 +9,10 @@ package middleware
 // update the list; the note never enters state (invariant 3). Reads the
 // state value "todos" and the run's messages; writes only a mark on the
 // answer that was sent back (meta todo_reminder: the how-many-th), so the
-// count is the same on every worker and after a redelivery. It stays out
-// of runs whose plan mode is off (config.plan_mode false).
+// count is the same on every worker and after a redelivery, and a run
+// redelivered between that answer and the next model call carries the
+// reminder again (remindAgain; the loop's MetaSentBack makes the call).
+// It stays out of runs whose plan mode is off (config.plan_mode false).
 
 import (
 	"fmt"
@@ -41,12 +43,7 @@ func (t *Todos) remind(rt *Runtime, st *state.State) Result {
 	if len(answer.ToolCalls) > 0 || answer.Meta["run_id"] != rt.RunID {
 		return Result{}
 	}
-	var open []Todo
-	for _, item := range todosOf(st) {
-		if item.Status != TodoCompleted {
-			open = append(open, item)
-		}
-	}
+	open := openTodos(st)
 	if len(open) == 0 {
 		return Result{}
 	}
@@ -66,6 +63,32 @@ func (t *Todos) remind(rt *Runtime, st *state.State) Result {
 	marked.Meta[MetaTodoReminder] = sent + 1
 	queueGuidance(rt, todoReminderName, reminderText(open))
 	return Result{Update: state.Update{Messages: []model.Message{marked}}, Jump: JumpModel}
+}
+
+// remindAgain queues the reminder again for a call that follows an
+// answer remind sent back, when the process that sent it stopped before
+// the call (the guidance queue lives in memory; the mark is in state).
+func (t *Todos) remindAgain(rt *Runtime, st *state.State) {
+	if st == nil || len(st.Messages) == 0 {
+		return
+	}
+	last := st.Messages[len(st.Messages)-1]
+	if last.Role != model.RoleAssistant || len(last.ToolCalls) > 0 || last.Meta["run_id"] != rt.RunID || last.Meta[MetaTodoReminder] == nil {
+		return
+	}
+	if open := openTodos(st); len(open) > 0 {
+		queueGuidance(rt, todoReminderName, reminderText(open))
+	}
+}
+
+func openTodos(st *state.State) []Todo {
+	var open []Todo
+	for _, item := range todosOf(st) {
+		if item.Status != TodoCompleted {
+			open = append(open, item)
+		}
+	}
+	return open
 }
 
 // reminders is the number of reminders a run gets (default 1).

@@ -122,6 +122,9 @@ func (t *Todos) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelReques
 	if SwitchedOff(rt.Config.PlanMode) {
 		return next(ctx, req) // plan mode off for this run: no tool, no guide
 	}
+	if len(pendingGuidance(rt, todoReminderName)) == 0 {
+		t.remindAgain(rt, req.State)
+	}
 	resp, err := next(ctx, withReminder(rt, todosRequest(req)))
 	if err == nil {
 		carried(rt)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/natsjwt"
 	"github.com/natsagent/natsagent/internal/natsjwt/natsjwttest"
+	"github.com/natsagent/natsagent/internal/natstest"
 )
 
 func initStore(t *testing.T) *natsjwt.Store {
@@ -249,7 +250,7 @@ func (c *conn) waitClosed(t *testing.T, why string) {
 	t.Helper()
 	select {
 	case <-c.closed:
-	case <-time.After(5 * time.Second):
+	case <-time.After(natstest.Patience):
 		t.Fatalf("the server kept the connection open after %s", why)
 	}
 }

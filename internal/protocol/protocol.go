@@ -7,6 +7,7 @@ package protocol
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"time"
 
@@ -216,8 +217,14 @@ type Run struct {
 	IncompleteDetails *IncompleteDetails `json:"incomplete_details,omitempty"`
 	Error             string             `json:"error,omitempty"`
 	Output            *model.Message     `json:"output,omitempty"`
-	Parent            *Parent            `json:"parent,omitempty"`
-	Metadata          map[string]any     `json:"metadata,omitempty"`
+	// OutputCheckpoint is set on a thread's last_run whose output was
+	// too large to carry (over 4 KiB): the checkpoint whose last
+	// assistant message is the output. The record written from the
+	// summary carries the output instead; a record still has it only
+	// when that checkpoint could not be read (it was deleted).
+	OutputCheckpoint string         `json:"output_checkpoint,omitempty"`
+	Parent           *Parent        `json:"parent,omitempty"`
+	Metadata         map[string]any `json:"metadata,omitempty"`
 	// SupersededBy names the run that steered or rolled back this one.
 	SupersededBy string `json:"superseded_by,omitempty"`
 	// Interrupt says what a person must answer before an interrupted run's
@@ -335,6 +342,15 @@ type Thread struct {
 	// is still pending or missing but whose id is here has ended; the
 	// next delivery of its request writes its record from this (RunView).
 	LastRun *Run `json:"last_run,omitempty"`
+	// CancelledRuns lists runs a cancel ended while they did not hold the
+	// thread's lease (pending, or not yet seen by a worker), newest last,
+	// at most ThreadCancelledRuns. The cancel writes its run here after
+	// ending the run's record, unless the lease names the run by then
+	// (then it signals the lease's worker instead); a run listed here
+	// never takes the lease. Both writes are compare-and-set on this
+	// record, so a run that starts in the same moment is either seen by
+	// the cancel or sees it.
+	CancelledRuns []string `json:"cancelled_runs,omitempty"`
 }
 
 // ThreadRecentRuns bounds Thread.RecentRuns.
@@ -355,6 +371,30 @@ func (t *Thread) AddRecentRun(run string) (evicted []string) {
 	}
 	t.RecentRuns = runs
 	return evicted
+}
+
+// ThreadCancelledRuns bounds Thread.CancelledRuns. A run drops out of
+// the list only when this many later runs of its thread were cancelled
+// the same way; by then its request has long been settled.
+const ThreadCancelledRuns = 32
+
+// RunCancelled reports whether t lists run as cancelled before it took
+// the lease.
+func (t *Thread) RunCancelled(run string) bool {
+	return slices.Contains(t.CancelledRuns, run)
+}
+
+// AddCancelledRun lists run in t.CancelledRuns, once, dropping the
+// oldest entries beyond ThreadCancelledRuns.
+func (t *Thread) AddCancelledRun(run string) {
+	if t.RunCancelled(run) {
+		return
+	}
+	runs := append(append(make([]string, 0, len(t.CancelledRuns)+1), t.CancelledRuns...), run)
+	if over := len(runs) - ThreadCancelledRuns; over > 0 {
+		runs = runs[over:]
+	}
+	t.CancelledRuns = runs
 }
 
 // Lease names the run that currently owns a thread.

@@ -45,13 +45,22 @@ func AppendThreadJSON(b []byte, t *Thread) ([]byte, error) {
 	return appendMarshal(b, t)
 }
 
-// AppendEventDataJSON appends the JSON of a lifecycle event's data
-// (StartedData, QueuedData, FinishedData, by value or pointer), byte for
-// byte what json.Marshal(data) writes. ok is false for any other type, or
-// a value the hand encoder does not know (see above): the caller then
-// uses encoding/json, and b may hold a partial write to cut off.
+// AppendEventDataJSON appends the JSON of an event's data (StartedData,
+// QueuedData, FinishedData, a model.Message as message.completed carries,
+// by value or pointer, or an EventDataAppender), byte for byte what
+// json.Marshal(data) writes. ok is false for any other type, or a value
+// the hand encoder does not know (see above): the caller then uses
+// encoding/json, and b may hold a partial write to cut off.
 func AppendEventDataJSON(b []byte, data any) (out []byte, ok bool) {
 	switch d := data.(type) {
+	case model.Message:
+		return appendMessage(b, &d)
+	case *model.Message:
+		if d != nil {
+			return appendMessage(b, d)
+		}
+	case EventDataAppender:
+		return d.AppendEventDataJSON(b)
 	case StartedData:
 		return appendStartedData(b, &d)
 	case *StartedData:
@@ -73,6 +82,29 @@ func AppendEventDataJSON(b []byte, data any) (out []byte, ok bool) {
 	}
 	return b, false
 }
+
+// EventDataAppender is event data that encodes itself by hand (a
+// middleware's small event), byte for byte what json.Marshal writes, or
+// reports false to have encoding/json do it.
+type EventDataAppender interface {
+	AppendEventDataJSON(b []byte) ([]byte, bool)
+}
+
+// AppendMessageJSON appends m as encoding/json writes it, or reports
+// false (b then may hold a partial write) for a value the hand encoder
+// does not know: the caller uses encoding/json.
+func AppendMessageJSON(b []byte, m *model.Message) ([]byte, bool) { return appendMessage(b, m) }
+
+// AppendTimeJSON appends t as encoding/json writes it, or reports false
+// for a time it refuses (a year beyond 9999, an odd zone).
+func AppendTimeJSON(b []byte, t time.Time) ([]byte, bool) { return appendTime(b, t) }
+
+// AppendStringsJSON appends ss as encoding/json writes it.
+func AppendStringsJSON(b []byte, ss []string) []byte { return appendStrings(b, ss) }
+
+// AppendJSONString appends s as a JSON string, as encoding/json writes it
+// (HTML characters and U+2028/9 escaped, invalid UTF-8 replaced).
+func AppendJSONString(b []byte, s string) []byte { return appendJSONString(b, s) }
 
 func appendStartedData(b []byte, d *StartedData) ([]byte, bool) {
 	ok := true
@@ -178,6 +210,7 @@ func appendRun(b []byte, r *Run) ([]byte, bool) {
 			return b, false
 		}
 	}
+	b = appendOptString(b, `,"output_checkpoint":`, r.OutputCheckpoint)
 	if r.Parent != nil {
 		b = append(b, `,"parent":{"run_id":`...)
 		b = appendJSONString(b, r.Parent.RunID)
@@ -323,6 +356,10 @@ func appendThread(b []byte, t *Thread) ([]byte, bool) {
 		if b, ok = appendRun(b, t.LastRun); !ok {
 			return b, false
 		}
+	}
+	if len(t.CancelledRuns) > 0 {
+		b = append(b, `,"cancelled_runs":`...)
+		b = appendStrings(b, t.CancelledRuns)
 	}
 	return append(b, '}'), true
 }
@@ -719,8 +756,48 @@ func appendValue(b []byte, v any) ([]byte, bool) {
 		return append(b, ']'), true
 	case []string:
 		return appendStrings(b, v), true
+	case *ContextSnapshot:
+		// message.completed's meta.usage.context (CompletedMessage).
+		if v == nil {
+			return append(b, "null"...), true
+		}
+		return appendContextSnapshot(b, v)
 	}
 	return b, false
+}
+
+func appendContextSnapshot(b []byte, c *ContextSnapshot) ([]byte, bool) {
+	b = append(b, `{"encoding":`...)
+	b = appendJSONString(b, c.Encoding)
+	for _, f := range [...]struct {
+		key string
+		n   int
+	}{
+		{`,"context_tokens":`, c.Tokens}, {`,"system_tokens":`, c.SystemTokens}, {`,"messages_tokens":`, c.MessagesTokens},
+		{`,"tools_tokens":`, c.ToolsTokens}, {`,"message_count":`, c.MessageCount}, {`,"tool_count":`, c.ToolCount},
+		{`,"next_context_tokens":`, c.NextTokens}, {`,"context_window":`, c.Window},
+	} {
+		b = append(b, f.key...)
+		b = strconv.AppendInt(b, int64(f.n), 10)
+	}
+	var ok bool
+	b = append(b, `,"usage_ratio":`...)
+	if b, ok = appendFloat(b, c.UsageRatio); !ok {
+		return b, false
+	}
+	b = append(b, `,"remaining_tokens":`...)
+	b = strconv.AppendInt(b, int64(c.Remaining), 10)
+	b = append(b, `,"summarization_trigger_fraction":`...)
+	if b, ok = appendFloat(b, c.TriggerFraction); !ok {
+		return b, false
+	}
+	b = append(b, `,"summarization_trigger_tokens":`...)
+	b = strconv.AppendInt(b, int64(c.TriggerTokens), 10)
+	b = append(b, `,"summarization_pressure":`...)
+	if b, ok = appendFloat(b, c.Pressure); !ok {
+		return b, false
+	}
+	return append(b, '}'), true
 }
 
 // appendFloat is encoding/json's float64 encoding (ES6 number to string);

@@ -131,6 +131,8 @@ func (f *filler) fill(v reflect.Value, depth int) {
 		} else if f.rnd.IntN(2) == 0 {
 			v.SetInt(math.MinInt64)
 		}
+	case reflect.Float64:
+		v.SetFloat([]float64{0, 1, -1.5, 1e-7, 1e21, 0.0121484375, 1e20, 5e-324, math.MaxFloat64, 0.000001, -1e-6}[f.rnd.IntN(11)] * float64(f.rnd.IntN(3)-1))
 	case reflect.Uint64:
 		if f.rnd.IntN(3) > 0 {
 			v.SetUint(f.rnd.Uint64() >> f.rnd.IntN(64))
@@ -392,7 +394,13 @@ func TestEventDataJSONMatchesEncodingJSON(t *testing.T) {
 		f.fill(reflect.ValueOf(&q).Elem(), 0)
 		var fin FinishedData
 		f.fill(reflect.ValueOf(&fin).Elem(), 0)
-		for _, v := range []any{st, &st, q, &q, fin, &fin} {
+		var msg model.Message
+		f.fill(reflect.ValueOf(&msg).Elem(), 0)
+		var cs ContextSnapshot
+		f.fill(reflect.ValueOf(&cs).Elem(), 0)
+		withContext := completedMessage()
+		withContext.Meta["usage"].(map[string]any)["context"] = &cs
+		for _, v := range []any{st, &st, q, &q, fin, &fin, msg, &msg, withContext} {
 			if check(v) {
 				hand++
 			}
@@ -408,15 +416,30 @@ func TestEventDataJSONMatchesEncodingJSON(t *testing.T) {
 		FinishedData{Status: StatusSuccess, Output: everydayRun(now, nil).Output},
 		FinishedData{Status: StatusIncomplete, StopReason: StopMaxSteps, IncompleteDetails: IncompleteFor(StatusIncomplete, StopMaxSteps), Output: everydayRun(now, nil).Output},
 		&FinishedData{Status: StatusInterrupted, Interrupt: &Interrupt{Kind: InterruptApproval, RunID: "r1", AllowedDecisions: []string{"approve"}}},
+		*everydayRun(now, nil).Output,
+		everydayRun(now, nil).Output,
+		completedMessage(),
 	}
 	for _, v := range everyday {
 		if !check(v) {
 			t.Fatalf("everyday event data %+v fell back to encoding/json", v)
 		}
 	}
-	for _, v := range []any{(*StartedData)(nil), (*FinishedData)(nil), map[string]any{"a": 1}, DeltaData{MessageID: "m", Delta: "d"}} {
+	for _, v := range []any{(*StartedData)(nil), (*FinishedData)(nil), (*model.Message)(nil), map[string]any{"a": 1}, DeltaData{MessageID: "m", Delta: "d"}} {
 		if _, ok := AppendEventDataJSON(nil, v); ok {
 			t.Fatalf("%T was hand-encoded; it should go to encoding/json", v)
 		}
 	}
+}
+
+// completedMessage is an assistant message as message.completed carries
+// it: meta.usage with the call's step and context (CompletedMessage).
+func completedMessage() model.Message {
+	return model.Message{ID: "msg_1", Role: model.RoleAssistant, Content: "ok", Meta: map[string]any{
+		"finish_reason": "stop", "run_id": "r1",
+		"usage": map[string]any{"input_tokens": 10, "output_tokens": 2, "approximate": true, "model": "gpt", "step": 1,
+			"context": &ContextSnapshot{Encoding: "o200k_base", Tokens: 1555, SystemTokens: 142, MessagesTokens: 5, ToolsTokens: 1405,
+				MessageCount: 1, ToolCount: 9, NextTokens: 1560, Window: 128000, UsageRatio: 0.012148, Remaining: 126445,
+				TriggerFraction: 0.8, TriggerTokens: 102400, Pressure: 0.015234375}},
+	}}
 }

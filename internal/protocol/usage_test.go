@@ -83,6 +83,26 @@ func TestThreadUsage_ApplyReplacesAndFolds(t *testing.T) {
 	}
 }
 
+// A thread's cancelled runs list each run once, newest last, and drop the
+// oldest beyond ThreadCancelledRuns.
+func TestThreadAddCancelledRun(t *testing.T) {
+	var th Thread
+	if th.RunCancelled("r0") {
+		t.Fatal("an empty thread lists r0")
+	}
+	for i := range ThreadCancelledRuns {
+		th.AddCancelledRun(fmt.Sprintf("r%d", i))
+	}
+	th.AddCancelledRun("r5")
+	if len(th.CancelledRuns) != ThreadCancelledRuns || !th.RunCancelled("r5") || !th.RunCancelled("r0") {
+		t.Fatalf("cancelled runs %v", th.CancelledRuns)
+	}
+	th.AddCancelledRun("new")
+	if len(th.CancelledRuns) != ThreadCancelledRuns || th.RunCancelled("r0") || !th.RunCancelled("new") || th.CancelledRuns[ThreadCancelledRuns-1] != "new" {
+		t.Fatalf("cancelled runs %v", th.CancelledRuns)
+	}
+}
+
 // A thread's recent runs keep each run once, in the order they took the
 // lease, and push the oldest out beyond ThreadRecentRuns.
 func TestThreadAddRecentRun(t *testing.T) {

@@ -247,7 +247,7 @@ func startWorker(t *testing.T, srv *natstest.Server, settings bus.Settings, agen
 	}()
 	t.Cleanup(func() {
 		cancel()
-		<-done
+		natstest.Recv(t, done, "the worker to stop")
 	})
 }
 
@@ -278,7 +278,7 @@ func runOnce(t *testing.T, nc *nats.Conn, settings bus.Settings, tenant, agentNa
 	if _, err := js.PublishMsg(context.Background(), msg); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(natstest.Patience)
 	for {
 		m, err := sub.NextMsg(time.Until(deadline))
 		if err != nil {

@@ -65,7 +65,7 @@ func TestTwoSweepsAtOnceOnACluster(t *testing.T) {
 			}
 		}()
 	}
-	wg.Wait()
+	natstest.Wait(t, &wg, "the concurrent sweeps")
 	if got := reps[0].Runs + reps[1].Runs; got != n {
 		t.Errorf("runs removed %d + %d, want %d", reps[0].Runs, reps[1].Runs, n)
 	}

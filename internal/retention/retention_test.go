@@ -541,7 +541,7 @@ func TestThreadsIdleForTheTenantsAgeAreDeleted(t *testing.T) {
 			}
 		}()
 	}
-	wg.Wait()
+	natstest.Wait(t, &wg, "the concurrent sweeps")
 	if got := reps[0].Threads + reps[1].Threads; got != 2 {
 		t.Errorf("threads deleted %d by two sweeps at once, want 2", got)
 	}
@@ -586,7 +586,7 @@ func TestTwoSweepsAtOnceRemoveEverythingOnce(t *testing.T) {
 			reps[i], errs[i] = e.sweeper(p, later, nil).Sweep(e.ctx, "acme")
 		}()
 	}
-	wg.Wait()
+	natstest.Wait(t, &wg, "the concurrent sweeps")
 	for i, err := range errs {
 		if err != nil {
 			t.Errorf("sweep %d: %v", i, err)
@@ -644,7 +644,7 @@ func TestScheduledSweepRunsThroughTheJobsQueue(t *testing.T) {
 	ctx, cancel := context.WithCancel(e.ctx)
 	done := make(chan error, 1)
 	go func() { done <- runner.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	defer func() { cancel(); natstest.Recv(t, done, "the job runner to stop") }()
 	deadline := time.Now().Add(eventually)
 	for e.exists(e.names.RunsBucket(), "acme.old") {
 		if time.Now().After(deadline) {

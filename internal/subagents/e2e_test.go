@@ -18,6 +18,7 @@ import (
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/worker"
@@ -157,7 +158,7 @@ func blockUntilTimeout(ctx context.Context, ch <-chan struct{}, d time.Duration)
 // derived ids and returns its answer. The child ran once, and its usage is
 // in the lead's exactly once.
 func TestLeadCrashWithChildInFlight_DeerFlow4758(t *testing.T) {
-	e := newEnv(t)
+	e := newRedeliveryEnv(t) // the dead worker's lead is redelivered to wb
 	gate := make(chan struct{})
 	var gateOnce sync.Once
 	open := func() { gateOnce.Do(func() { close(gate) }) }
@@ -546,7 +547,7 @@ func TestGracefulHandOffKeepsChildRunning(t *testing.T) {
 	a.cancel() // graceful: the lead is handed over at its next safe boundary
 	select {
 	case <-a.done:
-	case <-time.After(10 * time.Second):
+	case <-time.After(natstest.Patience):
 		t.Fatal("worker wa did not stop")
 	}
 	testdeploy.WaitFor(t, 20*time.Second, "the lead to move to wb", func() bool {

@@ -44,9 +44,24 @@ type env struct {
 	profiles []agent.Profile
 }
 
+// newEnv's ack wait is long: under -race on a loaded machine a worker's
+// heartbeat can be seconds late, and a short ack wait then redelivers a
+// healthy lead or child, which the tests count as a second attempt.
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	d := testdeploy.Start(t, bus.Settings{AckWait: time.Second, MaxDeliver: 5})
+	return newEnvAckWait(t, 30*time.Second)
+}
+
+// newRedeliveryEnv is newEnv with a short ack wait, for tests that wait
+// for a dead worker's run to be redelivered.
+func newRedeliveryEnv(t *testing.T) *env {
+	t.Helper()
+	return newEnvAckWait(t, 2*time.Second)
+}
+
+func newEnvAckWait(t *testing.T, ackWait time.Duration) *env {
+	t.Helper()
+	d := testdeploy.Start(t, bus.Settings{AckWait: ackWait, MaxDeliver: 5})
 	srv, nc, js, settings, stores := d.Server, d.NC, d.JS, d.Settings, d.Stores
 	reg := tools.NewRegistry()
 	lead := agent.Chatbot()

@@ -22,6 +22,7 @@ import (
 	"github.com/natsagent/natsagent/internal/metrics/prom"
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 )
@@ -63,14 +64,14 @@ func TestMetricsScrapeAfterRuns(t *testing.T) {
 	d.waitStatus("r-fail", protocol.StatusError, 10*time.Second)
 
 	d.submit("t3", "r-cancel", "block", "")
-	<-blocked
+	natstest.Recv(t, blocked, "the model call of run r-cancel")
 	if code, out := d.post("/threads/t3/runs/r-cancel/cancel", map[string]any{}); code >= 300 {
 		t.Fatalf("cancel: %d %s", code, out)
 	}
 	d.waitStatus("r-cancel", protocol.StatusCancelled, 10*time.Second)
 
 	d.submit("t4", "r-long", "block", "")
-	<-blocked
+	natstest.Recv(t, blocked, "the model call of run r-long")
 	// While it runs: one lease, one busy slot, its request unacked.
 	mf := scrape(t, d)
 	gauge(t, mf, "natsagent_worker_active_leases", nil, 1)

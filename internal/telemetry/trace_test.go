@@ -24,6 +24,7 @@ import (
 	"github.com/natsagent/natsagent/internal/config"
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 )
@@ -236,8 +237,13 @@ func TestTracesOffExportNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The gateway publishes on its own connection: the server must know
+	// of the subscription first, or the request goes to nobody.
+	if err := d.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	d.submit("t2", "r2", "hi", "")
-	msg, err := sub.NextMsg(5 * time.Second)
+	msg, err := sub.NextMsg(natstest.Patience)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ type Cache struct {
 	mu           sync.Mutex
 	cur, old     map[cacheKey]*cacheEntry
 	system       textEntry
-	tools        map[string]*toolEntry
+	tools        map[string]toolEntry
 	hits, misses uint64
 }
 
@@ -319,6 +319,10 @@ func (c *Cache) Tools(specs []model.ToolSpec) int {
 		return 0
 	}
 	n := ToolsOverhead
+	// arena holds the copies of the schemas remembered by this call, one
+	// allocation for all of them (a run's first call remembers every
+	// tool it offers).
+	var arena []byte
 	for i := range specs {
 		s := &specs[i]
 		c.mu.Lock()
@@ -328,10 +332,19 @@ func (c *Cache) Tools(specs []model.ToolSpec) int {
 			n += e.n
 			continue
 		}
-		e = &toolEntry{spec: model.ToolSpec{Name: s.Name, Description: s.Description, Parameters: bytes.Clone(s.Parameters)}, n: c.tool(s)}
+		if arena == nil {
+			size := 0
+			for j := i; j < len(specs); j++ {
+				size += len(specs[j].Parameters)
+			}
+			arena = make([]byte, 0, size)
+		}
+		from := len(arena)
+		arena = append(arena, s.Parameters...)
+		e = toolEntry{spec: model.ToolSpec{Name: s.Name, Description: s.Description, Parameters: arena[from:len(arena):len(arena)]}, n: c.tool(s)}
 		c.mu.Lock()
 		if c.tools == nil || len(c.tools) >= maxTools {
-			c.tools = make(map[string]*toolEntry)
+			c.tools = make(map[string]toolEntry, len(specs))
 		}
 		c.tools[s.Name] = e
 		c.mu.Unlock()

@@ -96,7 +96,7 @@ type Set struct {
 
 // NewSet builds a set; two tools with one name is an error.
 func NewSet(ts ...Tool) (*Set, error) {
-	s := &Set{byName: make(map[string]Tool, len(ts))}
+	s := &Set{byName: make(map[string]Tool, len(ts)), order: make([]string, 0, len(ts))}
 	for _, t := range ts {
 		name := t.Spec().Name
 		if name == "" {

@@ -22,12 +22,13 @@ import (
 type verdict int
 
 const (
-	verdictStart    verdict = iota // the run holds the thread's lease
-	verdictWait                    // another run goes first
-	verdictReject                  // reject strategy and the thread is busy
-	verdictGone                    // the request left the stream: nothing to do
-	verdictRetry                   // the thread changed under us: decide again now
-	verdictDeleting                // the thread is being deleted: drop the request
+	verdictStart     verdict = iota // the run holds the thread's lease
+	verdictWait                     // another run goes first
+	verdictReject                   // reject strategy and the thread is busy
+	verdictGone                     // the request left the stream: nothing to do
+	verdictRetry                    // the thread changed under us: decide again now
+	verdictDeleting                 // the thread is being deleted: drop the request
+	verdictCancelled                // a cancel listed the run on its thread: settle it
 )
 
 type decision struct {
@@ -312,6 +313,11 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 		if t.Status == protocol.ThreadDeleting {
 			return errRetryAdmit // decided again: dropped
 		}
+		if t.RunCancelled(req.RunID) {
+			// A cancel ended the run before this write (cancelIfStarted):
+			// whatever this run read before, it does not start.
+			return errRunCancelled
+		}
 		switch {
 		case t.Lease == nil:
 		case th != nil && t.Lease.RunID == req.RunID && t.Lease.MsgSeq == j.seq && sameHolding(t.Lease, th.Lease):
@@ -334,6 +340,9 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 	if errors.Is(err, errRetryAdmit) {
 		return decision{verdict: verdictRetry}, nil
 	}
+	if errors.Is(err, errRunCancelled) {
+		return decision{verdict: verdictCancelled}, nil
+	}
 	if err != nil {
 		return decision{}, err
 	}
@@ -344,7 +353,10 @@ func (j *job) admit(ctx context.Context, snap *snapshot) (decision, error) {
 	return decision{verdict: verdictStart, thread: next, rev: nextRev}, nil
 }
 
-var errRetryAdmit = errors.New("thread changed; decide again")
+var (
+	errRetryAdmit   = errors.New("thread changed; decide again")
+	errRunCancelled = errors.New("the run was cancelled before it took the lease")
+)
 
 // nextLease is the lease req's run takes on t (whose Epoch is already
 // the new one). Since protocol v2 no record is written when a run starts,

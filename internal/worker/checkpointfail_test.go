@@ -94,7 +94,7 @@ func TestRefusedCheckpointHandsTheRunBack(t *testing.T) {
 // delivery is spent, nothing is handed back) and goes on from where it was
 // once the bucket takes writes again.
 func TestFullCheckpointBucketWaitsForRoom(t *testing.T) {
-	h := newHarness(t)
+	h := newRedeliveryHarness(t) // the wait outlasts three ack waits: heartbeats hold the request
 	ctx := context.Background()
 	var toolRuns atomic.Int32
 	h.tools.Register(tools.Func(model.ToolSpec{Name: "step"}, func(context.Context, json.RawMessage) (string, error) {

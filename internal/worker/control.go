@@ -131,10 +131,9 @@ func (w *Worker) handleControl(m *nats.Msg) {
 	if err := json.Unmarshal(m.Data, &c); err != nil {
 		return
 	}
-	j := w.runningJob(c.Tenant, c.Run)
 	switch c.Action {
 	case actionLook:
-		if j != nil {
+		if j := w.runningJob(c.Tenant, c.Run); j != nil {
 			j.hold.Lock()
 			lease := j.lease
 			j.hold.Unlock()
@@ -145,6 +144,13 @@ func (w *Worker) handleControl(m *nats.Msg) {
 			}
 		}
 	case actionCancel:
+		cause := ErrCancelled
+		if c.Rollback {
+			cause = ErrCancelRollback
+		}
+		// A run that took its lease but is not running here yet is
+		// cancelled as it starts.
+		j := w.runningOrAsked(c.Tenant, c.Run, cause)
 		if j == nil {
 			respondJSON(m, controlReply{Found: false})
 			return
@@ -153,11 +159,7 @@ func (w *Worker) handleControl(m *nats.Msg) {
 		cancelRun := j.cancelRun
 		j.hold.Unlock()
 		if cancelRun != nil {
-			if c.Rollback {
-				cancelRun(ErrCancelRollback)
-			} else {
-				cancelRun(ErrCancelled)
-			}
+			cancelRun(cause)
 		}
 		select {
 		case <-j.finished:
@@ -287,7 +289,11 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string, roll
 			}
 			w.ended(rec)
 			_ = w.stores.Threads.IndexRun(ctx, tenant, thread, run, rec.CreatedAt)
-			w.cancelIfStarted(ctx, tenant, thread, run, rollback)
+			owner := ""
+			if req.Principal != nil && req.Parent == nil {
+				owner = req.Principal.User
+			}
+			w.cancelIfStarted(ctx, tenant, thread, run, owner, rollback)
 			if err := w.pub.PublishFinished(ctx, rec); err != nil {
 				return "", err
 			}
@@ -301,7 +307,9 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string, roll
 				return "", err
 			}
 			if done {
-				w.cancelIfStarted(ctx, tenant, thread, run, rollback)
+				// A pending record is a submitter's, which created the
+				// thread with its owner.
+				w.cancelIfStarted(ctx, tenant, thread, run, "", rollback)
 				return protocol.StatusCancelled, nil
 			}
 			continue // it started meanwhile
@@ -339,17 +347,55 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string, roll
 	return "", &codedError{protocol.CodeConflict, fmt.Sprintf("run %s kept changing while being cancelled; try again", run)}
 }
 
-// cancelIfStarted tells the worker running run to cancel it, if a worker
-// took the thread's lease for it while its pending (or missing) record was
-// being cancelled: since protocol v2 starting a run writes no record, so
-// the cancel's write cannot have stopped the start. The run's end then
-// finds the cancelled record and keeps it.
-func (w *Worker) cancelIfStarted(ctx context.Context, tenant, thread, run string, rollback bool) {
-	th, _, err := w.stores.Threads.GetLatest(ctx, tenant, thread)
-	if err != nil || th.Lease == nil || th.Lease.RunID != run {
+// cancelIfStarted makes sure a run whose pending (or missing) record a
+// cancel just ended does not run: since protocol v2 starting a run writes
+// no record, so the cancel's write cannot stop a start by itself. Called
+// after the record was written, it writes the thread record by
+// compare-and-set: if the thread's lease names the run, the run took it
+// meanwhile and its worker is told to cancel it (the run's end then finds
+// the cancelled record and keeps it); otherwise the run is listed in the
+// thread's cancelled_runs, and no run listed there takes the lease (admit
+// refuses it and settles the run from its record).
+//
+// Why one side always sees the other: the lease is taken by a
+// compare-and-set write of the same record, whose mutation reads the
+// revision it replaces. The two writes are ordered by the record's
+// revisions. If the lease's write came first, this write's mutation sees
+// the lease and signals its worker (a worker that has not registered the
+// run as running yet keeps the signal for it, runningOrAsked). If this
+// write came first, the lease's mutation sees the run listed and takes
+// nothing, whatever the run read before. So the run side needs no read
+// of its own after taking the lease. The thread record is created when it
+// does not exist, so a run guessing a new thread's lease (guessLease)
+// finds it; owner is then its owner, as the cancelled run's lease would
+// have made it (takeLease): the record's creation also writes its
+// creation index key, which names the owner, and a thread created without
+// one would be missing from its owner's searches once a later run owns it.
+func (w *Worker) cancelIfStarted(ctx context.Context, tenant, thread, run, owner string, rollback bool) {
+	var holder string
+	_, _, err := w.stores.Threads.Mutate(ctx, tenant, thread, func(t *protocol.Thread) error {
+		holder = ""
+		switch {
+		case t.Lease != nil && t.Lease.RunID == run:
+			holder = t.Lease.Worker
+			return errUnchanged
+		case t.Status == protocol.ThreadDeleting, t.RunCancelled(run):
+			return errUnchanged
+		}
+		if t.Epoch == 0 && t.Owner == "" && t.Head == "" && len(t.RecentRuns) == 0 && len(t.CancelledRuns) == 0 {
+			t.Owner = owner // a thread that never ran: it is created here
+		}
+		t.AddCancelledRun(run)
+		return nil
+	})
+	if err != nil && !errors.Is(err, errUnchanged) {
+		w.log.Warn("could not mark the cancelled run on its thread; a worker taking its lease now may run it",
+			zap.String("tenant", tenant), zap.String("thread_id", thread), zap.String("run_id", run), zap.Error(err))
 		return
 	}
-	w.signal(th.Lease.Worker, control{Action: actionCancel, Tenant: tenant, Thread: thread, Run: run, Rollback: rollback})
+	if holder != "" {
+		w.signal(holder, control{Action: actionCancel, Tenant: tenant, Thread: thread, Run: run, Rollback: rollback})
+	}
 }
 
 // finishHeld ends a run that holds its thread's lease but that no worker

@@ -323,7 +323,11 @@ func (w *Worker) handleMaxDeliveries(m *nats.Msg) {
 				} else if terr == nil && th.LastRun != nil && th.LastRun.RunID == req.RunID && th.LastRun.MsgSeq == adv.StreamSeq {
 					// It ended (its release carried last_run) and its
 					// record was not written: it ended as last_run says.
-					ended, err := writeEnded(ctx, w.stores.Runs, protocol.EndedRun(kv.NewRun(req, adv.StreamSeq, th.LastRun.CreatedAt), th.LastRun))
+					final, err := w.stores.WithOutput(ctx, protocol.EndedRun(kv.NewRun(req, adv.StreamSeq, th.LastRun.CreatedAt), th.LastRun))
+					if err != nil {
+						return err
+					}
+					ended, err := writeEnded(ctx, w.stores.Runs, final)
 					if errors.Is(err, errAlreadyFinished) {
 						ended, _, err = w.stores.Runs.GetLatest(ctx, tenant, req.RunID)
 					}

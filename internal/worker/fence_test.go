@@ -13,6 +13,7 @@ import (
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/metrics/prom"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
@@ -45,7 +46,7 @@ func newFenceCase(t *testing.T) *fenceCase {
 	c.wh = c.h.startWorker(m, nil)
 	c.w = c.h.watch("default", "t1", "r1")
 	c.h.submit(request("t1", "r1", "work"))
-	<-c.started
+	natstest.Recv(t, c.started, "the model call of run r1")
 	return c
 }
 

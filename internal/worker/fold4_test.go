@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -9,7 +10,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 )
@@ -145,5 +148,180 @@ func TestCancelRacingTheLeaseTakeStopsTheRun(t *testing.T) {
 	}
 	if n := w.count(protocol.EventRunFinished); n != 1 {
 		t.Fatalf("%d run.finished, want 1", n)
+	}
+}
+
+// The same race on a thread that exists, where the run takes its lease
+// after its look (admit), not with it: the cancel ends the pending run's
+// record while the run decides, sees no lease, and lists the run on the
+// thread (cancelled_runs); the run's lease write then finds it listed and
+// the run never starts. Without the cancel's write of the thread record
+// the run would take the lease, read nothing more, and run to its end.
+func TestCancelRacingTheLeaseTakeOnAnExistingThread(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	var wh *workerHandle
+	var once atomic.Bool
+	cancelled := make(chan error, 1)
+	testHookLooked = func(j *job) {
+		if j.req.RunID == "r1" && once.CompareAndSwap(false, true) {
+			_, err := wh.w.cancelRun(ctx, j.req.Tenant, j.req.ThreadID, j.req.RunID, false)
+			cancelled <- err
+		}
+	}
+	t.Cleanup(func() { testHookLooked = nil })
+	var r1Calls atomic.Int32
+	completed := make(chan struct{}, 1)
+	m := model.Func(func(ctx context.Context, req *model.Request, onDelta func(model.Delta)) (*model.Response, error) {
+		if req.LastUserContent() == "second" {
+			r1Calls.Add(1)
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(20 * time.Second):
+			}
+			completed <- struct{}{}
+		}
+		return &model.Response{Message: model.Message{Role: model.RoleAssistant, Content: "ran"}}, nil
+	})
+	wh = h.startWorker(m, nil)
+	w0 := h.watch(protocol.DefaultTenant, "t1", "r0")
+	h.submit(request("t1", "r0", "first"))
+	if d := w0.finished(t, 30*time.Second); d.Status != protocol.StatusSuccess {
+		t.Fatalf("r0 ended %s", d.Status)
+	}
+
+	w := h.watch(protocol.DefaultTenant, "t1", "r1")
+	h.submit(request("t1", "r1", "second"))
+	if err := <-cancelled; err != nil {
+		t.Fatalf("cancel: %v", err)
+	}
+	if d := w.finished(t, 30*time.Second); d.Status != protocol.StatusCancelled {
+		t.Fatalf("run ended %s, want cancelled", d.Status)
+	}
+	cons, err := h.js.Consumer(ctx, h.names.RunsStream(), bus.RunsConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testdeploy.WaitFor(t, time.Minute, "r1's request acked", func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
+	})
+	select {
+	case <-completed:
+		t.Fatal("the cancelled run's model call ran to its end")
+	default:
+	}
+	if n := r1Calls.Load(); n != 0 {
+		t.Fatalf("the cancelled run called the model %d times; it must not start", n)
+	}
+	th := h.threadRecord(protocol.DefaultTenant, "t1")
+	if th.Lease != nil || !th.RunCancelled("r1") {
+		t.Fatalf("thread after the cancel: lease %+v, cancelled_runs %v", th.Lease, th.CancelledRuns)
+	}
+	if last := th.LastRun; last == nil || last.RunID != "r0" {
+		t.Fatalf("the thread's last run is %+v, want r0", last)
+	}
+	if rec := h.run(protocol.DefaultTenant, "r1"); rec.Status != protocol.StatusCancelled {
+		t.Fatalf("r1's record says %s", rec.Status)
+	}
+	if n := w.count(protocol.EventRunFinished); n != 1 {
+		t.Fatalf("%d run.finished, want 1", n)
+	}
+	// The thread takes runs as before.
+	w2 := h.watch(protocol.DefaultTenant, "t1", "r2")
+	h.submit(request("t1", "r2", "third"))
+	if d := w2.finished(t, 30*time.Second); d.Status != protocol.StatusSuccess {
+		t.Fatalf("r2 ended %s", d.Status)
+	}
+}
+
+// A cancel that sees a run's lease signals the lease's worker, which may
+// not have registered the run as running yet (between its lease write and
+// its start): the signal is kept and the run stops as it starts.
+func TestCancelSignalledBeforeTheRunRegistersStopsIt(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	var wh *workerHandle
+	var once atomic.Bool
+	testHookLeased = func(j *job) {
+		if j.req.RunID != "r1" || !once.CompareAndSwap(false, true) {
+			return
+		}
+		wh.w.cancelIfStarted(ctx, j.req.Tenant, j.req.ThreadID, j.req.RunID, "", false)
+		key := bus.Key(j.req.Tenant, j.req.RunID)
+		testdeploy.WaitFor(t, 30*time.Second, "the signal kept for the run", func() bool {
+			wh.w.mu.Lock()
+			defer wh.w.mu.Unlock()
+			_, ok := wh.w.cancelAsked[key]
+			return ok
+		})
+	}
+	t.Cleanup(func() { testHookLeased = nil })
+	completed := make(chan struct{}, 1)
+	m := model.Func(func(ctx context.Context, req *model.Request, onDelta func(model.Delta)) (*model.Response, error) {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Second):
+		}
+		completed <- struct{}{}
+		return &model.Response{Message: model.Message{Role: model.RoleAssistant, Content: "ran"}}, nil
+	})
+	wh = h.startWorker(m, nil)
+	w := h.watch(protocol.DefaultTenant, "t1", "r1")
+	h.submit(request("t1", "r1", "hello"))
+	if d := w.finished(t, 30*time.Second); d.Status != protocol.StatusCancelled {
+		t.Fatalf("run ended %s, want cancelled", d.Status)
+	}
+	select {
+	case <-completed:
+		t.Fatal("the cancelled run's model call ran to its end")
+	default:
+	}
+	wh.w.mu.Lock()
+	left := len(wh.w.cancelAsked)
+	wh.w.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d kept cancel signals left after the run took its own", left)
+	}
+}
+
+// A cancel of a run no worker has seen, on a thread that does not exist
+// yet, creates the thread record (so a lease guess finds the run
+// cancelled) with the owner the run's first lease would have given it,
+// and the creation index key names that owner: the owner's searches,
+// which read only keys naming them, list the thread.
+func TestCancelBeforeTheFirstRunOwnsTheNewThread(t *testing.T) {
+	h := newHarness(t)
+	started := make(chan struct{}, 2)
+	m := model.NewScripted(func(n int, req *model.Request) model.Reply {
+		started <- struct{}{}
+		return model.Reply{Text: strings.Repeat("y ", 500), Pieces: 500, PieceDelay: 20 * time.Millisecond}
+	})
+	h.startWorker(m, func(c *Config) { c.Concurrency = 1 })
+	h.submit(request("busy", "first", "go"))
+	natstest.Recv(t, started, "the model call of run first")
+
+	req := request("fresh", "queued", "later")
+	req.Principal = &protocol.Principal{User: "alice"}
+	h.submit(req)
+	if r, e := h.cancel("default", "fresh", "queued"); e != nil || r.Status != protocol.StatusCancelled {
+		t.Fatalf("cancel: %+v %+v", r, e)
+	}
+	ctx := context.Background()
+	th, _, err := h.stores.Threads.Get(ctx, "default", "fresh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if th.Owner != "alice" || !th.RunCancelled("queued") {
+		t.Fatalf("thread owner %q, cancelled runs %v", th.Owner, th.CancelledRuns)
+	}
+	kvb, err := h.js.KeyValue(ctx, h.names.ThreadsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kvb.Get(ctx, kv.CreatedKey("default", "fresh", "alice")); err != nil {
+		t.Fatalf("the creation index key naming alice: %v", err)
 	}
 }

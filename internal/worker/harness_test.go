@@ -40,9 +40,27 @@ type harness struct {
 	workerURL string
 }
 
+// steadyAckWait is the runs consumer's ack wait in tests that count a
+// run's attempts, epochs or deliveries: under -race on a loaded CI
+// machine a worker's heartbeat or lease renewal can be late by seconds,
+// and a short ack wait then redelivers a healthy run and fails the count.
+const steadyAckWait = 30 * time.Second
+
+// redeliveryAckWait is the ack wait of tests that need a request
+// redelivered, or a lease found stale, within the test: a dead worker's
+// run taken over, a heartbeat proved to hold the request.
+const redeliveryAckWait = 2 * time.Second
+
 func newHarness(t *testing.T) *harness {
 	t.Helper()
-	return newHarnessWith(t, bus.Settings{AckWait: 2 * time.Second, MaxDeliver: 5})
+	return newHarnessWith(t, bus.Settings{AckWait: steadyAckWait, MaxDeliver: 5})
+}
+
+// newRedeliveryHarness is newHarness with a short ack wait
+// (redeliveryAckWait), for tests that wait for a redelivery.
+func newRedeliveryHarness(t *testing.T) *harness {
+	t.Helper()
+	return newHarnessWith(t, bus.Settings{AckWait: redeliveryAckWait, MaxDeliver: 5})
 }
 
 func newHarnessWith(t testing.TB, settings bus.Settings) *harness {
@@ -52,6 +70,7 @@ func newHarnessWith(t testing.TB, settings bus.Settings) *harness {
 }
 
 type workerHandle struct {
+	t      testing.TB
 	w      *Worker
 	nc     *nats.Conn
 	cancel context.CancelFunc
@@ -61,7 +80,7 @@ type workerHandle struct {
 // stop shuts the worker down gracefully and waits for it.
 func (wh *workerHandle) stop() {
 	wh.cancel()
-	<-wh.done
+	natstest.Recv(wh.t, wh.done, "the worker to stop")
 }
 
 // startWorker starts a worker with m as its model. cfg may adjust the
@@ -93,7 +112,7 @@ func (h *harness) startWorker(m model.Model, cfg func(*Config)) *workerHandle {
 		h.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	wh := &workerHandle{w: w, nc: nc, cancel: cancel, done: make(chan error, 1)}
+	wh := &workerHandle{t: h.t, w: w, nc: nc, cancel: cancel, done: make(chan error, 1)}
 	go func() {
 		err := w.Run(ctx)
 		if err != nil && !errors.Is(err, ErrConnectionClosed) {

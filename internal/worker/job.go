@@ -144,6 +144,9 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 			// The lease was taken beside the reads (guessLease): it
 			// stands if this request is its thread's oldest.
 			if err == nil && snap.head == headSelf {
+				if testHookLeased != nil {
+					testHookLeased(j)
+				}
 				j.start(ctx, meta, nil, 0, snap.spec, snap.specRev)
 				return
 			}
@@ -179,7 +182,14 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 			return
 		}
 		if d.verdict == verdictStart {
+			if testHookLeased != nil {
+				testHookLeased(j)
+			}
 			j.start(ctx, meta, snap.rec, snap.rev, d.thread, d.rev)
+			return
+		}
+		if d.verdict == verdictCancelled {
+			j.cancelledBeforeStart(ctx)
 			return
 		}
 		if d.verdict == verdictGone {
@@ -230,7 +240,12 @@ func (j *job) finishFromLastRun(ctx context.Context, snap *snapshot) {
 	w := j.w
 	last := snap.th.LastRun
 	j.log.Info("run ended before its record was written; finishing it from its thread's last_run", zap.String("status", string(last.Status)))
-	rec, err := writeEnded(ctx, w.stores.Runs, protocol.EndedRun(kv.NewRun(j.req, j.seq, last.CreatedAt), last))
+	final, err := w.stores.WithOutput(ctx, protocol.EndedRun(kv.NewRun(j.req, j.seq, last.CreatedAt), last))
+	if err != nil {
+		j.retryLater(err)
+		return
+	}
+	rec, err := writeEnded(ctx, w.stores.Runs, final)
 	own := err == nil
 	if errors.Is(err, errAlreadyFinished) || errors.Is(err, kv.ErrExists) {
 		rec, _, err = w.stores.Runs.GetLatest(ctx, j.req.Tenant, j.req.RunID)
@@ -286,6 +301,32 @@ func (j *job) settled(ctx context.Context, rec *protocol.Run) bool {
 		return false
 	}
 	return true
+}
+
+// cancelledBeforeStart settles a run its thread lists as cancelled
+// before it took the lease (cancelIfStarted): the cancel ended its record
+// before it listed the run, so the record, read from the leader, says
+// cancelled; the run's request is acked without running it.
+func (j *job) cancelledBeforeStart(ctx context.Context) {
+	w := j.w
+	j.log.Info("the run was cancelled while it took its thread; not starting it")
+	// The cancel's write of the record was acknowledged before it listed
+	// the run: the leader has it, no write is in flight.
+	rec, _, err := w.stores.Runs.GetFromLeader(ctx, j.req.Tenant, j.req.RunID)
+	if err == nil && j.settled(ctx, rec) {
+		return
+	}
+	if err != nil && !errors.Is(err, kv.ErrNotFound) {
+		j.retryLater(err)
+		return
+	}
+	// The record is gone (expired) or still pending: the thread's list
+	// says a cancel ended the run, so it ends cancelled.
+	if _, _, _, err := w.ensureRecord(ctx, j.req, j.seq); err != nil {
+		j.retryLater(err)
+		return
+	}
+	j.finishPending(ctx, protocol.StatusCancelled, "", "")
 }
 
 // retryLater hands the request back after an infrastructure error (NATS
@@ -513,6 +554,14 @@ var errAlreadyFinished = errors.New("run already finished")
 // read and before it is decided on.
 var testHookLooked func(*job)
 
+// testHookLeased, set by tests only, runs after a request's run took its
+// thread's lease and before it starts.
+var testHookLeased func(*job)
+
+// testHookReleased, set by tests only, runs after a run's release gave
+// its thread back (with last_run) and before its terminal record.
+var testHookReleased func(*job)
+
 // errStateUnavailable stops a run whose thread state could not be read
 // for a reason that passes (a leader election, a node loss): it is handed
 // back, not failed.
@@ -625,7 +674,11 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	j.preempt = preempt
 	drained := j.drained
 	j.hold.Unlock()
-	w.setRunning(j)
+	if cause := w.setRunning(j); cause != nil {
+		// A cancel saw this run's lease before it ran here.
+		j.log.Info("the run was cancelled while it took its thread; stopping it")
+		cancelRun(cause)
+	}
 	if drained {
 		preempt(middleware.ErrHandOff)
 	}
@@ -637,31 +690,11 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	if rec != nil && rec.CancelRequested {
 		cancelRun(ErrCancelled)
 	}
-	go j.cancelledMeanwhile(ctx, cancelRun)
 
 	host := &runHost{j: j, lease: lease, stream: stream}
 	out := j.execute(runCtx, preemptCtx, host)
 	lease.stopFence()
 	j.finalize(ctx, lease, host, out)
-}
-
-// cancelledMeanwhile stops the run if a cancel ended its record between
-// the read that decided to start it and the lease it took: the cancel
-// writes the record, then looks for a lease to signal (cancelIfStarted);
-// the run takes the lease, then reads the record here, from the leader.
-// One of the two sees the other.
-func (j *job) cancelledMeanwhile(ctx context.Context, cancelRun context.CancelCauseFunc) {
-	// From the leader, but without GetLatest's wait for a write in flight:
-	// most runs have no record while they run, and that wait held a
-	// goroutine per run for two seconds.
-	rec, _, err := j.w.stores.Runs.GetFromLeader(ctx, j.req.Tenant, j.req.RunID)
-	if err != nil || rec.ThreadID != j.req.ThreadID || (rec.MsgSeq != 0 && rec.MsgSeq != j.seq) {
-		return
-	}
-	if rec.CancelRequested || rec.Status == protocol.StatusCancelled {
-		j.log.Info("the run was cancelled while it took its thread; stopping it")
-		cancelRun(ErrCancelled)
-	}
 }
 
 // execute prepares the run and drives the agent loop.
@@ -740,6 +773,7 @@ func (j *job) execute(ctx, preempt context.Context, host *runHost) agent.Outcome
 		State:     st,
 		Host:      host,
 		Preempt:   preempt,
+		NoImages:  !prep.Vision,
 	}
 	if !resumed && req.Input != nil {
 		run.Input = req.Input.Messages
@@ -948,7 +982,11 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 	// A rollback takes the run's files back too, before the thread is
 	// released to the next run.
 	filesBack := rollback && host != nil && host.files.rollback(ctx, host.chain, rollbackTo)
-	opts := &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: rollback, filesBack: filesBack, head: head, title: title, usage: usage, last: lastRunOf(final)}
+	endHead := head
+	if endHead == "" {
+		endHead = lease.head()
+	}
+	opts := &releaseOpts{status: threadStatus, rollbackTo: rollbackTo, rollback: rollback, filesBack: filesBack, head: head, title: title, usage: usage, last: lastRunOf(final, endHead)}
 	relErr := j.settleWrite(ctx, func() error { return lease.release(ctx, opts) })
 	for try := 0; relErr != nil && ctx.Err() == nil; try++ {
 		// The write may have been stored without its answer reaching
@@ -974,6 +1012,9 @@ func (j *job) finalize(ctx context.Context, lease *leaseHandle, host *runHost, o
 		j.log.Warn("could not release the thread; handing the run back", zap.Error(relErr))
 		j.retryLater(relErr)
 		return
+	}
+	if testHookReleased != nil {
+		testHookReleased(j)
 	}
 	var rec *protocol.Run
 	err := j.settleWrite(ctx, func() (err error) {
@@ -1062,8 +1103,16 @@ func (j *job) recordOverwritten(ctx context.Context, lease *leaseHandle) {
 		j.log.Warn("could not read the record of the thread's last run before replacing its summary", zap.String("last_run", prev.RunID), zap.Error(err))
 		return
 	}
-	last := *prev
-	rec, err = writeEnded(ctx, w.stores.Runs, &last)
+	last, err := w.stores.WithOutput(ctx, prev)
+	if err != nil {
+		j.log.Warn("could not read the output of the thread's last run before replacing its summary", zap.String("last_run", prev.RunID), zap.Error(err))
+		return
+	}
+	if last == prev {
+		copied := *prev
+		last = &copied
+	}
+	rec, err = writeEnded(ctx, w.stores.Runs, last)
 	own := err == nil
 	if errors.Is(err, errAlreadyFinished) || errors.Is(err, kv.ErrExists) {
 		rec, _, err = w.stores.Runs.GetLatest(ctx, j.req.Tenant, prev.RunID)
@@ -1108,12 +1157,14 @@ const lastRunSmall = 4 << 10
 // lastRunOf is the terminal summary of rec the release carries: what a
 // record written from it needs, without what only the request knows
 // (metadata, parent, webhook) and without an output or interrupt larger
-// than lastRunSmall.
-func lastRunOf(rec *protocol.Run) *protocol.Run {
+// than lastRunSmall. An output left out is named by the checkpoint the
+// run ended at (head), whose last assistant message it is: the record
+// written from the summary reads it there (kv.Stores.WithOutput).
+func lastRunOf(rec *protocol.Run, head string) *protocol.Run {
 	last := *rec
 	last.Metadata, last.Parent, last.Webhook = nil, nil, nil
 	if last.Output != nil && messageSize(last.Output) > lastRunSmall {
-		last.Output = nil
+		last.Output, last.OutputCheckpoint = nil, head
 	}
 	if last.Interrupt != nil {
 		if b, err := json.Marshal(last.Interrupt); err != nil || len(b) > lastRunSmall {

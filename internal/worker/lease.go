@@ -38,6 +38,10 @@ type leaseHandle struct {
 	// still its own (the stream publishes the events it kept).
 	onResume func()
 
+	// renewing is set while a heartbeat's renewal of the lease is out
+	// (renewLeases).
+	renewing atomic.Bool
+
 	mu   sync.Mutex
 	th   *protocol.Thread
 	rev  uint64
@@ -387,7 +391,8 @@ func (l *leaseHandle) renew(ctx context.Context) {
 		l.w.storeFull(l.w.log.With(zap.String("thread_id", l.thread), zap.String("run_id", l.run)), err, false)
 		return
 	}
-	if err != nil && !errors.Is(err, agent.ErrLeaseLost) && !l.w.nc.IsClosed() {
+	if err != nil && !errors.Is(err, agent.ErrLeaseLost) && !l.w.nc.IsClosed() && !errors.Is(err, context.Canceled) {
+		// (Canceled: the worker is stopping.)
 		l.w.log.Warn("lease renewal failed", zap.String("tenant", l.tenant), zap.String("thread_id", l.thread), zap.String("run_id", l.run), zap.Error(err))
 	}
 }

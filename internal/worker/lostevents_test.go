@@ -10,6 +10,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 )
@@ -19,7 +20,7 @@ import (
 // The worker that takes the run over marks the missing seq with
 // event.lost, so the run's seqs run from 1 to run.finished without a gap.
 func TestTakeoverMarksTheEventsTheDeadWorkerLost(t *testing.T) {
-	h := newHarness(t)
+	h := newRedeliveryHarness(t) // the dead worker's run is redelivered
 	stuck := make(chan struct{})
 	dying := model.NewScripted(func(n int, req *model.Request) model.Reply {
 		close(stuck)
@@ -28,7 +29,7 @@ func TestTakeoverMarksTheEventsTheDeadWorkerLost(t *testing.T) {
 	a := h.startWorker(dying, nil)
 	w := h.watch("default", "t1", "r1")
 	h.submit(request("t1", "r1", "work"))
-	<-stuck
+	natstest.Recv(t, stuck, "the frozen model call of run r1")
 	// What the worker stored before the model call (run.queued,
 	// run.started; thread.titled goes out live) is published without
 	// waiting: stored before the last seq is read. Under load it was not

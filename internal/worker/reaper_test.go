@@ -14,6 +14,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
@@ -42,12 +43,12 @@ func sweeping(staleAfter time.Duration) func(*Config) {
 // as an error that says so, publishes its one run.finished and frees the
 // thread.
 func TestReaperEndsRunWhoseRequestIsGone(t *testing.T) {
-	h := newHarnessWith(t, bus.Settings{AckWait: time.Second, MaxDeliver: 5})
+	h := newHarnessWith(t, bus.Settings{AckWait: time.Second, MaxDeliver: 5}) // the dead worker's request is found unheld
 	started := make(chan struct{}, 4)
 	a := h.startWorker(hangingModel(started), nil)
 	w := h.watch("default", "t1", "orphan")
 	seq := h.submit(request("t1", "orphan", "work"))
-	<-started
+	natstest.Recv(t, started, "the model call of run orphan")
 	a.nc.Close()
 	st, err := h.js.Stream(context.Background(), h.names.RunsStream())
 	if err != nil {
@@ -86,7 +87,7 @@ func TestReaperEndsRunWhoseRequestIsGone(t *testing.T) {
 // thread. The lease sweep sees the run was started MaxDeliver times by
 // workers now gone, ends it, dead-letters and removes the request.
 func TestReaperDeadLettersExhaustedRequestWhoseAdvisoryWasLost(t *testing.T) {
-	h := newHarnessWith(t, bus.Settings{AckWait: time.Second, MaxDeliver: 2})
+	h := newHarnessWith(t, bus.Settings{AckWait: time.Second, MaxDeliver: 2}) // both deliveries run out within the test
 	started := make(chan struct{}, 4)
 	exceeded := make(chan struct{}, 1)
 	sub, err := h.nc.Subscribe(maxDeliveriesSubject(h.names), func(*nats.Msg) { exceeded <- struct{}{} })
@@ -98,14 +99,14 @@ func TestReaperDeadLettersExhaustedRequestWhoseAdvisoryWasLost(t *testing.T) {
 	seq := h.submit(request("t1", "doomed", "crash me"))
 	for range 2 {
 		wh := h.startWorker(hangingModel(started), nil)
-		<-started
+		natstest.Recv(t, started, "the model call of a delivery of run doomed")
 		wh.nc.Close() // the worker dies mid-run
 	}
 	// No worker runs when the second delivery's ack wait ends: the server
 	// gives up and sends its advisory to nobody (this test only watches).
 	select {
 	case <-exceeded:
-	case <-time.After(10 * time.Second):
+	case <-time.After(natstest.Patience):
 		t.Fatal("no max-deliveries advisory")
 	}
 	cons, err := h.js.Consumer(context.Background(), h.names.RunsStream(), bus.RunsConsumer)
@@ -133,7 +134,7 @@ func TestReaperDeadLettersExhaustedRequestWhoseAdvisoryWasLost(t *testing.T) {
 // is left alone while the request is still queued, and the run continues
 // from its checkpoint on the next worker.
 func TestReaperLeavesRunsPendingRedeliveryAlone(t *testing.T) {
-	h := newHarness(t)
+	h := newRedeliveryHarness(t) // the dead worker's run is redelivered
 	var toolRuns atomic.Int32
 	h.tools.Register(tools.Func(model.ToolSpec{Name: "side_effect"}, func(context.Context, json.RawMessage) (string, error) {
 		toolRuns.Add(1)
@@ -150,7 +151,7 @@ func TestReaperLeavesRunsPendingRedeliveryAlone(t *testing.T) {
 	a := h.startWorker(dying, nil)
 	w := h.watch("default", "t1", "r1")
 	h.submit(request("t1", "r1", "do the thing"))
-	<-stuck
+	natstest.Recv(t, stuck, "the second model call of run r1")
 	a.nc.Close()
 
 	healthy := model.NewScripted(func(_ int, req *model.Request) model.Reply {
@@ -200,7 +201,7 @@ func TestTerminatedRequestIsDeadLettered(t *testing.T) {
 	// One slot, taken by a hanging run: the worker pulls nothing more.
 	h.startWorker(hangingModel(started), func(c *Config) { c.Concurrency = 1 })
 	h.submit(request("t0", "busy", "hang"))
-	<-started
+	natstest.Recv(t, started, "the model call of run busy")
 
 	seq := h.submit(request("t1", "refused", "hello"))
 	cons, err := h.js.Consumer(context.Background(), h.names.RunsStream(), bus.RunsConsumer)
@@ -263,7 +264,7 @@ func TestOwnTerminationsDeadLetteredOnce(t *testing.T) {
 		if s != seq {
 			t.Fatalf("advisory for %d, want %d", s, seq)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(natstest.Patience):
 		t.Fatal("no termination advisory")
 	}
 	// The worker handled the same advisory; give it time to (not) add.
@@ -283,7 +284,7 @@ func TestOwnTerminationsDeadLetteredOnce(t *testing.T) {
 // while the consumer waits for work, settles the run, dead-letters and
 // removes the request, and the thread's next run runs.
 func TestReaperSettlesRequestExhaustedByDeliveriesThatNeverStarted(t *testing.T) {
-	h := newHarnessWith(t, bus.Settings{AckWait: time.Second, MaxDeliver: 4})
+	h := newHarnessWith(t, bus.Settings{AckWait: time.Second, MaxDeliver: 4}) // four deliveries run out within the test
 	ctx := context.Background()
 	exceeded := make(chan struct{}, 1)
 	sub, err := h.nc.Subscribe(maxDeliveriesSubject(h.names), func(*nats.Msg) { exceeded <- struct{}{} })
@@ -295,7 +296,7 @@ func TestReaperSettlesRequestExhaustedByDeliveriesThatNeverStarted(t *testing.T)
 	a := h.startWorker(hangingModel(started), nil)
 	w := h.watch("default", "t1", "stranded")
 	seq := h.submit(request("t1", "stranded", "work"))
-	<-started
+	natstest.Recv(t, started, "the model call of run stranded")
 	a.nc.Close() // the worker dies mid-run, holding the thread's lease
 
 	cons, err := h.js.Consumer(ctx, h.names.RunsStream(), bus.RunsConsumer)
@@ -332,7 +333,7 @@ func TestReaperSettlesRequestExhaustedByDeliveriesThatNeverStarted(t *testing.T)
 	}
 	select {
 	case <-exceeded:
-	case <-time.After(10 * time.Second):
+	case <-time.After(natstest.Patience):
 		t.Fatal("no max-deliveries advisory")
 	}
 	info, err := cons.Info(ctx)

@@ -16,6 +16,7 @@ import (
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
@@ -25,7 +26,7 @@ import (
 // replaced: another worker continues from the last checkpoint, the tool
 // that already ran is not run again, and the run has one terminal event.
 func TestWorkerDeathContinuesFromCheckpoint(t *testing.T) {
-	h := newHarness(t)
+	h := newRedeliveryHarness(t) // the dead worker's run is redelivered
 	var toolRuns atomic.Int32
 	h.tools.Register(tools.Func(model.ToolSpec{Name: "side_effect"}, func(ctx context.Context, _ json.RawMessage) (string, error) {
 		toolRuns.Add(1)
@@ -43,7 +44,7 @@ func TestWorkerDeathContinuesFromCheckpoint(t *testing.T) {
 	a := h.startWorker(dying, nil)
 	w := h.watch("default", "t1", "r1")
 	h.submit(request("t1", "r1", "do the thing"))
-	<-stuck
+	natstest.Recv(t, stuck, "the second model call of run r1")
 	a.nc.Close() // the worker is gone: no acks, no heartbeats, no writes
 
 	healthy := model.NewScripted(func(n int, req *model.Request) model.Reply {
@@ -332,7 +333,7 @@ func TestInvalidRequestWithGatewayRecord(t *testing.T) {
 // server gives up, and the advisory makes it an error run in the
 // dead-letter stream instead of a request stuck at the head of its thread.
 func TestMaxDeliveriesDeadLetters(t *testing.T) {
-	h := newHarnessWith(t, bus.Settings{AckWait: time.Second, MaxDeliver: 2})
+	h := newHarnessWith(t, bus.Settings{AckWait: time.Second, MaxDeliver: 2}) // both deliveries run out within the test
 	calls := make(chan struct{}, 4)
 	hang := model.NewScripted(func(int, *model.Request) model.Reply {
 		calls <- struct{}{}
@@ -342,7 +343,7 @@ func TestMaxDeliveriesDeadLetters(t *testing.T) {
 	seq := h.submit(request("t1", "doomed", "crash me"))
 	for range 2 {
 		wh := h.startWorker(hang, nil)
-		<-calls
+		natstest.Recv(t, calls, "the model call of a delivery of run doomed")
 		wh.nc.Close() // the worker dies mid-run
 	}
 	h.startWorker(textModel("ok", 1, 0), nil)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/natsagent/natsagent/internal/model/openaitest"
 	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 // The sequential round trips a no-op run waits for between its delivery
@@ -46,17 +48,35 @@ func TestRunStages(t *testing.T) {
 		t.Fatalf("warm-up run %s: %s", fin.Status, fin.Error)
 	}
 
+	cons, err := h.js.Consumer(context.Background(), h.names.RunsStream(), bus.RunsConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
 	count := func(t *testing.T, thread, run string) int {
 		t.Helper()
+		// The previous run's ack is out first: it comes after its
+		// run.finished, and counted in this run's rounds it would end
+		// them at once (0 stages).
+		testdeploy.WaitFor(t, time.Minute, "the previous run's request acked", func() bool {
+			info, err := cons.Info(context.Background())
+			return err == nil && info.NumAckPending == 0 && info.NumPending == 0
+		})
 		w := h.watch(protocol.DefaultTenant, thread, run)
 		proxy.Hold()
-		h.submit(request(thread, run, "hi"))
+		seq := h.submit(request(thread, run, "hi"))
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		// The run's request is acked once the run ended: +ACK on its
-		// delivery's ack subject (an in-progress signal is +WPI).
+		// delivery's ack subject (an in-progress signal is +WPI),
+		// $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.... Its
+		// own: the previous run's ack follows its run.finished, and on a
+		// loaded machine came in this run's first round, which then
+		// counted 0 stages.
+		ackOf := "$JS.ACK." + h.names.RunsStream() + "." + bus.RunsConsumer + "."
 		rounds, err := proxy.Rounds(ctx, 150*time.Millisecond, func(p natstest.Pub) bool {
-			return strings.HasPrefix(p.Subject, "$JS.ACK."+h.names.RunsStream()+".") && bytes.HasPrefix(p.Data, []byte("+ACK"))
+			rest, ok := strings.CutPrefix(p.Subject, ackOf)
+			tok := strings.Split(rest, ".")
+			return ok && len(tok) > 1 && tok[1] == strconv.FormatUint(seq, 10) && bytes.HasPrefix(p.Data, []byte("+ACK"))
 		})
 		proxy.Release()
 		if err != nil {

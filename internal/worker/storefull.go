@@ -257,7 +257,11 @@ func (j *job) endStoreFullHeld(ctx context.Context, lease *leaseHandle, text str
 			err = gerr
 		case releasedBy(th, req.RunID, held.Epoch):
 			err = j.settleWrite(ctx, func() error {
-				rec, werr := writeEnded(ctx, w.stores.Runs, protocol.EndedRun(kv.NewRun(req, j.seq, th.LastRun.CreatedAt), th.LastRun))
+				final, werr := w.stores.WithOutput(ctx, protocol.EndedRun(kv.NewRun(req, j.seq, th.LastRun.CreatedAt), th.LastRun))
+				if werr != nil {
+					return werr
+				}
+				rec, werr := writeEnded(ctx, w.stores.Runs, final)
 				if errors.Is(werr, errAlreadyFinished) {
 					rec, _, werr = w.stores.Runs.GetLatest(ctx, req.Tenant, req.RunID)
 				}

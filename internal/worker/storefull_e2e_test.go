@@ -98,8 +98,8 @@ func TestStoreFullRecoveryWaitingRuns(t *testing.T) {
 		watchers[th] = h.watch("default", th, "r-"+th)
 		h.submit(request(th, "r-"+th, "work"))
 	}
-	for range threads {
-		<-entered
+	for _, th := range threads {
+		natstest.Recv(t, entered, "the first model call of a run of "+th)
 	}
 	free := h.fillStore(t)
 	close(gate)
@@ -166,8 +166,8 @@ func TestStoreFullRecoveryEndedRuns(t *testing.T) {
 		watchers[th] = h.watch("default", th, "r-"+th)
 		h.submit(request(th, "r-"+th, "work"))
 	}
-	for range threads {
-		<-entered
+	for _, th := range threads {
+		natstest.Recv(t, entered, "the first model call of a run of "+th)
 	}
 	free := h.fillStore(t)
 	close(gate)

@@ -11,6 +11,7 @@ import (
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/model/openaitest"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
 	"github.com/natsagent/natsagent/internal/tools"
@@ -49,7 +50,7 @@ func TestCancelledMidToolThenValidNextRequest(t *testing.T) {
 	h.startWorker(m, nil)
 	w1 := h.watch("default", "t1", "a")
 	h.submit(request("t1", "a", "use the slow tool"))
-	<-toolStarted
+	natstest.Recv(t, toolStarted, "the slow tool of run a")
 	if r, e := h.cancel("default", "t1", "a"); e != nil || r.Status != protocol.StatusCancelled {
 		t.Fatalf("cancel: %+v %+v", r, e)
 	}
@@ -149,7 +150,7 @@ func TestSteeredMidToolThenValidNextRequest(t *testing.T) {
 	h.startWorker(m, nil)
 	w1 := h.watch("default", "t1", "a")
 	h.submit(request("t1", "a", "wait please"))
-	<-started
+	natstest.Recv(t, started, "the wait tool of run a")
 	w2 := h.watch("default", "t1", "s")
 	req := request("t1", "s", "change of plan")
 	req.MultitaskStrategy = protocol.StrategySteer

@@ -9,6 +9,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
@@ -65,7 +66,7 @@ func (h *harness) usageOfThread(t *testing.T, tenant, thread string) *protocol.T
 // usage bucket); the call cut by the crash never
 // completed and counts nowhere.
 func TestUsage_RedeliveredRunCountsCheckpointedCallOnce(t *testing.T) {
-	h := newHarness(t)
+	h := newRedeliveryHarness(t) // the dead worker's run is redelivered
 	h.tools.Register(tools.Func(model.ToolSpec{Name: "side_effect"}, func(ctx context.Context, _ json.RawMessage) (string, error) {
 		return "done", nil
 	}))
@@ -82,7 +83,7 @@ func TestUsage_RedeliveredRunCountsCheckpointedCallOnce(t *testing.T) {
 	a := h.startWorker(dying, nil)
 	w := h.watch("default", "t1", "r1")
 	h.submit(request("t1", "r1", "do the thing"))
-	<-stuck
+	natstest.Recv(t, stuck, "the second model call of run r1")
 	a.nc.Close()
 
 	healthy := model.NewScripted(func(n int, req *model.Request) model.Reply {
@@ -166,7 +167,7 @@ func TestUsage_CancelledRunRecordsItsCalls(t *testing.T) {
 	h.startWorker(m, nil)
 	w := h.watch("default", "t1", "r1")
 	h.submit(request("t1", "r1", "do the thing"))
-	<-stuck
+	natstest.Recv(t, stuck, "the model call of run r1")
 	if _, errReply := h.cancel("default", "t1", "r1"); errReply != nil {
 		t.Fatalf("cancel: %+v", errReply.Error)
 	}
@@ -188,7 +189,7 @@ func TestUsage_CancelledRunRecordsItsCalls(t *testing.T) {
 // totals): the thread's next run breaks the finished run's lease, and
 // that release adds the usage, once.
 func TestUsage_AddedWhenAFinishedRunsLeaseIsReaped(t *testing.T) {
-	h := newHarness(t)
+	h := newRedeliveryHarness(t) // the gone worker's lease goes stale (5 ack waits)
 	h.startWorker(textModel("next", 1, 0), nil)
 	ctx := context.Background()
 	usage := &protocol.RunUsage{RunID: "r1", ThreadID: "t1", Tenant: "default", Final: true}

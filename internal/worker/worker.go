@@ -173,8 +173,14 @@ type Worker struct {
 	// to this worker while an earlier delivery of it still runs here is
 	// held twice, each delivery with its own in-progress signals.
 	held    map[uint64]*job
-	running map[string]*job    // running jobs by tenant.run
-	waiters map[string]*waiter // per thread, runs waiting for it
+	running map[string]*job // running jobs by tenant.run
+	// cancelAsked holds cancels signalled for runs not running here yet
+	// (by tenant.run): a cancel may see a run's lease before the worker
+	// that took it got to setRunning.
+	cancelAsked map[string]cancelAsk
+	// renewSlots bounds the lease renewals out at once (renewLeases).
+	renewSlots chan struct{}
+	waiters    map[string]*waiter // per thread, runs waiting for it
 	// unheld: requests the lease sweep found held by no worker, and when
 	// it first did (reaper.go), by stream seq.
 	unheld   map[uint64]time.Time
@@ -230,21 +236,23 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	return &Worker{
-		cfg:        cfg,
-		names:      names,
-		nc:         nc,
-		js:         js,
-		stores:     stores,
-		pub:        pub,
-		runsStream: st,
-		consumer:   cons,
-		subagents:  sa,
-		log:        cfg.Logger.With(zap.String("worker", cfg.ID)),
-		slots:      make(chan struct{}, cfg.Concurrency),
-		held:       make(map[uint64]*job),
-		running:    make(map[string]*job),
-		waiters:    make(map[string]*waiter),
-		tracer:     tracerOf(cfg.Traces),
+		cfg:         cfg,
+		names:       names,
+		nc:          nc,
+		js:          js,
+		stores:      stores,
+		pub:         pub,
+		runsStream:  st,
+		consumer:    cons,
+		subagents:   sa,
+		log:         cfg.Logger.With(zap.String("worker", cfg.ID)),
+		slots:       make(chan struct{}, cfg.Concurrency),
+		held:        make(map[uint64]*job),
+		running:     make(map[string]*job),
+		cancelAsked: make(map[string]cancelAsk),
+		renewSlots:  make(chan struct{}, 16),
+		waiters:     make(map[string]*waiter),
+		tracer:      tracerOf(cfg.Traces),
 	}, nil
 }
 
@@ -448,23 +456,34 @@ func (w *Worker) heartbeats(ctx context.Context, done <-chan struct{}) {
 				leases = append(leases, l)
 			}
 		}
-		renewLeases(ctx, leases)
+		renewLeases(ctx, leases, every, w.renewSlots, (*leaseHandle).renew)
 	}
 }
 
-// renewLeases renews leases a few at a time.
-func renewLeases(ctx context.Context, leases []*leaseHandle) {
-	sem := make(chan struct{}, 16)
-	var wg sync.WaitGroup
+// renewLeases starts renew for each lease whose last renewal is not still
+// out, and returns without waiting for them: a renewal the server is slow
+// to answer held the next tick (every request's in-progress signal, every
+// other lease's renewal) until it returned. Each renewal is bounded by
+// bound (the heartbeat period: the next tick tries again), and at most
+// cap(slots) are sent at once.
+func renewLeases(ctx context.Context, leases []*leaseHandle, bound time.Duration, slots chan struct{}, renew func(*leaseHandle, context.Context)) {
 	for _, l := range leases {
-		sem <- struct{}{}
-		wg.Add(1)
+		if !l.renewing.CompareAndSwap(false, true) {
+			continue // the last tick's renewal is still out
+		}
 		go func() {
-			defer func() { <-sem; wg.Done() }()
-			l.renew(ctx)
+			defer l.renewing.Store(false)
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			defer func() { <-slots }()
+			rctx, cancel := context.WithTimeout(ctx, bound)
+			defer cancel()
+			renew(l, rctx)
 		}()
 	}
-	wg.Wait()
 }
 
 func (w *Worker) track(j *job) {
@@ -482,10 +501,50 @@ func (w *Worker) untrack(j *job) {
 	w.mu.Unlock()
 }
 
-func (w *Worker) setRunning(j *job) {
+// setRunning makes j the running job of its run, for control signals,
+// and returns the cause of a cancel signalled for the run before (nil:
+// none). j.cancelRun must be set first.
+func (w *Worker) setRunning(j *job) error {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.running[j.key] = j
-	w.mu.Unlock()
+	ask, ok := w.cancelAsked[j.key]
+	if !ok {
+		return nil
+	}
+	delete(w.cancelAsked, j.key)
+	return ask.cause
+}
+
+// cancelAsk is a cancel signalled for a run not running on this worker
+// (yet), with when it came.
+type cancelAsk struct {
+	cause error
+	at    time.Time
+}
+
+// cancelAskTTL is how long a cancel for a run not running here is kept:
+// far longer than a run takes from its lease to setRunning.
+const cancelAskTTL = time.Minute
+
+// runningOrAsked returns the running job of run or, when none runs here,
+// notes the cancel for the job that is about to (setRunning), atomically
+// with setRunning. Notes older than cancelAskTTL are dropped on the way.
+func (w *Worker) runningOrAsked(tenant, run string, cause error) *job {
+	key := bus.Key(tenant, run)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if j := w.running[key]; j != nil {
+		return j
+	}
+	now := time.Now()
+	for k, a := range w.cancelAsked {
+		if now.Sub(a.at) > cancelAskTTL {
+			delete(w.cancelAsked, k)
+		}
+	}
+	w.cancelAsked[key] = cancelAsk{cause: cause, at: now}
+	return nil
 }
 
 func (w *Worker) runningJob(tenant, run string) *job {

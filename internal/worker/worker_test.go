@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
@@ -205,7 +206,7 @@ func TestSteerEndsActiveRunAtBoundary(t *testing.T) {
 	h.startWorker(m, nil)
 	w1 := h.watch("default", "t1", "long")
 	h.submit(request("t1", "long", "long task"))
-	<-started
+	natstest.Recv(t, started, "the model call of run long")
 	time.Sleep(100 * time.Millisecond)
 	w2 := h.watch("default", "t1", "steer")
 	req := request("t1", "steer", "actually, do this")
@@ -247,7 +248,7 @@ func TestSteerWaitsForToolBatch(t *testing.T) {
 	h.startWorker(m, nil)
 	w1 := h.watch("default", "t1", "a")
 	h.submit(request("t1", "a", "use the tool"))
-	<-toolStarted
+	natstest.Recv(t, toolStarted, "the tool of run a")
 	req := request("t1", "s", "steer now")
 	req.MultitaskStrategy = protocol.StrategySteer
 	w2 := h.watch("default", "t1", "s")
@@ -288,7 +289,7 @@ func TestRollbackDiscardsActiveRun(t *testing.T) {
 	w0.finished(t, 10*time.Second)
 	w1 := h.watch("default", "t1", "long")
 	h.submit(request("t1", "long", "long"))
-	<-started
+	natstest.Recv(t, started, "the model call of run long")
 	w2 := h.watch("default", "t1", "rb")
 	req := request("t1", "rb", "instead")
 	req.MultitaskStrategy = protocol.StrategyRollback
@@ -313,7 +314,7 @@ func TestCancelPendingAndRunning(t *testing.T) {
 	h.startWorker(m, nil)
 	wRun := h.watch("default", "t1", "running")
 	h.submit(request("t1", "running", "go"))
-	<-started
+	natstest.Recv(t, started, "the model call of run running")
 	wPend := h.watch("default", "t1", "pending")
 	h.submit(request("t1", "pending", "later"))
 	testdeploy.WaitFor(t, 5*time.Second, "pending run queued", func() bool { return wPend.count(protocol.EventRunQueued) == 1 })
@@ -350,7 +351,7 @@ func TestCancelPendingAndRunning(t *testing.T) {
 	// The next run on the thread works.
 	w3 := h.watch("default", "t1", "after")
 	h.submit(request("t1", "after", "again"))
-	<-started
+	natstest.Recv(t, started, "the model call of run after")
 	if _, e := h.cancel("default", "t1", "after"); e != nil {
 		t.Fatal(e)
 	}

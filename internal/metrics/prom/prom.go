@@ -14,6 +14,7 @@ package prom
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strconv"
 	"sync"
@@ -155,10 +156,16 @@ func New(o Options) (*Recorder, error) {
 		Help: "Runs the gateway published, by multitask strategy."}, []string{"strategy"})
 	r.workers = &workerCollector{trackers: map[*func() metrics.WorkerStats]struct{}{}}
 	r.lag = &lagCollector{refresh: o.LagRefresh, sources: map[string]*lagSource{}}
-	for _, c := range []prometheus.Collector{started, wait, finished, duration, calls, tokens, retries, cancels, dlq, storeFull, jobs, toolCalls, fencePauses, fenceStops, httpCount, httpDuration, submitted, r.workers, r.lag} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
+	// A registry that already holds natsagent's metrics (a gateway --dev
+	// and its in-process workers share the process's registry) gives its
+	// collectors: both recorders then count into the same series, and the
+	// worker gauges sum over every tracked worker.
+	if err := errors.Join(register(reg, &started), register(reg, &wait), register(reg, &finished), register(reg, &duration),
+		register(reg, &calls), register(reg, &tokens), register(reg, &retries), register(reg, &cancels), register(reg, &dlq),
+		register(reg, &storeFull), register(reg, &jobs), register(reg, &toolCalls), register(reg, &fencePauses),
+		register(reg, &fenceStops), register(reg, &httpCount), register(reg, &httpDuration), register(reg, &submitted),
+		register(reg, &r.workers), register(reg, &r.lag)); err != nil {
+		return nil, err
 	}
 
 	r.runsStarted = newSeries(func(k [2]string) prometheus.Counter { return started.WithLabelValues(k[0], k[1]) })
@@ -189,6 +196,21 @@ func New(o Options) (*Recorder, error) {
 	r.httpDuration = newSeries(func(k string) prometheus.Observer { return httpDuration.WithLabelValues(k) })
 	r.submitted = newSeries(func(k string) prometheus.Counter { return submitted.WithLabelValues(k) })
 	return r, nil
+}
+
+// register registers *c on reg, or, when reg already holds an equal
+// collector, points *c at that one. A collector of the same name but
+// other labels (another TenantLabel) is an error.
+func register[C prometheus.Collector](reg *prometheus.Registry, c *C) error {
+	err := reg.Register(*c)
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			*c = existing
+			return nil
+		}
+	}
+	return err
 }
 
 // Registry returns the registry the metrics are in.

@@ -239,3 +239,42 @@ func grep(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// Two recorders on one registry (a gateway --dev and its in-process
+// workers) count into the same series and sum their workers' gauges; a
+// recorder whose labels differ from the registry's is refused.
+func TestRecordersShareARegistry(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	a, err := New(Options{Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(Options{Registry: reg})
+	if err != nil {
+		t.Fatalf("a second recorder on the registry: %v", err)
+	}
+	a.RunFinished("default", "chatbot", "success", time.Second)
+	b.RunFinished("default", "chatbot", "success", time.Second)
+	b.FencePause()
+	untrackA := a.TrackWorker(func() metrics.WorkerStats { return metrics.WorkerStats{Slots: 8} })
+	defer untrackA()
+	untrackB := b.TrackWorker(func() metrics.WorkerStats { return metrics.WorkerStats{Slots: 4} })
+	defer untrackB()
+	want := `
+# HELP natsagent_lease_fence_pauses_total Runs paused because the renewal of their thread lease was not confirmed in time.
+# TYPE natsagent_lease_fence_pauses_total counter
+natsagent_lease_fence_pauses_total 1
+# HELP natsagent_runs_finished_total Runs that reached a terminal status, by agent and status.
+# TYPE natsagent_runs_finished_total counter
+natsagent_runs_finished_total{agent="chatbot",status="success"} 2
+# HELP natsagent_worker_slots Runs the process's workers may execute at once (their concurrency).
+# TYPE natsagent_worker_slots gauge
+natsagent_worker_slots 12
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "natsagent_runs_finished_total", "natsagent_lease_fence_pauses_total", "natsagent_worker_slots"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Options{Registry: reg, TenantLabel: true}); err == nil {
+		t.Fatal("a recorder with a tenant label was added to a registry without one")
+	}
+}
