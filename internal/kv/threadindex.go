@@ -200,15 +200,9 @@ func (s *Threads) Reindex(ctx context.Context, tenant string) (added, removed in
 	if err != nil {
 		return 0, 0, err
 	}
-	lister, err := s.kv.ListKeysFiltered(ctx, bus.Key(tenant, "*", createdToken, "*"))
-	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+	keys, err := s.keySet(ctx, bus.Key(tenant, "*", createdToken, "*"))
+	if err != nil {
 		return 0, 0, err
-	}
-	keys := map[string]bool{}
-	if lister != nil {
-		for k := range lister.Keys() {
-			keys[k] = true
-		}
 	}
 	want := map[string]bool{}
 	var missing []*protocol.Thread
@@ -355,4 +349,21 @@ func (s *Threads) readRaw(ctx context.Context, filter string, lo, hi uint64, vis
 		}
 	}
 	return nil
+}
+
+// keySet is every key of the bucket matching one of filters (none: an
+// empty set), as the reindexers compare them with what the records want.
+func (s *Threads) keySet(ctx context.Context, filters ...string) (map[string]bool, error) {
+	lister, err := s.kv.ListKeysFiltered(ctx, filters...)
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return map[string]bool{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	keys := map[string]bool{}
+	for k := range lister.Keys() {
+		keys[k] = true
+	}
+	return keys, nil
 }

@@ -207,15 +207,9 @@ func (s *Threads) ReindexStatus(ctx context.Context, tenant string) (added, remo
 	if err != nil {
 		return 0, 0, err
 	}
-	lister, err := s.kv.ListKeysFiltered(ctx, bus.Key(tenant, "*", statusToken, "*", "*"), bus.Key(tenant, "*", metaToken, "*", "*"))
-	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+	keys, err := s.keySet(ctx, bus.Key(tenant, "*", statusToken, "*", "*"), bus.Key(tenant, "*", metaToken, "*", "*"))
+	if err != nil {
 		return 0, 0, err
-	}
-	keys := map[string]bool{}
-	if lister != nil {
-		for k := range lister.Keys() {
-			keys[k] = true
-		}
 	}
 	want := map[string]bool{}
 	var acks []jetstream.PubAckFuture
