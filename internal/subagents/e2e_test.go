@@ -550,9 +550,11 @@ func TestGracefulHandOffKeepsChildRunning(t *testing.T) {
 	case <-time.After(natstest.Patience):
 		t.Fatal("worker wa did not stop")
 	}
-	testdeploy.WaitFor(t, 20*time.Second, "the lead to move to wb", func() bool {
+	testdeploy.WaitFor(t, natstest.Patience, "the lead to move to wb", func() bool {
+		// No view while handed back: no lease, no record, and the
+		// request not yet taken again.
 		r := e.record("lead1")
-		return r.Worker == "wb" && r.Status == protocol.StatusRunning
+		return r != nil && r.Worker == "wb" && r.Status == protocol.StatusRunning
 	})
 	open()
 	fin := lead.finished(t, 30*time.Second)
