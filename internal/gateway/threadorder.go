@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -52,22 +51,11 @@ func (x *threadStatusIndex) statusOf(id string) string {
 // tenant's status index is complete (kv.Threads.ReindexStatus adds the
 // threads written before it existed, once per tenant).
 func (s *Server) ensureStatusIndexed(ctx context.Context, tenant string) error {
-	if _, ok := s.statusIndexed.Load(tenant); ok {
-		return nil
+	behind := func(ctx context.Context, tenant string) (bool, error) {
+		done, err := s.stores.Threads.StatusIndexed(ctx, tenant)
+		return !done, err
 	}
-	done, err := s.stores.Threads.StatusIndexed(ctx, tenant)
-	if err != nil {
-		return err
-	}
-	if !done {
-		added, removed, err := s.stores.Threads.ReindexStatus(ctx, tenant)
-		if err != nil {
-			return err
-		}
-		s.log.Info("thread status index built", zap.String("tenant", tenant), zap.Int("added", added), zap.Int("removed", removed))
-	}
-	s.statusIndexed.Store(tenant, true)
-	return nil
+	return s.onceIndexed(ctx, &s.statusIndexed, tenant, "thread status index built", behind, s.stores.Threads.ReindexStatus)
 }
 
 // statusIndex reads the indexes for the threads of tenant r may see;

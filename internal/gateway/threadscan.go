@@ -97,21 +97,30 @@ func (s *Server) ownerFilter(r *http.Request) (func(string) bool, []string) {
 // creation index is not behind its records, and repairs it if it is
 // (threads written before the index existed).
 func (s *Server) ensureIndexed(ctx context.Context, tenant string) error {
-	if _, ok := s.indexed.Load(tenant); ok {
+	return s.onceIndexed(ctx, &s.indexed, tenant, "thread index repaired", s.stores.Threads.IndexBehind, s.stores.Threads.Reindex)
+}
+
+// onceIndexed runs, once per process and tenant (seen remembers the
+// tenants done), the check of one of the threads bucket's indexes and,
+// when it says the index is behind the records, its rebuild, logged as
+// done.
+func (s *Server) onceIndexed(ctx context.Context, seen *sync.Map, tenant, done string,
+	behind func(context.Context, string) (bool, error), rebuild func(context.Context, string) (added, removed int, err error)) error {
+	if _, ok := seen.Load(tenant); ok {
 		return nil
 	}
-	behind, err := s.stores.Threads.IndexBehind(ctx, tenant)
+	stale, err := behind(ctx, tenant)
 	if err != nil {
 		return err
 	}
-	if behind {
-		added, removed, err := s.stores.Threads.Reindex(ctx, tenant)
+	if stale {
+		added, removed, err := rebuild(ctx, tenant)
 		if err != nil {
 			return err
 		}
-		s.log.Info("thread index repaired", zap.String("tenant", tenant), zap.Int("added", added), zap.Int("removed", removed))
+		s.log.Info(done, zap.String("tenant", tenant), zap.Int("added", added), zap.Int("removed", removed))
 	}
-	s.indexed.Store(tenant, true)
+	seen.Store(tenant, true)
 	return nil
 }
 
