@@ -231,6 +231,21 @@ func (s *Threads) Reindex(ctx context.Context, tenant string) (added, removed in
 			added++
 		}
 	}
+	// Read again: the record may have been created since the list.
+	removed, err = s.purgeOrphans(ctx, tenant, keys, want, func(t *protocol.Thread, thread, k string) bool {
+		return CreatedKey(tenant, thread, t.Owner) == k
+	})
+	return added, removed, err
+}
+
+// purgeOrphans purges the index keys of tenant in keys that want lacks,
+// once they are older than orphanGrace and their thread's record, read
+// again, still does not want them (wanted, given the thread id the key
+// names; a missing record wants none):
+// a writer may have created or changed the record since the list. It
+// returns how many it purged.
+func (s *Threads) purgeOrphans(ctx context.Context, tenant string, keys, want map[string]bool, wanted func(t *protocol.Thread, thread, key string) bool) (int, error) {
+	removed := 0
 	for k := range keys {
 		if want[k] {
 			continue
@@ -239,19 +254,18 @@ func (s *Threads) Reindex(ctx context.Context, tenant string) (added, removed in
 		if err != nil || time.Since(e.Created()) < orphanGrace {
 			continue
 		}
-		// Read again: the record may have been created since the list.
 		thread := strings.Split(k, ".")[1]
-		if t, _, err := s.GetLatest(ctx, tenant, thread); err == nil && CreatedKey(tenant, thread, t.Owner) == k {
+		if t, _, err := s.GetLatest(ctx, tenant, thread); err == nil && wanted(t, thread, k) {
 			continue
 		} else if err != nil && !errors.Is(err, ErrNotFound) {
-			return added, removed, err
+			return removed, err
 		}
 		if err := s.purgeKey(ctx, k); err != nil {
-			return added, removed, err
+			return removed, err
 		}
 		removed++
 	}
-	return added, removed, nil
+	return removed, nil
 }
 
 // Created calls visit with tenant's creation index entries whose owner

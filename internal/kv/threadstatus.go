@@ -267,25 +267,12 @@ func (s *Threads) ReindexStatus(ctx context.Context, tenant string) (added, remo
 	if err := settle(); err != nil {
 		return added, removed, err
 	}
-	for k := range keys {
-		if want[k] {
-			continue
-		}
-		e, err := s.kv.Get(ctx, k)
-		if err != nil || time.Since(e.Created()) < orphanGrace {
-			continue
-		}
-		// Read again: the record may have moved into the status since.
-		toks := strings.Split(k, ".")
-		if t, _, err := s.GetLatest(ctx, tenant, toks[1]); err == nil && (StatusKey(tenant, toks[1], t.Status, t.Owner) == k || metadataKeys(t)[k]) {
-			continue
-		} else if err != nil && !errors.Is(err, ErrNotFound) {
-			return added, removed, err
-		}
-		if err := s.purgeKey(ctx, k); err != nil {
-			return added, removed, err
-		}
-		removed++
+	// Read again: the record may have moved into the status since.
+	removed, err = s.purgeOrphans(ctx, tenant, keys, want, func(t *protocol.Thread, thread, k string) bool {
+		return StatusKey(tenant, thread, t.Status, t.Owner) == k || metadataKeys(t)[k]
+	})
+	if err != nil {
+		return added, removed, err
 	}
 	data, _ := json.Marshal(statusEntry{At: time.Now().UTC()})
 	pctx, cancel := bound(ctx)
