@@ -161,20 +161,7 @@ func (s *Server) statusCandidates(r *http.Request, tenant, st string, match func
 		}
 	}
 	slices.Sort(ids)
-	ths, err := s.threadsByKey(r.Context(), tenant, ids)
-	if err != nil {
-		return nil, err
-	}
-	for _, th := range ths {
-		if th == nil {
-			continue
-		}
-		trimThread(th)
-		if match(th) {
-			out = append(out, *th)
-		}
-	}
-	return out, nil
+	return s.matchingByKey(r.Context(), tenant, ids, match, out)
 }
 
 // orderedIDs returns the ids of the threads r may see in the order of a
@@ -213,18 +200,9 @@ func (s *Server) firstMatching(ctx context.Context, tenant string, ids []string,
 	n := max(want, 1)
 	for i := 0; i < len(ids); {
 		j := min(len(ids), i+n)
-		ths, err := s.threadsByKey(ctx, tenant, ids[i:j])
-		if err != nil {
+		var err error
+		if found, err = s.matchingByKey(ctx, tenant, ids[i:j], match, found); err != nil {
 			return nil, 0, err
-		}
-		for _, th := range ths {
-			if th == nil {
-				continue
-			}
-			trimThread(th)
-			if match(th) {
-				found = append(found, *th)
-			}
 		}
 		i = j
 		if len(found) >= want && i < len(ids) {

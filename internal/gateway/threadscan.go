@@ -139,20 +139,12 @@ func (s *Server) createdThreads(ctx context.Context, tenant string, desc bool, w
 		if readErr != nil || len(pending) == 0 {
 			return
 		}
-		ths, err := s.threadsByKey(ctx, tenant, pending)
+		var err error
+		found, err = s.matchingByKey(ctx, tenant, pending, match, found)
 		pending = pending[:0]
 		if err != nil {
 			readErr = err
 			return
-		}
-		for _, th := range ths {
-			if th == nil {
-				continue
-			}
-			trimThread(th)
-			if match(th) {
-				found = append(found, *th)
-			}
 		}
 	}
 	complete, err := s.stores.Threads.Created(ctx, tenant, desc, want, owner, func(thread string, _ uint64) {
@@ -183,6 +175,25 @@ const keyReaders = 8
 
 // threadsByKey reads the records of threads of tenant, in their order; a
 // thread without a record (deleted since it was listed) is nil.
+// matchingByKey appends to found the records of threads (read by key,
+// trimmed) that match; a thread without a record is skipped.
+func (s *Server) matchingByKey(ctx context.Context, tenant string, threads []string, match func(*protocol.Thread) bool, found []protocol.Thread) ([]protocol.Thread, error) {
+	ths, err := s.threadsByKey(ctx, tenant, threads)
+	if err != nil {
+		return found, err
+	}
+	for _, th := range ths {
+		if th == nil {
+			continue
+		}
+		trimThread(th)
+		if match(th) {
+			found = append(found, *th)
+		}
+	}
+	return found, nil
+}
+
 func (s *Server) threadsByKey(ctx context.Context, tenant string, threads []string) ([]*protocol.Thread, error) {
 	out := make([]*protocol.Thread, len(threads))
 	errs := make([]error, len(threads))

@@ -190,20 +190,9 @@ func (s *Server) searchThreads(w http.ResponseWriter, r *http.Request, tenant st
 	switch {
 	case useMetadata:
 		// Few threads have the metadata: their records, confirmed.
-		ths, err := s.threadsByKey(r.Context(), tenant, byMetadata)
+		found, err := s.matchingByKey(r.Context(), tenant, byMetadata, s.threadMatcher(r, &b), nil)
 		if err != nil {
 			return errUnavailable("the threads bucket is not available", err)
-		}
-		match := s.threadMatcher(r, &b)
-		var found []protocol.Thread
-		for _, th := range ths {
-			if th == nil {
-				continue
-			}
-			trimThread(th)
-			if match(th) {
-				found = append(found, *th)
-			}
 		}
 		top, total = topK(found, p.offset+p.limit, cmp), len(found)
 	case len(b.Ids) == 0 && b.Status != "" && b.Status != protocol.ThreadIdle:
