@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +16,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/config"
+	"github.com/natsagent/natsagent/internal/policy"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 )
@@ -39,14 +42,21 @@ func benchDeployment(b *testing.B) *testdeploy.Deployment {
 	return d
 }
 
-// benchSearch measures POST body to path on a gateway over the
-// deployment and reports its p99 and p50.
-func benchSearch(b *testing.B, hs *httptest.Server, path, body string) {
+// benchSearch measures POST body to path on gateway gw (served by hs)
+// and reports its p99 and p50, the thread records it read and the
+// messages the gateway sent the server (its requests) per search. With
+// no headers it searches tenant "big" unauthenticated.
+func benchSearch(b *testing.B, gw *Server, hs *httptest.Server, path, body string, headers ...string) {
 	search := func() time.Duration {
 		start := time.Now()
 		req, _ := http.NewRequest("POST", hs.URL+path, strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Tenant", "big")
+		if len(headers) == 0 {
+			req.Header.Set("X-Tenant", "big")
+		}
+		for i := 0; i+1 < len(headers); i += 2 {
+			req.Header.Set(headers[i], headers[i+1])
+		}
 		resp, err := hs.Client().Do(req)
 		if err != nil {
 			b.Fatal(err)
@@ -58,6 +68,7 @@ func benchSearch(b *testing.B, hs *httptest.Server, path, body string) {
 		return time.Since(start)
 	}
 	var took []time.Duration
+	read0, sent0 := gw.stores.Threads.RecordsRead(), gw.nc.Stats().OutMsgs
 	b.ResetTimer()
 	for b.Loop() {
 		took = append(took, search())
@@ -66,6 +77,28 @@ func benchSearch(b *testing.B, hs *httptest.Server, path, body string) {
 	slices.Sort(took)
 	b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "p99-ms")
 	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(gw.stores.Threads.RecordsRead()-read0)/float64(len(took)), "records/op")
+	b.ReportMetric(float64(gw.nc.Stats().OutMsgs-sent0)/float64(len(took)), "calls/op")
+}
+
+// benchOwner is the API key of the user whose own threads the owner
+// benchmarks search: one thread in 5,000 of tenant "owned" is theirs.
+const benchOwner = "alice-0123456789-bench-key"
+
+// withOwners makes gw authenticate benchOwner as user alice of tenant
+// "owned", a member who may see only their own threads.
+func withOwners(b *testing.B, gw *Server) {
+	pol, err := policy.New(config.Policy{DefaultRoles: []string{"member"}, Roles: map[string]config.Role{
+		"member": {Agents: []string{"chatbot"}, Tools: config.ToolRule{Allow: []string{"*"}}},
+	}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	a, err := newAuthenticator([]APIKey{{Name: "alice", Tenant: "owned", SHA256: sha256.Sum256([]byte(benchOwner))}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	gw.auth, gw.cfg.Policy = a, pol
 }
 
 // BenchmarkThreadsSearch: threads.search and threads.count with
@@ -95,12 +128,29 @@ func BenchmarkThreadsSearch(b *testing.B) {
 		}
 	}
 	b.Logf("set %d statuses in %v", benchThreads()/50, time.Since(start))
+	// Tenant "owned": as many threads, one in 5,000 alice's, the others
+	// another user's.
+	start = time.Now()
+	writeThreadsOf(b, d.JS, d.Settings.Names.ThreadsBucket(), "owned", "o", benchThreads(), func(i int) string {
+		if i%5000 == 17 {
+			return "alice"
+		}
+		return "other"
+	})
+	b.Logf("wrote %d owned threads in %v", benchThreads(), time.Since(start))
 	gw, err := New(ctx, d.NC, Config{Settings: d.Settings, Logger: zap.NewNop()})
 	if err != nil {
 		b.Fatal(err)
 	}
 	hs := httptest.NewServer(gw.Handler())
 	defer hs.Close()
+	gwOwn, err := New(ctx, d.NC, Config{Settings: d.Settings, Logger: zap.NewNop()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	withOwners(b, gwOwn)
+	hsOwn := httptest.NewServer(gwOwn.Handler())
+	defer hsOwn.Close()
 	// The first search by status checks the status index once per
 	// process (and builds it on a deployment older than it).
 	start = time.Now()
@@ -112,24 +162,39 @@ func BenchmarkThreadsSearch(b *testing.B) {
 	}
 	resp.Body.Close()
 	b.Logf("first count by status %v", time.Since(start))
-	for _, c := range []struct{ name, path, body string }{
-		{"updated_at-desc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "updated_at", "sort_order": "desc"}`},
-		{"created_at-desc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "created_at", "sort_order": "desc"}`},
-		{"created_at-asc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "created_at", "sort_order": "asc"}`},
-		{"thread_id-asc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "thread_id", "sort_order": "asc"}`},
-		{"thread_id-desc-unfiltered", "/threads/search", `{"limit": 10, "sort_by": "thread_id", "sort_order": "desc"}`},
-		{"status-desc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "status", "sort_order": "desc"}`},
-		{"status-asc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "status", "sort_order": "asc"}`},
-		{"filter-interrupted", "/threads/search", `{"limit": 10, "status": "interrupted"}`},
-		{"filter-error-metadata", "/threads/search", `{"limit": 10, "status": "error", "metadata": {"user": "u7"}}`},
-		{"filter-idle", "/threads/search", `{"limit": 10, "status": "idle", "metadata": {"user": "u3"}}`},
-		{"count-interrupted", "/threads/count", `{"status": "interrupted"}`},
-		{"count-idle", "/threads/count", `{"status": "idle"}`},
-		{"count", "/threads/count", `{}`},
-		{"count-metadata", "/threads/count", `{"metadata": {"user": "u3"}}`},
-		{"count-metadata-status", "/threads/count", `{"metadata": {"user": "u7"}, "status": "error"}`},
+	owner := []string{"X-API-Key", benchOwner}
+	for _, c := range []struct {
+		name, path, body string
+		headers          []string
+	}{
+		{"updated_at-desc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "updated_at", "sort_order": "desc"}`, nil},
+		{"updated_at-asc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "updated_at", "sort_order": "asc"}`, nil},
+		{"own-updated_at-desc", "/threads/search", `{"limit": 10}`, owner},
+		{"own-updated_at-asc", "/threads/search", `{"limit": 10, "sort_order": "asc"}`, owner},
+		{"own-created_at-desc", "/threads/search", `{"limit": 10, "sort_by": "created_at"}`, owner},
+		{"own-count", "/threads/count", `{}`, owner},
+		{"created_at-desc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "created_at", "sort_order": "desc"}`, nil},
+		{"created_at-asc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "created_at", "sort_order": "asc"}`, nil},
+		{"thread_id-asc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "thread_id", "sort_order": "asc"}`, nil},
+		{"thread_id-desc-unfiltered", "/threads/search", `{"limit": 10, "sort_by": "thread_id", "sort_order": "desc"}`, nil},
+		{"status-desc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "status", "sort_order": "desc"}`, nil},
+		{"status-asc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "status", "sort_order": "asc"}`, nil},
+		{"filter-interrupted", "/threads/search", `{"limit": 10, "status": "interrupted"}`, nil},
+		{"filter-error-metadata", "/threads/search", `{"limit": 10, "status": "error", "metadata": {"user": "u7"}}`, nil},
+		{"filter-idle", "/threads/search", `{"limit": 10, "status": "idle", "metadata": {"user": "u3"}}`, nil},
+		{"count-interrupted", "/threads/count", `{"status": "interrupted"}`, nil},
+		{"count-idle", "/threads/count", `{"status": "idle"}`, nil},
+		{"count", "/threads/count", `{}`, nil},
+		{"count-metadata", "/threads/count", `{"metadata": {"user": "u3"}}`, nil},
+		{"count-metadata-status", "/threads/count", `{"metadata": {"user": "u7"}, "status": "error"}`, nil},
 	} {
-		b.Run(c.name, func(b *testing.B) { benchSearch(b, hs, c.path, c.body) })
+		b.Run(c.name, func(b *testing.B) {
+			if c.headers != nil {
+				benchSearch(b, gwOwn, hsOwn, c.path, c.body, c.headers...)
+				return
+			}
+			benchSearch(b, gw, hs, c.path, c.body)
+		})
 	}
 }
 

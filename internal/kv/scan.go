@@ -130,6 +130,7 @@ func (s *Threads) readRange(ctx context.Context, filter string, lo, hi uint64, v
 			if m.deleted {
 				continue
 			}
+			s.read.Add(1)
 			var t protocol.Thread
 			if decodeExact(m.data, &t) == nil && t.ThreadID != "" {
 				visit(&t, m.seq)
