@@ -29,33 +29,128 @@ import (
 // index: it starts without reading the bucket, and a write, deletion or
 // erasure shows in the next search because the record is the index.
 
-// newestThreads returns the first want threads of tenant that match, by
-// last write, newest first, and how many match in all, or -1 when it did
-// not read far enough to know.
-func (s *Server) newestThreads(ctx context.Context, tenant string, want int, match func(*protocol.Thread) bool) ([]protocol.Thread, int, error) {
-	type written struct {
-		th  protocol.Thread
-		seq uint64
-	}
+// updatedThreads returns the first want threads of tenant that match, by
+// last write, newest first when desc, and how many match in all, or -1
+// when it did not read far enough to know.
+func (s *Server) updatedThreads(ctx context.Context, tenant string, desc bool, want int, match func(*protocol.Thread) bool) ([]protocol.Thread, int, error) {
 	var found []written
-	complete, err := s.stores.Threads.Recent(ctx, tenant, want, func(th *protocol.Thread, seq uint64) {
+	at := map[string]int{} // thread id -> index in found
+	complete, err := s.stores.Threads.Updated(ctx, tenant, desc, want, func(th *protocol.Thread, seq uint64) {
 		trimThread(th)
-		if match(th) {
-			found = append(found, written{*th, seq})
+		if !match(th) {
+			return
 		}
+		// Oldest first, a record rewritten during the read is met again
+		// at its new place: keep that one.
+		if i, ok := at[th.ThreadID]; ok {
+			if seq > found[i].seq {
+				found[i] = written{*th, seq}
+			}
+			return
+		}
+		at[th.ThreadID] = len(found)
+		found = append(found, written{*th, seq})
 	}, func() bool { return len(found) >= want })
 	if err != nil {
 		return nil, 0, err
 	}
-	slices.SortFunc(found, func(a, b written) int { return cmp.Compare(b.seq, a.seq) })
-	out := make([]protocol.Thread, 0, min(len(found), want))
-	for _, w := range found[:min(len(found), want)] {
-		out = append(out, w.th)
-	}
+	out := byWrite(found, desc, want)
 	if complete {
 		return out, len(found), nil
 	}
 	return out, -1, nil
+}
+
+// written is a thread record and the stream sequence of its last write.
+type written struct {
+	th  protocol.Thread
+	seq uint64
+}
+
+// byWrite returns the first want of found by last write, newest first
+// when desc.
+func byWrite(found []written, desc bool, want int) []protocol.Thread {
+	slices.SortFunc(found, func(a, b written) int {
+		if desc {
+			return cmp.Compare(b.seq, a.seq)
+		}
+		return cmp.Compare(a.seq, b.seq)
+	})
+	out := make([]protocol.Thread, 0, min(len(found), want))
+	for _, w := range found[:min(len(found), want)] {
+		out = append(out, w.th)
+	}
+	return out
+}
+
+// maxOwnThreads bounds the threads a search of a user who may see only
+// some owners' threads reads in full to sort them itself (ownThreads).
+var maxOwnThreads = 4096
+
+// ownThreadsFirst reports whether a search by updated_at or created_at
+// of r, whose owner filter is owners (nil: every owner), reads the
+// threads r may see and sorts them itself rather than read the tenant's
+// stream from one end. It does when r may see only some owners' threads
+// and those are few (at most maxOwnThreads): they are read, and no other
+// owner's record. A user who may see more reads the stream from one end
+// (a search by updated_at would read every record of theirs otherwise),
+// passing over other owners' records without returning or counting
+// them; by updated_at it does so only when the user may see at least a
+// quarter of the tenant's threads (so the records it reads are the
+// user's, about one in four or more, as they are spread), else it reads
+// theirs in full too. By created_at the stream read is the creation
+// index, whose keys name their owner: it reads no other owner's record.
+func (s *Server) ownThreadsFirst(ctx context.Context, tenant, by string, owners []string) (bool, error) {
+	if owners == nil {
+		return false, nil
+	}
+	if err := s.ensureIndexed(ctx, tenant); err != nil {
+		return false, err
+	}
+	mine, err := s.stores.Threads.Count(ctx, tenant, owners)
+	if err != nil || mine <= maxOwnThreads || by == "created_at" {
+		return mine <= maxOwnThreads, err
+	}
+	all, err := s.stores.Threads.Count(ctx, tenant, nil)
+	if err != nil {
+		return false, err
+	}
+	return 4*mine < all, nil
+}
+
+// ownThreads returns the first want threads of tenant owned by one of
+// owners that match, in the order of a search by updated_at (their last
+// write's place in the stream, as updatedThreads orders them) or
+// created_at, newest first when desc, and how many match. It lists
+// their ids from the creation index's subjects and reads their records,
+// and no other thread's.
+func (s *Server) ownThreads(ctx context.Context, tenant string, owners []string, by string, desc bool, want int, match func(*protocol.Thread) bool) ([]protocol.Thread, int, error) {
+	if err := s.ensureIndexed(ctx, tenant); err != nil {
+		return nil, 0, err
+	}
+	ids, err := s.stores.Threads.IDs(ctx, tenant, owners)
+	if err != nil {
+		return nil, 0, err
+	}
+	var found []written
+	err = s.stores.Threads.Records(ctx, tenant, ids, func(th *protocol.Thread, seq uint64) {
+		trimThread(th)
+		if match(th) {
+			found = append(found, written{*th, seq})
+		}
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	if by != "created_at" {
+		return byWrite(found, desc, want), len(found), nil
+	}
+	order, _ := threadOrder(by, map[bool]string{true: "desc", false: "asc"}[desc])
+	ths := make([]protocol.Thread, len(found))
+	for i := range found {
+		ths[i] = found[i].th
+	}
+	return topK(ths, want, order), len(found), nil
 }
 
 // allThreads returns every thread of tenant that matches.

@@ -301,7 +301,7 @@ func TestThreadsSearchReadsBackFromTheNewest(t *testing.T) {
 
 	// Only the newest part is read for a page of the newest.
 	visited := 0
-	complete, err := e.stores.Threads.Recent(ctx, "big", 10, func(*protocol.Thread, uint64) { visited++ }, func() bool { return visited >= 10 })
+	complete, err := e.stores.Threads.Updated(ctx, "big", true, 10, func(*protocol.Thread, uint64) { visited++ }, func() bool { return visited >= 10 })
 	if err != nil || complete {
 		t.Fatalf("recent: complete %v, err %v", complete, err)
 	}
