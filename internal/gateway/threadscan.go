@@ -3,7 +3,6 @@ package gateway
 import (
 	"cmp"
 	"context"
-	"errors"
 	"net/http"
 	"slices"
 	"sync"
@@ -16,18 +15,21 @@ import (
 
 // Thread searches read the threads bucket's stream, which holds each
 // thread's record once, at the sequence of its last write
-// (kv.Threads.Recent): the newest threads of a tenant are at its end. A
-// search by updated_at, newest first (LangGraph's default, and what
-// Agent Chat UI's history asks for), reads back from the end until it
-// holds a page, and orders it by the write's place in the stream, the
-// order the NATS server stored the writes in (updated_at is the writer's
-// clock, set just before it wrote: the same order but for writes a few
-// milliseconds apart from different hosts). The thread_id and status
-// orders, status filters and counts by status or scalar metadata list
-// index subjects (threadorder.go); what neither serves reads the
-// tenant's records in full (kv.Threads.Scan). The gateway keeps no
-// index: it starts without reading the bucket, and a write, deletion or
-// erasure shows in the next search because the record is the index.
+// (kv.Threads.Updated): the newest threads of a tenant are at its end,
+// the least recently written at its start. A search by updated_at (newest
+// first is LangGraph's default, and what Agent Chat UI's history asks
+// for) reads from the end its order starts at until it holds a page, and
+// orders it by the write's place in the stream, the order the NATS server
+// stored the writes in (updated_at is the writer's clock, set just before
+// it wrote: the same order but for writes a few milliseconds apart from
+// different hosts). A user who may see only some owners' threads is
+// searched by updated_at or created_at from those threads' records alone
+// (ownThreads). The thread_id and status orders, status filters and
+// counts by status or scalar metadata list index subjects
+// (threadorder.go); what neither serves reads the tenant's records in
+// full (kv.Threads.Scan). The gateway keeps no index: it starts without
+// reading the bucket, and a write, deletion or erasure shows in the next
+// search because the record is the index.
 
 // updatedThreads returns the first want threads of tenant that match, by
 // last write, newest first when desc, and how many match in all, or -1
@@ -230,17 +232,20 @@ func (s *Server) createdThreads(ctx context.Context, tenant string, desc bool, w
 	var pending []string
 	seen := map[string]bool{}
 	var readErr error
+	skipped := false // ids listed whose records were not read: the page was full
 	resolve := func() {
-		if readErr != nil || len(pending) == 0 {
-			return
+		// A window may list far more ids than the page needs (the first
+		// one holding any when the tenant's newest keys are far from the
+		// stream's end): read their records a few at a time.
+		for readErr == nil && len(pending) > 0 && len(found) < want {
+			n := min(len(pending), max(4*(want-len(found)), 64))
+			found, readErr = s.matchingByKey(ctx, tenant, pending[:n], match, found)
+			pending = pending[n:]
 		}
-		var err error
-		found, err = s.matchingByKey(ctx, tenant, pending, match, found)
+		if len(pending) > 0 && readErr == nil {
+			skipped = true
+		}
 		pending = pending[:0]
-		if err != nil {
-			readErr = err
-			return
-		}
 	}
 	complete, err := s.stores.Threads.Created(ctx, tenant, desc, want, owner, func(thread string, _ uint64) {
 		if !seen[thread] {
@@ -259,17 +264,12 @@ func (s *Server) createdThreads(ctx context.Context, tenant string, desc bool, w
 		return nil, 0, readErr
 	}
 	out := found[:min(len(found), want)]
-	if complete {
+	if complete && !skipped {
 		return out, len(found), nil
 	}
 	return out, -1, nil
 }
 
-// keyReaders bounds the records one request reads at a time.
-const keyReaders = 8
-
-// threadsByKey reads the records of threads of tenant, in their order; a
-// thread without a record (deleted since it was listed) is nil.
 // matchingByKey appends to found the records of threads (read by key,
 // trimmed) that match; a thread without a record is skipped.
 func (s *Server) matchingByKey(ctx context.Context, tenant string, threads []string, match func(*protocol.Thread) bool, found []protocol.Thread) ([]protocol.Thread, error) {
@@ -289,23 +289,24 @@ func (s *Server) matchingByKey(ctx context.Context, tenant string, threads []str
 	return found, nil
 }
 
+// threadsByKey reads the records of threads of tenant, in their order, a
+// batch of them per request (kv.Threads.Records); a thread without a
+// record (deleted since it was listed) is nil, and a thread named twice
+// is read once and shown at its first place only.
 func (s *Server) threadsByKey(ctx context.Context, tenant string, threads []string) ([]*protocol.Thread, error) {
 	out := make([]*protocol.Thread, len(threads))
-	errs := make([]error, len(threads))
-	sem := make(chan struct{}, keyReaders)
-	var wg sync.WaitGroup
+	at := make(map[string]int, len(threads))
+	ids := make([]string, 0, len(threads))
 	for i, id := range threads {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			th, _, err := s.stores.Threads.Get(ctx, tenant, id)
-			if err != nil && !errors.Is(err, kv.ErrNotFound) {
-				errs[i] = err
-			}
-			out[i] = th
-		}()
+		if _, ok := at[id]; !ok {
+			at[id] = i
+			ids = append(ids, id)
+		}
 	}
-	wg.Wait()
-	return out, errors.Join(errs...)
+	err := s.stores.Threads.Records(ctx, tenant, ids, func(th *protocol.Thread, _ uint64) {
+		if i, ok := at[th.ThreadID]; ok {
+			out[i] = th
+		}
+	})
+	return out, err
 }

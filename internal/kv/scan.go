@@ -32,7 +32,7 @@ const (
 	// scanMaxBytes bounds one answer's bytes (the server's own default is
 	// its slow-consumer limit).
 	scanMaxBytes = 1 << 20
-	// Recent's first window is eight stream sequences per record wanted,
+	// walk's first window is eight stream sequences per record wanted,
 	// within these bounds; each further window is four times the last.
 	minWindow, maxFirstWindow = 64, 4096
 )
@@ -196,8 +196,8 @@ const recordsBatch = 512
 // Records calls visit with the records of tenant's threads named in ids
 // and the stream sequence of their last write, a batch of threads per
 // request (a direct get of each subject's last message), in no
-// particular order; a thread without a record is skipped. It reads those
-// records only.
+// particular order; a thread without a record is skipped, a record that
+// does not decode is an error (as for Get). It reads those records only.
 func (s *Threads) Records(ctx context.Context, tenant string, ids []string, visit func(t *protocol.Thread, seq uint64)) error {
 	if !protocol.ValidToken(tenant) {
 		return nil
@@ -216,8 +216,16 @@ func (s *Threads) Records(ctx context.Context, tenant string, ids []string, visi
 			return err
 		}
 		for _, m := range msgs {
-			if t := s.decodeRecord(m); t != nil {
-				visit(t, m.seq)
+			if m.deleted {
+				continue
+			}
+			s.read.Add(1)
+			var t protocol.Thread
+			if err := decodeExact(m.data, &t); err != nil {
+				return fmt.Errorf("decode %s: %w", strings.TrimPrefix(m.subject, "$KV."+s.bucket+"."), err)
+			}
+			if t.ThreadID != "" {
+				visit(&t, m.seq)
 			}
 		}
 		if !more || len(msgs) == 0 {
