@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -59,6 +60,11 @@ type index struct {
 	oversized map[string]time.Time
 	stats     IndexStats
 	err       error
+	// hook, set by tests, is called as a tenant loads ("registered"
+	// before its read of the bucket, "read" after it, before the merge,
+	// with the tenant) and as the watch delivers an entry ("apply", with
+	// its key).
+	hook atomic.Pointer[func(stage, name string)]
 }
 
 // tenantIndex is one tenant's items in the index.
@@ -220,6 +226,7 @@ func (ix *index) follow(w jetstream.KeyWatcher) {
 // loading are decoded.
 func (ix *index) apply(e jetstream.KeyValueEntry) {
 	key, rev := e.Key(), e.Revision()
+	ix.called("apply", key)
 	tenant, _, _ := strings.Cut(key, ".")
 	put := e.Operation() == jetstream.KeyValuePut
 	var ent *entry
@@ -253,6 +260,12 @@ func (ix *index) apply(e jetstream.KeyValueEntry) {
 		ix.removed = slices.DeleteFunc(ix.removed, func(t tombstone) bool { return t.seq <= rev })
 	}
 	ix.changed.Broadcast()
+}
+
+func (ix *index) called(stage, name string) {
+	if fn := ix.hook.Load(); fn != nil {
+		(*fn)(stage, name)
+	}
 }
 
 // stale reports whether a put at rev under key was removed by a purge
@@ -461,7 +474,9 @@ func (ix *index) acquire(ctx context.Context, tenant string) (*tenantIndex, erro
 // load reads a registered tenant from the bucket and merges what the
 // watch and the notices queued meanwhile.
 func (ix *index) load(ctx context.Context, t *tenantIndex) (*tenantIndex, error) {
+	ix.called("registered", t.name)
 	entries, size, err := ix.st.readTenant(ctx, t.name, ix.budget)
+	ix.called("read", t.name)
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	defer ix.changed.Broadcast()
