@@ -24,3 +24,12 @@ func SetHook(s *Store, fn func(stage, name string)) { s.ix.hook.Store(&fn) }
 
 // CatchUp waits until s's index applied every write the bucket holds.
 func CatchUp(ctx context.Context, s *Store) error { return s.ix.catchUp(ctx) }
+
+// Evict drops tenant from s's index, as an eviction does.
+func Evict(s *Store, tenant string) {
+	s.ix.mu.Lock()
+	defer s.ix.mu.Unlock()
+	if t := s.ix.tenants[tenant]; t != nil && t.load == nil {
+		s.ix.drop(t)
+	}
+}
