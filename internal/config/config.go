@@ -293,7 +293,7 @@ func Default() Config {
 }
 
 // DefaultStoreIndexMemory is store.index_memory_bytes's default (256 MiB,
-// about 40,000 items with 1536-dimension vectors); minStoreIndexMemory its
+// about 37,000 items with 1536-dimension vectors); minStoreIndexMemory its
 // least (1 MiB).
 const (
 	DefaultStoreIndexMemory = 256 << 20

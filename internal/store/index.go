@@ -137,7 +137,7 @@ type IndexOptions struct {
 }
 
 // DefaultIndexMemory is the default memory budget of an index: 256 MiB,
-// about 40,000 items with 1536-dimension vectors.
+// about 37,000 items with 1536-dimension vectors.
 const DefaultIndexMemory = 256 << 20
 
 // oversizedRetry is how long a tenant found larger than the budget is
