@@ -99,3 +99,31 @@ func TestLoadNotYAML(t *testing.T) {
 		t.Fatalf("broken YAML: %v", err)
 	}
 }
+
+// A file that is a list or a single value, not a mapping, says so in words:
+// the root cannot be dropped the way a wrong key is, and yaml's own
+// "cannot unmarshal !!seq into config.Config" must not follow.
+func TestLoadRootNotAMapping(t *testing.T) {
+	for _, v := range []string{EnvBaseURL, EnvAPIKey, EnvModel, EnvNATSURL} {
+		t.Setenv(v, "")
+	}
+	for _, file := range []string{"- nats\n- worker\n", "just words\n", "42\n"} {
+		_, err := Parse([]byte(file), "natsagent.yaml")
+		if err == nil {
+			t.Errorf("%q loaded", file)
+			continue
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, "the file (line 1): must be a mapping of nats, model,") {
+			t.Errorf("%q: the error does not say the file must be a mapping:\n%s", file, msg)
+		}
+		for _, goish := range []string{"config.", "!!", "unmarshal"} {
+			if strings.Contains(msg, goish) {
+				t.Errorf("%q: the error speaks Go (%q):\n%s", file, goish, msg)
+			}
+		}
+		if got := strings.Count(msg, "\n  "); got != 1 {
+			t.Errorf("%q: %d problems reported, want 1:\n%s", file, got, msg)
+		}
+	}
+}
