@@ -76,17 +76,30 @@ func TestDevLogsPlainWithoutTerminal(t *testing.T) {
 func TestDevJSONLogsStayJSON(t *testing.T) {
 	out := devStderr(t, "--log-console=false")
 	hint := false
+	var server string
+	var workers []string
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 		var entry map[string]any
 		if err := json.Unmarshal([]byte(line), &entry); err != nil {
 			t.Errorf("not a JSON line: %q (%v)", line, err)
 			continue
 		}
-		if entry["msg"] == "try it" {
+		switch entry["msg"] {
+		case "try it":
 			hint = strings.HasSuffix(entry["console"].(string), "/console/") && strings.Contains(entry["curl"].(string), "/threads/demo/runs/stream")
+		case "embedded NATS server with JetStream":
+			server, _ = entry["url"].(string)
+		case "natsagent worker":
+			nats, _ := entry["nats"].(string)
+			workers = append(workers, nats)
 		}
 	}
 	if !hint {
 		t.Errorf("no hint line with console and curl:\n%s", out)
+	}
+	// The in-process workers name the server they use, the one on the
+	// port --nats-listen took, not nats.go's default 4222.
+	if server == "" || strings.HasSuffix(server, ":4222") || len(workers) != 1 || workers[0] != server {
+		t.Errorf("embedded server %q, workers connected to %q:\n%s", server, workers, out)
 	}
 }
