@@ -127,3 +127,33 @@ func TestLoadRootNotAMapping(t *testing.T) {
 		}
 	}
 }
+
+// An agent profile's name and kind are checked with the rest of the file,
+// with their paths: a bad name no longer waits for a second start, after
+// the file's other mistakes are fixed, to be reported without a path.
+func TestLoadReportsBadProfileNamesWithTheRest(t *testing.T) {
+	for _, v := range []string{EnvBaseURL, EnvAPIKey, EnvModel, EnvNATSURL} {
+		t.Setenv(v, "")
+	}
+	_, err := Parse([]byte(`agents:
+  - name: Bad Name
+    model: {x: 1}
+  - name: ok
+    kind: leader
+  - name: ok
+`), "natsagent.yaml")
+	if err == nil {
+		t.Fatal("a file with mistakes loaded")
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		"agents[0].model (line 3): must be a string, not a mapping",
+		`agents[0].name: "Bad Name" is not a valid name: letters, digits, _ and - only`,
+		`agents[1].kind: must be lead or subagent, not "leader"`,
+		`agents[2].name: "ok" is defined twice`,
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the error lacks %q:\n%s", want, msg)
+		}
+	}
+}
