@@ -35,8 +35,9 @@ func (b *syncBuffer) String() string {
 }
 
 // devStderr starts gateway --dev with args on loopback ports, its stderr a
-// pipe (not a terminal), waits until it has said where to start, stops it
-// with SIGINT and returns everything it wrote to stderr.
+// pipe (not a terminal), waits until it has said where to start and its
+// worker started, stops it with SIGINT and returns everything it wrote to
+// stderr.
 func devStderr(t *testing.T, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -49,7 +50,12 @@ func devStderr(t *testing.T, args ...string) string {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	testdeploy.WaitFor(t, 45*time.Second, "the gateway's hint", func() bool { return strings.Contains(stderr.String(), "try it") })
+	// The worker logs its start after the hint: wait for both, so the
+	// log holds every start line.
+	testdeploy.WaitFor(t, 45*time.Second, "the gateway's hint and its worker's start", func() bool {
+		out := stderr.String()
+		return strings.Contains(out, "try it") && strings.Contains(out, "worker started")
+	})
 	_ = cmd.Process.Signal(syscall.SIGINT)
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("gateway --dev exited: %v\n%s", err, stderr.String())
