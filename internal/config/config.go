@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/natsagent/natsagent/internal/protocol"
 )
 
 // Config is the whole configuration of a gateway or worker process.
@@ -475,10 +477,15 @@ func (c *Config) problems() []string {
 		path := fmt.Sprintf("agents[%d]", i)
 		if a.Name == "" {
 			bad(path+".name", "is required")
+		} else if !protocol.ValidToken(a.Name) {
+			bad(path+".name", "%q is not a valid name: letters, digits, _ and - only, at most %d", a.Name, protocol.MaxTokenLen)
 		} else if seen[a.Name] {
 			bad(path+".name", "%q is defined twice", a.Name)
 		}
 		seen[a.Name] = true
+		if a.Kind != "" && a.Kind != "lead" && a.Kind != "subagent" {
+			bad(path+".kind", "must be lead or subagent, not %q", a.Kind)
+		}
 		if a.MaxSteps < 0 {
 			bad(path+".max_steps", "must not be negative")
 		}
