@@ -129,29 +129,44 @@ func NewAgentsWith(res Resources, profiles ...Profile) (*Agents, error) {
 	if err := checkNamespace(reg, res.Source); err != nil {
 		return nil, err
 	}
-	catalog, err := subagentCatalog(profiles)
-	if err != nil {
-		return nil, err
-	}
+	// Every mistake of every profile is collected (errors.Join of
+	// *ProfileError), so a person sees them all at once.
+	catalog, errs := subagentCatalog(profiles)
 	a.subagents = catalog
 	for _, p := range profiles {
+		bad := func(path string, err error) {
+			errs = append(errs, &ProfileError{Profile: p.Name, Path: path, Err: err})
+		}
 		if !protocol.ValidToken(p.Name) {
-			return nil, fmt.Errorf("agent profile name %q is not valid", p.Name)
+			errs = append(errs, fmt.Errorf("agent profile name %q is not valid", p.Name))
+			continue
 		}
 		if _, dup := a.profiles[p.Name]; dup {
-			return nil, fmt.Errorf("agent profile %q is defined twice", p.Name)
+			errs = append(errs, fmt.Errorf("agent profile %q is defined twice", p.Name))
+			continue
 		}
 		switch p.Kind {
 		case "":
 			p.Kind = middleware.KindLead
 		case middleware.KindLead, middleware.KindSubagent:
 		default:
-			return nil, fmt.Errorf("agent profile %q: kind %q is not lead or subagent", p.Name, p.Kind)
+			bad("kind", fmt.Errorf("%q is not lead or subagent", p.Kind))
+			continue
 		}
 		sel := selectTools(p.Tools, res.Source)
-		set, err := reg.Select(sel.static)
+		var known []string
+		for _, n := range sel.static {
+			if reg.Get(n) != nil {
+				known = append(known, n)
+				continue
+			}
+			_, err := reg.Select([]string{n})
+			bad(fmt.Sprintf("tools[%d]", slices.Index(p.Tools, n)), err)
+		}
+		set, err := reg.Select(known)
 		if err != nil {
-			return nil, fmt.Errorf("agent profile %q: %w", p.Name, err)
+			bad("tools", err)
+			continue
 		}
 		chain, err := middleware.Assemble(p.Middleware, middleware.Env{
 			Model:          m,
@@ -163,13 +178,46 @@ func NewAgentsWith(res Resources, profiles ...Profile) (*Agents, error) {
 			ContextWindows: res.ContextWindows,
 		})
 		if err != nil {
-			return nil, fmt.Errorf("agent profile %q: middleware %w", p.Name, err)
+			for _, e := range unjoin(err) {
+				if se, ok := e.(*middleware.SettingError); ok {
+					bad("middleware."+se.Path, se.Err)
+				} else {
+					bad("middleware", e)
+				}
+			}
+			continue
 		}
 		a.profiles[p.Name] = p
 		a.chains[p.Name] = chain
 		a.selections[p.Name] = sel
 	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
 	return a, nil
+}
+
+// ProfileError is one mistake of a profile found when it is assembled:
+// Path is where in the profile, as its YAML spells it (tools[2],
+// subagents[0], middleware.settings.loop_detection, kind).
+type ProfileError struct {
+	Profile string
+	Path    string
+	Err     error
+}
+
+func (e *ProfileError) Error() string {
+	return fmt.Sprintf("agent profile %q: %s: %v", e.Profile, e.Path, e.Err)
+}
+
+func (e *ProfileError) Unwrap() error { return e.Err }
+
+// unjoin lists the errors an errors.Join holds (err alone otherwise).
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
 }
 
 // Chain returns the assembled chain of a profile.

@@ -1,19 +1,22 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
 	"strings"
 
 	"github.com/natsagent/natsagent/internal/middleware"
+	"github.com/natsagent/natsagent/internal/suggest"
 )
 
 // subagentCatalog resolves, for every lead profile, the subagents it may
 // start: those its Subagents list names (each must be a subagent profile),
 // or every subagent profile when the list is nil. An empty, non-nil list
 // gives it none. A subagent profile may start none (no nesting).
-func subagentCatalog(profiles []Profile) (map[string][]middleware.SubagentInfo, error) {
+func subagentCatalog(profiles []Profile) (map[string][]middleware.SubagentInfo, []error) {
+	var errs []error
 	subs := make(map[string]middleware.SubagentInfo)
 	for _, p := range profiles {
 		if p.Kind == middleware.KindSubagent {
@@ -29,7 +32,7 @@ func subagentCatalog(profiles []Profile) (map[string][]middleware.SubagentInfo, 
 	for _, p := range profiles {
 		if p.Kind == middleware.KindSubagent {
 			if len(p.Subagents) > 0 {
-				return nil, fmt.Errorf("agent profile %q: subagents: a subagent cannot start subagents (no nesting)", p.Name)
+				errs = append(errs, &ProfileError{Profile: p.Name, Path: "subagents", Err: errors.New("a subagent cannot start subagents (no nesting)")})
 			}
 			continue
 		}
@@ -38,14 +41,16 @@ func subagentCatalog(profiles []Profile) (map[string][]middleware.SubagentInfo, 
 			names = all
 		}
 		var list []middleware.SubagentInfo
-		for _, n := range names {
+		for i, n := range names {
 			info, ok := subs[n]
 			if !ok {
 				known := "none is defined: add a profile with kind: subagent"
 				if len(all) > 0 {
 					known = "the subagent profiles are " + strings.Join(all, ", ")
 				}
-				return nil, fmt.Errorf("agent profile %q: subagents: %q is not a subagent profile (%s)", p.Name, n, known)
+				errs = append(errs, &ProfileError{Profile: p.Name, Path: fmt.Sprintf("subagents[%d]", i),
+					Err: fmt.Errorf("%q is not a subagent profile%s (%s)", n, suggest.DidYouMean(n, all), known)})
+				continue
 			}
 			if !slices.ContainsFunc(list, func(i middleware.SubagentInfo) bool { return i.Name == n }) {
 				list = append(list, info)
@@ -53,7 +58,7 @@ func subagentCatalog(profiles []Profile) (map[string][]middleware.SubagentInfo, 
 		}
 		out[p.Name] = list
 	}
-	return out, nil
+	return out, errs
 }
 
 // Subagents lists the subagents a lead profile may start (none for a

@@ -13,6 +13,7 @@ import (
 	"github.com/natsagent/natsagent/internal/mcptools"
 	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/remotetools"
 	"github.com/natsagent/natsagent/internal/skills"
 	"github.com/natsagent/natsagent/internal/tools"
@@ -48,6 +49,58 @@ func CheckProfiles(cfg config.Config) error {
 	return err
 }
 
+// ProfileProblems is CheckProfiles in a person's words: every mistake the
+// assembly finds, each with its YAML path (agents[0].tools[1],
+// agents[2].middleware.settings.loop_detection) and its line when the file
+// holds it, to be reported with the rest of the configuration's. A
+// profile whose name or kind the configuration already refused
+// (config.Validate says why) is left out, so it is not reported twice.
+// other holds what has no place in a profile (a model that cannot be
+// built, say), in the worker's words.
+func ProfileProblems(cfg config.Config) (located, other []string) {
+	index := make(map[string]int)
+	var keep []config.Agent
+	for i, a := range cfg.Agents {
+		if _, dup := index[a.Name]; dup || !protocol.ValidToken(a.Name) {
+			continue
+		}
+		if a.Kind != "" && a.Kind != middleware.KindLead && a.Kind != middleware.KindSubagent {
+			continue
+		}
+		index[a.Name] = i
+		keep = append(keep, a)
+	}
+	cfg.Agents = keep
+	err := CheckProfiles(cfg)
+	if err == nil {
+		return nil, nil
+	}
+	for _, e := range flatten(err) {
+		var pe *agent.ProfileError
+		if errors.As(e, &pe) {
+			if i, ok := index[pe.Profile]; ok {
+				located = append(located, fmt.Sprintf("%s: %v", cfg.Where(fmt.Sprintf("agents[%d].%s", i, pe.Path)), pe.Err))
+				continue
+			}
+		}
+		other = append(other, e.Error())
+	}
+	return located, other
+}
+
+// flatten lists the errors of an errors.Join, and of the joins it holds.
+func flatten(err error) []error {
+	j, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return []error{err}
+	}
+	var out []error
+	for _, e := range j.Unwrap() {
+		out = append(out, flatten(e)...)
+	}
+	return out
+}
+
 // offline is WithMCP, WithMemory and WithRemoteTools, in the worker's
 // order, without their connections (CheckProfiles).
 func offline(cfg config.Config) AgentsOption {
@@ -57,12 +110,17 @@ func offline(cfg config.Config) AgentsOption {
 		for _, n := range mcp.known {
 			b.registry.Register(placeholder(n))
 		}
+		var errs []error
 		for i := range b.profiles {
 			names, err := mcp.expand(b.profiles[i].Tools)
 			if err != nil {
-				return fmt.Errorf("agent profile %q: %w", b.profiles[i].Name, err)
+				errs = append(errs, &agent.ProfileError{Profile: b.profiles[i].Name, Path: "tools", Err: err})
+				continue
 			}
 			b.profiles[i].Tools = names
+		}
+		if len(errs) > 0 {
+			return errors.Join(errs...)
 		}
 		for _, n := range skillTools(cfg) {
 			if mcp.unlisted(n) && b.registry.Get(n) == nil {

@@ -22,7 +22,11 @@ agents:
         context_compression: {keep: {mesages: 20}}
 `
 
-const typoMessage = `agent profile "researcher": middleware settings.context_compression: invalid settings: json: unknown field "mesages"`
+const typoMessage = `agent profile "researcher": middleware.settings.context_compression: invalid settings: unknown key "mesages"; did you mean messages?`
+
+// typoProblem is typoMessage as Load reports it, with the rest of the
+// file's mistakes: its YAML path and line.
+const typoProblem = `agents[0].middleware.settings.context_compression (line 7): invalid settings: unknown key "mesages"; did you mean messages?`
 
 // A typo in a middleware setting is found from the YAML alone, in the
 // words the worker would use, with no NATS server to connect to.
@@ -63,10 +67,10 @@ func TestLoadChecksProfilesBeforeConnecting(t *testing.T) {
 		_, err := f.Load()
 		return err
 	}
-	if err := load(false, "--print-config"); err == nil || !strings.Contains(err.Error(), typoMessage) {
+	if err := load(false, "--print-config"); err == nil || !strings.Contains(err.Error(), typoProblem) {
 		t.Errorf("--print-config: %v", err)
 	}
-	if err := load(true); err == nil || !strings.Contains(err.Error(), typoMessage) {
+	if err := load(true); err == nil || !strings.Contains(err.Error(), typoProblem) {
 		t.Errorf("a worker's Load: %v", err)
 	}
 	if err := load(false); err != nil {
@@ -134,22 +138,22 @@ mcp:
 agents:
   - name: a
     middleware: {settings: {loop_detektion: {}}}
-`, `agent profile "a": middleware settings.loop_detektion: unknown middleware`},
+`, `agent profile "a": middleware.settings.loop_detektion: unknown middleware`},
 		{"bad value", `
 agents:
   - name: a
     middleware: {settings: {loop_detection: {warn_threshold: 5, hard_limit: 3}}}
-`, `agent profile "a": middleware settings.loop_detection: hard_limit`},
+`, `agent profile "a": middleware.settings.loop_detection: hard_limit`},
 		{"bad order", `
 agents:
   - name: a
     middleware: {order: [title, loop_detection]}
-`, `agent profile "a": middleware order[1]: loop_detection is in the tail segment`},
+`, `agent profile "a": middleware.order[1]: loop_detection is in the tail segment`},
 		{"unknown tool", `
 agents:
   - name: a
     tools: [current_tme]
-`, `agent profile "a": unknown tool "current_tme"`},
+`, `agent profile "a": tools[0]: unknown tool "current_tme"`},
 		{"unknown subagent", `
 agents:
   - name: a
@@ -159,29 +163,29 @@ agents:
 agents:
   - name: a
     tools: ["ghost__*"]
-`, `agent profile "a": ` + noServersErr.Error()},
+`, `agent profile "a": tools: ` + noServersErr.Error()},
 		{"wildcard of an MCP server not configured", github + `
 agents:
   - name: a
     tools: ["ghost__*"]
-`, `agent profile "a": "ghost__*" selects the tools of MCP server "ghost", which is not configured (configured: github, jira)`},
+`, `agent profile "a": tools: "ghost__*" selects the tools of MCP server "ghost", which is not configured (configured: github, jira)`},
 		{"a tool off an MCP allow-list", github + `
 agents:
   - name: a
     tools: [github__delete_repo]
-`, `agent profile "a": unknown tool "github__delete_repo"`},
+`, `agent profile "a": tools[0]: unknown tool "github__delete_repo"`},
 		{"excluding a tool off an MCP allow-list", github + `
 agents:
   - name: a
     tools: ["github__*"]
     middleware: {settings: {tool_exclusion: {exclude: [github__delete_repo]}}}
-`, `agent profile "a": middleware settings.tool_exclusion: exclude: unknown tool "github__delete_repo"`},
+`, `agent profile "a": middleware.settings.tool_exclusion: exclude: unknown tool "github__delete_repo"`},
 		{"excluding a tool of an MCP server the profile does not select", github + `
 agents:
   - name: a
     tools: [jira__get_issue]
     middleware: {settings: {tool_exclusion: {exclude: [jira__delete_issue]}}}
-`, `agent profile "a": middleware settings.tool_exclusion: exclude: unknown tool "jira__delete_issue"`},
+`, `agent profile "a": middleware.settings.tool_exclusion: exclude: unknown tool "jira__delete_issue"`},
 		{"a skill depending on a tool off an MCP allow-list", github + `
 agents:
   - name: a
@@ -191,12 +195,12 @@ agents:
 agents:
   - name: a
     tools: ["remote:no spaces"]
-`, `agent profile "a": tools: "remote:no spaces" is not remote:<name>`},
+`, `agent profile "a": tools[0]: "remote:no spaces" is not remote:<name>`},
 		{"memory settings", `
 agents:
   - name: a
     middleware: {settings: {memory: {enabled: true, max_notes_chars: 10}}}
-`, `agent profile "a": middleware settings.memory: max_notes_chars must be 200 to 32000, not 10`},
+`, `agent profile "a": middleware.settings.memory: max_notes_chars must be 200 to 32000, not 10`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -40,10 +41,14 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	return f
 }
 
-// Load reads the configuration and applies the flags that were set.
+// Load reads the configuration and applies the flags that were set. A
+// configuration with mistakes is refused with all of them at once: the
+// file's, the values', and, for a process that assembles the agent
+// profiles (or --print-config), the profiles' (ProfileProblems).
 func (f *Flags) Load() (config.Config, error) {
 	cfg, err := config.Load(f.ConfigPath)
-	if err != nil {
+	var invalid *config.Error
+	if err != nil && !errors.As(err, &invalid) {
 		return cfg, err
 	}
 	f.fs.Visit(func(fl *flag.Flag) {
@@ -58,13 +63,26 @@ func (f *Flags) Load() (config.Config, error) {
 			cfg.Worker.Concurrency = f.concurrency
 		}
 	})
-	if err := cfg.Validate(); err != nil {
-		return cfg, err
-	}
-	if f.AssemblesAgents || f.PrintConfig {
-		if err := CheckProfiles(cfg); err != nil {
+	var problems []string
+	if invalid != nil {
+		problems = invalid.Problems
+	} else if err := cfg.Validate(); err != nil {
+		if !errors.As(err, &invalid) {
 			return cfg, err
 		}
+		problems = invalid.Problems
+	}
+	if f.AssemblesAgents || f.PrintConfig {
+		located, other := ProfileProblems(cfg)
+		if len(problems) == 0 {
+			// Otherwise the rest of the assembly's complaints may come
+			// from a mistake already reported (a policy, a model endpoint).
+			problems = append(problems, other...)
+		}
+		problems = append(problems, located...)
+	}
+	if len(problems) > 0 {
+		return cfg, config.Invalid(problems)
 	}
 	if f.PrintConfig {
 		fmt.Print(cfg.String())

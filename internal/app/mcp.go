@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"fmt"
 
 	"go.uber.org/zap"
 
@@ -44,7 +43,7 @@ func WithMCP(m *mcptools.Manager) AgentsOption {
 		for i := range b.profiles {
 			names, err := m.Expand(b.profiles[i].Tools)
 			if err != nil {
-				return fmt.Errorf("agent profile %q: %w", b.profiles[i].Name, err)
+				return &agent.ProfileError{Profile: b.profiles[i].Name, Path: "tools", Err: err}
 			}
 			b.profiles[i].Tools = names
 		}

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -56,15 +57,19 @@ func WithRemoteTools(c *remotetools.Catalog) AgentsOption {
 		if c == nil {
 			return nil
 		}
+		var errs []error
 		for _, p := range b.profiles {
-			for _, e := range p.Tools {
+			for i, e := range p.Tools {
 				if !strings.HasPrefix(e, remotetools.EntryPrefix) {
 					continue
 				}
 				if err := remotetools.CheckEntry(e); err != nil {
-					return fmt.Errorf("agent profile %q: tools: %w", p.Name, err)
+					errs = append(errs, &agent.ProfileError{Profile: p.Name, Path: fmt.Sprintf("tools[%d]", i), Err: err})
 				}
 			}
+		}
+		if len(errs) > 0 {
+			return errors.Join(errs...)
 		}
 		b.source = c
 		return nil

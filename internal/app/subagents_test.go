@@ -35,7 +35,7 @@ func TestSubagentProfilesFromConfig(t *testing.T) {
 	}
 
 	cfg.Agents[0].Subagents = []string{"chatbot"}
-	if _, err := Agents(cfg, model.NewDemo(model.DemoOptions{})); err == nil || !strings.Contains(err.Error(), `subagents: "chatbot" is not a subagent profile`) {
+	if _, err := Agents(cfg, model.NewDemo(model.DemoOptions{})); err == nil || !strings.Contains(err.Error(), `subagents[0]: "chatbot" is not a subagent profile`) {
 		t.Errorf("a lead naming a lead: %v", err)
 	}
 }

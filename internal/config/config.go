@@ -9,8 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -50,6 +52,27 @@ type Config struct {
 	Crons Crons `yaml:"crons"`
 	// Store configures the LangGraph store the gateway serves.
 	Store Store `yaml:"store"`
+
+	// lines holds the file's line of each key and list item by its YAML
+	// path (Where).
+	lines map[string]int
+}
+
+// Where is path with the file's line of it, or of the nearest enclosing
+// key or item the file holds ("agents[0].tools[1] (line 9)"); path alone
+// when the file does not hold it.
+func (c *Config) Where(path string) string {
+	for p := path; p != ""; {
+		if line, ok := c.lines[p]; ok {
+			return fmt.Sprintf("%s (line %d)", path, line)
+		}
+		i := strings.LastIndexAny(p, ".[")
+		if i <= 0 {
+			break
+		}
+		p = p[:i]
+	}
+	return path
 }
 
 // Store configures the LangGraph store (internal/store).
@@ -324,7 +347,7 @@ func Parse(data []byte, name string) (Config, error) {
 	var problems []string
 	if len(data) > 0 {
 		var err error
-		if problems, err = decode(data, &cfg); err != nil {
+		if problems, cfg.lines, err = decode(data, &cfg); err != nil {
 			return cfg, fmt.Errorf("config %s: %w", name, err)
 		}
 	}
@@ -338,26 +361,37 @@ func Parse(data []byte, name string) (Config, error) {
 
 // decode decodes a YAML file into cfg, leaving out (and returning) what
 // does not fit it; err is a file that is not YAML at all.
-func decode(data []byte, cfg *Config) (problems []string, err error) {
+func decode(data []byte, cfg *Config) (problems []string, lines map[string]int, err error) {
 	var doc yaml.Node
 	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, nil
+			return nil, nil, nil
 		}
-		return nil, err
+		return nil, nil, err
 	}
-	problems = checkTree(&doc, reflect.TypeFor[Config]())
+	problems, lines = checkTree(&doc, reflect.TypeFor[Config]())
 	if err := doc.Decode(cfg); err != nil {
 		// checkTree removed every value that does not fit; one left is
 		// a bug of the check, reported rather than lost.
 		problems = append(problems, err.Error())
 	}
-	return problems, nil
+	return problems, lines, nil
 }
 
-func invalid(problems []string) error {
-	return errors.New("invalid configuration:\n  " + strings.Join(problems, "\n  "))
+// Error is a configuration that cannot work: every mistake found, each
+// with its path (and line), one a line.
+type Error struct {
+	Problems []string
 }
+
+func (e *Error) Error() string {
+	return "invalid configuration:\n  " + strings.Join(e.Problems, "\n  ")
+}
+
+// Invalid is the error of a configuration with problems.
+func Invalid(problems []string) error { return &Error{Problems: problems} }
+
+func invalid(problems []string) error { return Invalid(problems) }
 
 // Environment variables that override the file.
 const (
@@ -403,6 +437,9 @@ func (c *Config) problems() []string {
 	var errs []string
 	bad := func(path, format string, args ...any) {
 		errs = append(errs, path+": "+fmt.Sprintf(format, args...))
+	}
+	if err := CheckAddress(c.Gateway.Listen); err != nil {
+		bad("gateway.listen", "%v", err)
 	}
 	if c.NATS.Replicas != 1 && c.NATS.Replicas != 3 {
 		bad("nats.replicas", "must be 1 or 3, not %d", c.NATS.Replicas)
@@ -510,6 +547,24 @@ func (c *Config) problems() []string {
 		bad("model.name", "a model endpoint is configured (%s or %s) but no model name: set %s (or model.name) to the model your endpoint serves, for example gpt-4o-mini or qwen2.5:7b", EnvBaseURL, EnvAPIKey, EnvModel)
 	}
 	return errs
+}
+
+// CheckAddress says what is wrong with a listen address that is not
+// host:port with a port number (the host may be empty: every interface).
+func CheckAddress(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err == nil {
+		if n, perr := strconv.Atoi(port); perr != nil || n < 0 || n > 65535 {
+			err = fmt.Errorf("port %q is not a number from 0 to 65535", port)
+		}
+	}
+	if err == nil && strings.ContainsAny(host, " /") {
+		err = fmt.Errorf("host %q is not a host name or address", host)
+	}
+	if err != nil {
+		return fmt.Errorf("%q is not host:port (for example 127.0.0.1:8080, or :8080 for every interface)", addr)
+	}
+	return nil
 }
 
 // String renders the effective configuration as YAML with secrets masked.

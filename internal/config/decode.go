@@ -4,10 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"slices"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/natsagent/natsagent/internal/suggest"
 )
 
 // checkTree walks a parsed YAML document against the shape of out's type
@@ -16,8 +17,8 @@ import (
 // unknown key; did you mean replicas?"), in words rather than Go types.
 // It removes what it reported from the tree, so the rest decodes and
 // validates and a person sees every mistake of the file at once.
-func checkTree(doc *yaml.Node, t reflect.Type) []string {
-	c := &treeCheck{}
+func checkTree(doc *yaml.Node, t reflect.Type) ([]string, map[string]int) {
+	c := &treeCheck{lines: make(map[string]int)}
 	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
 		if !c.value(doc.Content[0], t, "") {
 			// The root is not a mapping: reported, and nothing of it
@@ -26,11 +27,14 @@ func checkTree(doc *yaml.Node, t reflect.Type) []string {
 			doc.Content = nil
 		}
 	}
-	return c.problems
+	return c.problems, c.lines
 }
 
 type treeCheck struct {
 	problems []string
+	// lines holds the line of every key and list item by its path, for
+	// the mistakes found after decoding (Config.Where).
+	lines map[string]int
 }
 
 func (c *treeCheck) bad(n *yaml.Node, path, format string, args ...any) {
@@ -97,7 +101,9 @@ func (c *treeCheck) value(n *yaml.Node, t reflect.Type, path string) bool {
 		}
 		kept := n.Content[:0:0]
 		for i, item := range n.Content {
-			if c.value(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i)) {
+			sub := fmt.Sprintf("%s[%d]", path, i)
+			c.lines[sub] = item.Line
+			if c.value(item, t.Elem(), sub) {
 				kept = append(kept, item)
 			}
 		}
@@ -118,6 +124,7 @@ func (c *treeCheck) pairs(n *yaml.Node, path string, check func(key, val *yaml.N
 		if path != "" {
 			sub = path + "." + key.Value
 		}
+		c.lines[sub] = key.Line
 		if check(key, val, sub) {
 			kept = append(kept, key, val)
 		}
@@ -216,53 +223,5 @@ func yamlName(f reflect.StructField) (string, bool) {
 	return name, true
 }
 
-// nearest is the candidate closest to s by edit distance, when it is close
-// enough to be a typo (at most a third of its length, and at most 3), or
-// when s is a prefix of exactly one candidate.
-func nearest(s string, candidates []string) string {
-	best, bestDist := "", 4
-	for _, c := range candidates {
-		if d := editDistance(strings.ToLower(s), c); d < bestDist && d <= max(1, len(c)/3) {
-			best, bestDist = c, d
-		}
-	}
-	if best == "" && len(s) >= 3 {
-		var prefixed []string
-		for _, c := range candidates {
-			if strings.HasPrefix(c, strings.ToLower(s)) {
-				prefixed = append(prefixed, c)
-			}
-		}
-		if len(prefixed) == 1 {
-			best = prefixed[0]
-		}
-	}
-	return best
-}
-
-// editDistance is the Damerau-Levenshtein distance (optimal string
-// alignment): a swapped pair of letters is one edit.
-func editDistance(a, b string) int {
-	ra, rb := []rune(a), []rune(b)
-	d := make([][]int, len(ra)+1)
-	for i := range d {
-		d[i] = make([]int, len(rb)+1)
-		d[i][0] = i
-	}
-	for j := range rb {
-		d[0][j+1] = j + 1
-	}
-	for i := 1; i <= len(ra); i++ {
-		for j := 1; j <= len(rb); j++ {
-			cost := 1
-			if ra[i-1] == rb[j-1] {
-				cost = 0
-			}
-			d[i][j] = slices.Min([]int{d[i-1][j] + 1, d[i][j-1] + 1, d[i-1][j-1] + cost})
-			if i > 1 && j > 1 && ra[i-1] == rb[j-2] && ra[i-2] == rb[j-1] {
-				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
-			}
-		}
-	}
-	return d[len(ra)][len(rb)]
-}
+// nearest is suggest.Nearest.
+func nearest(s string, candidates []string) string { return suggest.Nearest(s, candidates) }

@@ -903,7 +903,7 @@ func TestCompression_Settings(t *testing.T) {
 		{`{"trigger_tokens": 5000, "keep": {"tokens": 6000}}`, "below trigger_tokens"},
 		{`{"trigger_messages": 10, "keep": {"messages": 10}}`, "below trigger_messages"},
 		{`{"tool_result_token_limit": 10}`, "tool_result_token_limit"},
-		{`{"trigger_fraction": 0.5}`, "unknown field"},
+		{`{"trigger_fraction": 0.5}`, `unknown key "trigger_fraction"`},
 		{`{"max_consecutive_failures": -1}`, "max_consecutive_failures"},
 	} {
 		_, err := middleware.Assemble(middleware.ChainConfig{Settings: map[string]json.RawMessage{"context_compression": json.RawMessage(tc.settings)}}, middleware.Env{Tools: tools.NewRegistry()})

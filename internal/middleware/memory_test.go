@@ -49,8 +49,8 @@ func TestMemorySettings(t *testing.T) {
 		`{"enabled": true, "facts": {"min_confidence": 1.5}}`:                            "facts.min_confidence must be 0 to 1, not 1.5",
 		`{"enabled": true, "facts": {"max_facts": 5}}`:                                   "facts.max_facts must be 10 to 500, not 5",
 		`{"enabled": true, "facts": {"max_injected": 30, "max_facts": 20}}`:              "facts.max_injected (30) must not exceed facts.max_facts (20)",
-		`{"enabled": true, "facts": {"enabled": true, "debounce": 3}}`:                   `unknown field "debounce"`,
-		`{"enabled": true, "notes": true}`:                                               `unknown field "notes"`,
+		`{"enabled": true, "facts": {"enabled": true, "debounce": 3}}`:                   `unknown key "debounce"; did you mean debounce_seconds?`,
+		`{"enabled": true, "notes": true}`:                                               `unknown key "notes"`,
 		`{"enabled": true, "facts": {"enabled": true, "max_injected": 0, "model": "x"}}`: "",
 	}
 	for raw, want := range bad {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/suggest"
 	"github.com/natsagent/natsagent/internal/tools"
 )
 
@@ -325,24 +327,33 @@ func Assemble(cfg ChainConfig, env Env) (*Chain, error) {
 	if env.Kind == "" {
 		env.Kind = KindLead
 	}
+	// Every mistake is collected, each with its path, so a person sees
+	// them all at once; what depends on a part in error is not checked.
+	var errs []error
+	bad := func(path string, err error) { errs = append(errs, &SettingError{Path: path, Err: err}) }
 
 	enabled := make(map[string]bool)
 	settings := make(map[string]json.RawMessage)
-	for name, raw := range cfg.Settings {
+	for _, name := range slices.Sorted(maps.Keys(cfg.Settings)) {
+		raw := cfg.Settings[name]
 		b, ok := byName[name]
 		if !ok {
-			return nil, fmt.Errorf("settings.%s: unknown middleware (known: %s)", name, strings.Join(builtinNames(all), ", "))
+			bad("settings."+name, fmt.Errorf("unknown middleware%s (known: %s)", suggest.DidYouMean(name, builtinNames(all)), strings.Join(builtinNames(all), ", ")))
+			continue
 		}
 		if b.UserOnly {
-			return nil, fmt.Errorf("settings.%s: add it to the user segment (user: [{use: %s, settings: ...}])", name, name)
+			bad("settings."+name, fmt.Errorf("add it to the user segment (user: [{use: %s, settings: ...}])", name))
+			continue
 		}
 		on, rest, err := splitEnabled(raw)
 		if err != nil {
-			return nil, fmt.Errorf("settings.%s: %w", name, err)
+			bad("settings."+name, err)
+			continue
 		}
 		if on != nil {
 			if !*on && b.Required {
-				return nil, fmt.Errorf("settings.%s.enabled: %s keeps transcripts valid and cannot be disabled", name, name)
+				bad("settings."+name+".enabled", fmt.Errorf("%s keeps transcripts valid and cannot be disabled", name))
+				continue
 			}
 			enabled[name] = *on
 		}
@@ -350,7 +361,7 @@ func Assemble(cfg ChainConfig, env Env) (*Chain, error) {
 	}
 	limits, err := contextLimitsOf(settings["token_usage"])
 	if err != nil {
-		return nil, fmt.Errorf("settings.token_usage: %w", err)
+		bad("settings.token_usage", err)
 	}
 	limits.Models = env.ContextWindows
 	env.Context = limits
@@ -362,24 +373,31 @@ func Assemble(cfg ChainConfig, env Env) (*Chain, error) {
 	for i, u := range cfg.User {
 		m, err := buildUser(i, u, env, byName, all)
 		if err != nil {
-			return nil, err
+			errs = append(errs, err)
+			continue
 		}
 		name := m.Name()
+		at := fmt.Sprintf("user[%d].name", i)
 		if name == "" {
-			return nil, fmt.Errorf("user[%d]: middleware %T has an empty name", i, m)
+			bad(fmt.Sprintf("user[%d]", i), fmt.Errorf("middleware %T has an empty name", m))
+			continue
 		}
 		if userNames[name] {
-			return nil, fmt.Errorf("user[%d].name: %q is already in the chain; give each one a distinct name", i, name)
+			bad(at, fmt.Errorf("%q is already in the chain; give each one a distinct name", name))
+			continue
 		}
 		userNames[name] = true
 		if b, ok := byName[name]; ok && !b.UserOnly {
 			switch {
 			case b.Required:
-				return nil, fmt.Errorf("user[%d].name: %s keeps transcripts valid and cannot be replaced", i, name)
+				bad(at, fmt.Errorf("%s keeps transcripts valid and cannot be replaced", name))
+				continue
 			case name == toolExclusion:
-				return nil, fmt.Errorf("user[%d].name: tool_exclusion is configured with settings.tool_exclusion, not replaced", i)
+				bad(at, errors.New("tool_exclusion is configured with settings.tool_exclusion, not replaced"))
+				continue
 			case b.LeadOnly && env.Kind == KindSubagent:
-				return nil, fmt.Errorf("user[%d].name: %s needs a human and cannot run in a subagent", i, name)
+				bad(at, fmt.Errorf("%s needs a human and cannot run in a subagent", name))
+				continue
 			}
 			replaces[name] = m
 			continue
@@ -405,7 +423,7 @@ func Assemble(cfg ChainConfig, env Env) (*Chain, error) {
 	}
 	list = append(list, user...)
 	if err := reorder(list, cfg.Order, byName); err != nil {
-		return nil, err
+		errs = append(errs, err)
 	}
 
 	mws := make([]Middleware, 0, len(list)+2)
@@ -413,15 +431,20 @@ func Assemble(cfg ChainConfig, env Env) (*Chain, error) {
 		if p.m == nil {
 			m, err := p.builtin.Build(settings[p.name], env)
 			if err != nil {
-				return nil, fmt.Errorf("settings.%s: %w", p.name, err)
+				bad("settings."+p.name, err)
+				continue
 			}
 			p.m = m
 		}
 		mws = append(mws, p.m)
 	}
+	if len(errs) > 0 {
+		// Tool exclusion and the order checks need the whole chain.
+		return nil, errors.Join(errs...)
+	}
 	gate, trim, err := buildExclusion(enabled, settings[toolExclusion], env, mws)
 	if err != nil {
-		return nil, fmt.Errorf("settings.%s: %w", toolExclusion, err)
+		return nil, &SettingError{Path: "settings." + toolExclusion, Err: err}
 	}
 	chain, err := NewChain([]Middleware{gate}, mws, []Middleware{trim})
 	if err != nil {
@@ -438,12 +461,27 @@ func Assemble(cfg ChainConfig, env Env) (*Chain, error) {
 		}
 		for _, dep := range b.After {
 			if q, ok := pos[dep]; ok && q > p {
-				return nil, fmt.Errorf("order: %s must come after %s (it must see a model response before %s does)", b.Name, dep, dep)
+				errs = append(errs, &SettingError{Path: "order", Err: fmt.Errorf("%s must come after %s (it must see a model response before %s does)", b.Name, dep, dep)})
 			}
 		}
 	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
 	return chain, nil
 }
+
+// SettingError is one mistake of a chain's configuration: Path is where
+// in it (settings.<middleware>, user[<i>].use, order[<i>]), as the
+// profile's YAML spells it under middleware.
+type SettingError struct {
+	Path string
+	Err  error
+}
+
+func (e *SettingError) Error() string { return e.Path + ": " + e.Err.Error() }
+
+func (e *SettingError) Unwrap() error { return e.Err }
 
 // buildUser builds one user entry: its instance, a built-in, or a
 // middleware registered in code.
@@ -454,36 +492,36 @@ func buildUser(i int, u UserMiddleware, env Env, byName map[string]Builtin, all 
 	raw := u.Settings
 	if b, ok := byName[u.Use]; ok {
 		if b.Required {
-			return nil, fmt.Errorf("user[%d].use: %s is always in the chain already", i, u.Use)
+			return nil, &SettingError{Path: fmt.Sprintf("user[%d].use", i), Err: fmt.Errorf("%s is always in the chain already", u.Use)}
 		}
 		if b.LeadOnly && env.Kind == KindSubagent {
-			return nil, fmt.Errorf("user[%d].use: %s needs a human and cannot run in a subagent", i, u.Use)
+			return nil, &SettingError{Path: fmt.Sprintf("user[%d].use", i), Err: fmt.Errorf("%s needs a human and cannot run in a subagent", u.Use)}
 		}
 		if u.Use == toolExclusion {
-			return nil, fmt.Errorf("user[%d].use: configure tool_exclusion with settings.tool_exclusion", i)
+			return nil, &SettingError{Path: fmt.Sprintf("user[%d].use", i), Err: errors.New("configure tool_exclusion with settings.tool_exclusion")}
 		}
 		if u.Name != "" {
 			raw = withName(raw, u.Name)
 		}
 		m, err := b.Build(raw, env)
 		if err != nil {
-			return nil, fmt.Errorf("user[%d] (%s): %w", i, u.Use, err)
+			return nil, &SettingError{Path: fmt.Sprintf("user[%d].settings", i), Err: fmt.Errorf("%s: %w", u.Use, err)}
 		}
 		return m, nil
 	}
 	build := registeredBuild(u.Use)
 	if build == nil {
-		return nil, fmt.Errorf("user[%d].use: unknown middleware %q (known: %s)", i, u.Use, knownNames(all))
+		return nil, &SettingError{Path: fmt.Sprintf("user[%d].use", i), Err: fmt.Errorf("unknown middleware %q%s (known: %s)", u.Use, suggest.DidYouMean(u.Use, strings.Split(knownNames(all), ", ")), knownNames(all))}
 	}
 	m, err := build(raw, env)
 	if err != nil {
-		return nil, fmt.Errorf("user[%d] (%s): %w", i, u.Use, err)
+		return nil, &SettingError{Path: fmt.Sprintf("user[%d].settings", i), Err: fmt.Errorf("%s: %w", u.Use, err)}
 	}
 	if m == nil {
-		return nil, fmt.Errorf("user[%d] (%s): the registered build returned no middleware", i, u.Use)
+		return nil, &SettingError{Path: fmt.Sprintf("user[%d].use", i), Err: fmt.Errorf("%s: the registered build returned no middleware", u.Use)}
 	}
 	if u.Name != "" && m.Name() != u.Name {
-		return nil, fmt.Errorf("user[%d].name: %s names itself %q; it cannot be renamed %q", i, u.Use, m.Name(), u.Name)
+		return nil, &SettingError{Path: fmt.Sprintf("user[%d].name", i), Err: fmt.Errorf("%s names itself %q; it cannot be renamed %q", u.Use, m.Name(), u.Name)}
 	}
 	return m, nil
 }
@@ -537,22 +575,22 @@ func reorder(list []placed, order []string, byName map[string]Builtin) error {
 		k := at(name)
 		switch {
 		case name == toolExclusion:
-			return fmt.Errorf("order[%d]: tool_exclusion is always the last step on the tools and keeps its place", i)
+			return &SettingError{Path: fmt.Sprintf("order[%d]", i), Err: errors.New("tool_exclusion is always the last step on the tools and keeps its place")}
 		case builtin && b.Required:
-			return fmt.Errorf("order[%d]: %s is required and keeps its place", i, name)
+			return &SettingError{Path: fmt.Sprintf("order[%d]", i), Err: fmt.Errorf("%s is required and keeps its place", name)}
 		case k < 0 && builtin:
-			return fmt.Errorf("order[%d]: %s is not enabled", i, name)
+			return &SettingError{Path: fmt.Sprintf("order[%d]", i), Err: fmt.Errorf("%s is not enabled", name)}
 		case k < 0:
-			return fmt.Errorf("order[%d]: unknown middleware %q", i, name)
+			return &SettingError{Path: fmt.Sprintf("order[%d]", i), Err: fmt.Errorf("unknown middleware %q", name)}
 		}
 		if seen[name] {
-			return fmt.Errorf("order[%d]: %s is listed twice", i, name)
+			return &SettingError{Path: fmt.Sprintf("order[%d]", i), Err: fmt.Errorf("%s is listed twice", name)}
 		}
 		seen[name] = true
 		if i == 0 {
 			seg = list[k].seg
 		} else if list[k].seg != seg {
-			return fmt.Errorf("order[%d]: %s is in the %s segment and %s in the %s segment; order moves middlewares within one segment", i, name, list[k].seg, order[0], seg)
+			return &SettingError{Path: fmt.Sprintf("order[%d]", i), Err: fmt.Errorf("%s is in the %s segment and %s in the %s segment; order moves middlewares within one segment", name, list[k].seg, order[0], seg)}
 		}
 		slots = append(slots, k)
 		moved = append(moved, list[k])
@@ -607,9 +645,52 @@ func decodeSettings(raw json.RawMessage, v any) error {
 		if errors.As(err, &te) && te.Field != "" {
 			return fmt.Errorf("invalid settings: %s must be %s, not a JSON %s", te.Field, settingKind(te.Type), te.Value)
 		}
+		if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			name = strings.Trim(name, `"`)
+			return fmt.Errorf("invalid settings: unknown key %q%s", name, suggest.DidYouMean(name, settingKeys(reflect.TypeOf(v))))
+		}
 		return fmt.Errorf("invalid settings: %w", err)
 	}
 	return nil
+}
+
+// settingKeys lists the JSON keys of a settings type and of the objects
+// it holds, for the nearest key to an unknown one (the decoder does not
+// say at which depth it found it).
+func settingKeys(t reflect.Type) []string {
+	var out []string
+	var walk func(t reflect.Type, depth int)
+	walk = func(t reflect.Type, depth int) {
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Map {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct || depth > 3 {
+			return
+		}
+		for i := range t.NumField() {
+			f := t.Field(i)
+			if !f.IsExported() {
+				continue
+			}
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "-" {
+				continue
+			}
+			if f.Anonymous && name == "" {
+				walk(f.Type, depth)
+				continue
+			}
+			if name == "" {
+				name = f.Name
+			}
+			if !slices.Contains(out, name) {
+				out = append(out, name)
+			}
+			walk(f.Type, depth+1)
+		}
+	}
+	walk(t, 0)
+	return out
 }
 
 // settingKind names what a setting of type t takes.

@@ -18,6 +18,7 @@ import (
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/state"
+	"github.com/natsagent/natsagent/internal/suggest"
 )
 
 // Tool is something the model can call.
@@ -178,7 +179,7 @@ func (r *Registry) Select(names []string) (*Set, error) {
 	for _, n := range names {
 		t := r.tools[n]
 		if t == nil {
-			return nil, fmt.Errorf("unknown tool %q (known tools: %s)", n, strings.Join(r.Names(), ", "))
+			return nil, fmt.Errorf("unknown tool %q%s (known tools: %s)", n, suggest.DidYouMean(n, r.Names()), strings.Join(r.Names(), ", "))
 		}
 		ts = append(ts, t)
 	}
