@@ -64,6 +64,10 @@ func run() error {
 	// Without --dev the gateway runs no agent; the workers check the
 	// profiles (a skills dir, say, may exist on their hosts only).
 	flags.AssemblesAgents = o.dev
+	flags.Addresses = map[string]string{"listen": o.listen}
+	if o.dev {
+		flags.Addresses["nats-listen"] = o.natsListen
+	}
 	cfg, err := flags.Load()
 	if err != nil {
 		return err

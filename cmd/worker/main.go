@@ -41,6 +41,7 @@ func run() error {
 	id := fs.String("id", "", "worker id in leases and logs (default: random)")
 	listen := fs.String("listen", defaultListen, "HTTP address of the health endpoints /healthz and /readyz and of /metrics; empty: none")
 	_ = fs.Parse(os.Args[1:])
+	flags.Addresses = map[string]string{"listen": *listen}
 	cfg, err := flags.Load()
 	if err != nil {
 		return err

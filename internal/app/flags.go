@@ -4,7 +4,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 
 	"github.com/natsagent/natsagent/internal/config"
 )
@@ -25,6 +27,10 @@ type Flags struct {
 	// worker, a gateway with --dev): Load checks them (CheckProfiles)
 	// before anything connects. --print-config checks them always.
 	AssemblesAgents bool
+	// Addresses are a command's own listen flags (name to value, an
+	// empty value: none): Load checks each is host:port and reports the
+	// ones that are not with the configuration's mistakes.
+	Addresses map[string]string
 }
 
 // RegisterFlags adds the shared flags to fs.
@@ -71,6 +77,13 @@ func (f *Flags) Load() (config.Config, error) {
 			return cfg, err
 		}
 		problems = invalid.Problems
+	}
+	for _, name := range slices.Sorted(maps.Keys(f.Addresses)) {
+		if v := f.Addresses[name]; v != "" {
+			if err := config.CheckAddress(v); err != nil {
+				problems = append(problems, fmt.Sprintf("--%s: %v", name, err))
+			}
+		}
 	}
 	if f.AssemblesAgents || f.PrintConfig {
 		located, other := ProfileProblems(cfg)

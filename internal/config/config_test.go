@@ -117,6 +117,8 @@ func TestLoadRejectsBadFieldsWithTheirPath(t *testing.T) {
 		"store:\n  index_memory_bytes: 1000\n":                                                    "store.index_memory_bytes",
 		"crons:\n  missed_ticks: replay\n":                                                        "crons.missed_ticks",
 		"crons:\n  late_grace: -1s\n":                                                             "crons.late_grace",
+		"gateway:\n  listen: 5\n":                                                                 `gateway.listen: "5" is not host:port`,
+		"gateway:\n  listen: localhost:http\n":                                                    `gateway.listen: "localhost:http" is not host:port`,
 	}
 	t.Setenv(EnvModel, "")
 	t.Setenv(EnvBaseURL, "")
@@ -144,5 +146,17 @@ func TestDemoModelWithoutConfiguration(t *testing.T) {
 	cfg, err = Load("")
 	if err != nil || cfg.UsesDemoModel() {
 		t.Fatalf("NATSAGENT_MODEL set: demo %v, err %v", cfg.UsesDemoModel(), err)
+	}
+}
+
+func TestCheckAddress(t *testing.T) {
+	for addr, ok := range map[string]bool{
+		"127.0.0.1:8080": true, ":8080": true, "[::1]:0": true, "gw.internal:443": true,
+		"5": false, "8080": false, "localhost": false, "host:99999": false, "host:-1": false,
+		"a b:80": false, "": false, "1.2.3.4:80:90": false,
+	} {
+		if err := CheckAddress(addr); (err == nil) != ok {
+			t.Errorf("CheckAddress(%q) = %v, want ok %v", addr, err, ok)
+		}
 	}
 }
