@@ -91,7 +91,8 @@ const (
 	// DemoSubagent ("subagent", "task"): delegates to a subagent with the
 	// task tool and quotes its answer.
 	DemoSubagent DemoBehaviour = "subagent"
-	// DemoLong ("long"): a reply of about 7,500 tokens, so the next turn's
+	// DemoLong ("long"): a reply of about 6,500 words (7,500 tokens by a
+	// tokenizer; its usage counts words, as all the demo's), so the next turn's
 	// request passes the compression trigger of DemoContextWindow.
 	DemoLong DemoBehaviour = "long"
 	// DemoTime (anything else): calls current_time and quotes it.
@@ -261,7 +262,8 @@ func slowAnswer(delay time.Duration) string {
 	return b.String()
 }
 
-// longAnswer is about 7,500 tokens (by cl100k and o200k alike), most of
+// longAnswer is about 6,500 words, which the demo's usage reports as
+// output tokens, and about 7,500 tokens (by cl100k and o200k alike), most of
 // DemoContextWindow: the next turn's request passes the compression
 // trigger (80% of the window), so that turn summarizes this one first.
 func longAnswer() string {
