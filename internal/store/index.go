@@ -15,6 +15,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
+
+	"github.com/natsagent/natsagent/internal/protocol"
 )
 
 // index is a process's bounded copy of the tenants' items it searches.
@@ -176,11 +178,20 @@ func (s *Store) Index(ctx context.Context, opts IndexOptions) error {
 	ix.stats.Budget = opts.MemoryBytes
 	ix.changed = sync.NewCond(&ix.mu)
 	nc := s.js.Conn()
+	// Only the deployment's services can publish here: tenant accounts
+	// neither export nor import <prefix>.ctl.store.removed (a tenant's
+	// exports are <prefix>.ctl.<T>.*.*.cancel and .delete, of other
+	// lengths), and the service account's users are the gateway and the
+	// workers (deploy/nats/tenants.conf, internal/natsjwt). A notice is
+	// still checked: its filter must name one tenant's keys, so a wrong
+	// one can never hide another tenant's (or every tenant's) writes.
 	sub, err := nc.Subscribe(s.removedSubject(), func(m *nats.Msg) {
 		var r removal
-		if json.Unmarshal(m.Data, &r) == nil && r.Filter != "" {
-			ix.remove(r)
+		if json.Unmarshal(m.Data, &r) != nil || !validRemovalFilter(r.Filter) {
+			opts.Log.Warn("store index: removal notice refused", zap.ByteString("notice", m.Data[:min(len(m.Data), 512)]))
+			return
 		}
+		ix.remove(r)
 	})
 	if err != nil {
 		return err
@@ -328,6 +339,25 @@ func (ix *index) remove(r removal) {
 		}
 	}
 	ix.changed.Broadcast()
+}
+
+// validRemovalFilter reports whether f is what purge sends: one
+// tenant's key (<tenant>.<label>...<key>) or key filter (ending in ".>"),
+// its tokens labels as EncodeLabel writes them, no other wildcard.
+func validRemovalFilter(f string) bool {
+	tokens := strings.Split(f, ".")
+	if len(tokens) < 2 || len(tokens) > MaxDepth+2 || !protocol.ValidToken(tokens[0]) {
+		return false
+	}
+	for i, t := range tokens[1:] {
+		if t == ">" && i == len(tokens)-2 {
+			continue
+		}
+		if _, err := DecodeLabel(t); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // keyMatches reports whether a bucket key is filter or under it (a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/store"
 )
 
@@ -620,5 +622,69 @@ func TestIndexKeepsPutThatLandsDuringAPurge(t *testing.T) {
 	}
 	if got := sameAsBucket(t, s, plain, "q", all); strings.Contains(got, "racy") || strings.Count(got, "\n") != 2 {
 		t.Fatalf("after the second delete:\n%s", got)
+	}
+}
+
+// A removal notice whose filter is not one tenant's keys (every key, a
+// wildcard tenant, a wildcard label) is refused: it cannot hide another
+// tenant's writes from the index. A well-formed one still works.
+func TestIndexRefusesRemovalNoticesOutsideOneTenant(t *testing.T) {
+	plain, js := open(t, store.Config{})
+	s, err := store.Open(context.Background(), js, store.Config{Names: bus.Settings{}.WithDefaults().Names})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := s.Index(ctx, store.IndexOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	putItems(t, plain, "v", 4)
+	sameAsBucket(t, s, plain, "v", all)
+	nc := js.Conn()
+	subject := bus.Settings{}.WithDefaults().Names.Prefix + ".ctl.store.removed"
+	for _, f := range []string{">", "*.>", "*.docs.>", "v.*.>", "v.docs.>.a", "v", "v..>", "bad tenant.>"} {
+		data, _ := json.Marshal(map[string]any{"filter": f, "seq": uint64(math.MaxUint64)})
+		if err := nc.Publish(subject, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Then a well-formed notice, after them on the same connection: once
+	// it took k0 away, the others were taken or refused.
+	data, _ := json.Marshal(map[string]any{"filter": "v.docs.a.k0", "seq": uint64(math.MaxUint64)})
+	if err := nc.Publish(subject, data); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		res, err := s.Search(ctx, "v", all)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(render(t, res), "docs/a:k0 ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the well-formed notice never reached the index")
+		}
+	}
+	// Writes after the refused notices are seen, in this tenant and in one
+	// loaded afterwards.
+	for _, tenant := range []string{"v", "u"} {
+		if _, err := plain.Put(ctx, tenant, []string{"docs", "b"}, "after", map[string]any{"v": 1}, store.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if tenant == "u" {
+			sameAsBucket(t, s, plain, tenant, all)
+			if _, err := plain.Put(ctx, tenant, []string{"docs", "b"}, "after2", map[string]any{"v": 2}, store.PutOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		res, err := s.Search(ctx, tenant, all)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := render(t, res); !strings.Contains(got, "docs/b:after ") || (tenant == "u" && !strings.Contains(got, "docs/b:after2 ")) {
+			t.Fatalf("%s: a put after the refused notices is hidden:\n%s", tenant, got)
+		}
 	}
 }
