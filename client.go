@@ -371,7 +371,9 @@ func (c *Client) Thread(ctx context.Context, thread string) (*Thread, error) {
 	if err := protocol.CheckToken("thread id", thread); err != nil {
 		return nil, err
 	}
-	th, _, err := c.stores.Threads.GetLatest(ctx, c.tenant, thread)
+	// The leader answers at once: a missing thread is not a write in
+	// flight (GetLatest would wait for one, 2 s a miss).
+	th, _, err := c.stores.Threads.GetFromLeader(ctx, c.tenant, thread)
 	if errors.Is(err, kv.ErrNotFound) {
 		return nil, fmt.Errorf("%w: thread %s in tenant %s", ErrNotFound, thread, c.tenant)
 	}

@@ -355,8 +355,24 @@ func TestClient_ThreadFollowHistoryAndDelete(t *testing.T) {
 	if _, err := c.DeleteThread(ctx, "ft", nil); err != nil {
 		t.Fatal(err)
 	}
+	// The leader answers a deleted thread at once: one read, not a wait
+	// for a write in flight (2 s a miss before).
+	gets, err := d.Conn.SubscribeSync("$JS.API.STREAM.MSG.GET.KV_" + bus.DefaultNames().ThreadsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gets.Unsubscribe()
+	if err := d.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c.Thread(ctx, "ft"); !errors.Is(err, natsagent.ErrNotFound) {
 		t.Errorf("a deleted thread reads %v", err)
+	}
+	if err := d.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, _ := gets.Pending(); n != 1 {
+		t.Errorf("reading a deleted thread took %d leader reads, want 1", n)
 	}
 	if _, err := c.DeleteThread(ctx, "a.b", nil); err == nil {
 		t.Error("a thread id with a dot was sent")

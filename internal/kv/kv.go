@@ -112,8 +112,8 @@ func getLatest[T any](ctx context.Context, js jetstream.JetStream, bucket, key s
 }
 
 // settleWait bounds how long getAfter waits for the write that refused a
-// create or compare-and-set to be stored.
-const settleWait = 2 * time.Second
+// create or compare-and-set to be stored. A variable for tests.
+var settleWait = 2 * time.Second
 
 // getAfter reads a key through its bucket's stream leader once the leader
 // holds a revision above after: the read that follows a Create refused
@@ -123,6 +123,11 @@ const settleWait = 2 * time.Second
 // (error 10164), so reading at once could miss the very write that
 // refused ours. If the leader holds nothing newer after settleWait (the
 // other write failed), what it holds is returned.
+//
+// Only a refused write says a write is in flight: a plain read of a key
+// that may be missing (a deleted run, a thread not created yet) asks the
+// leader once (getLatest, the stores' GetFromLeader), or every such miss
+// costs settleWait.
 func getAfter[T any](ctx context.Context, js jetstream.JetStream, bucket, key string, after uint64) (*T, uint64, error) {
 	deadline := time.Now().Add(settleWait)
 	pause := 2 * time.Millisecond

@@ -34,6 +34,13 @@ func (s *Threads) GetLatest(ctx context.Context, tenant, thread string) (*protoc
 	return getAfter[protocol.Thread](ctx, s.js, s.bucket, bus.Key(tenant, thread), 0)
 }
 
+// GetFromLeader reads a thread record through the bucket's leader, at
+// once (see Runs.GetFromLeader): a missing thread answers ErrNotFound in
+// one round trip.
+func (s *Threads) GetFromLeader(ctx context.Context, tenant, thread string) (*protocol.Thread, uint64, error) {
+	return getLatest[protocol.Thread](ctx, s.js, s.bucket, bus.Key(tenant, thread))
+}
+
 // Put creates (rev 0) or compare-and-sets (rev > 0) a thread record. A
 // creation writes the thread's creation index key first (threadindex.go),
 // so a record never exists unindexed but for a writer that died between
