@@ -181,14 +181,17 @@ func (s *Stores) RunView(ctx context.Context, tenant, thread, run string) (*prot
 }
 
 // WithOutput completes a run made from its thread's last_run, which
-// leaves out an output over 4 KiB and names the checkpoint that holds it
-// instead (OutputCheckpoint): the result has
+// leaves out an output or an interrupt over 4 KiB and names the
+// checkpoint the run ended at instead (OutputCheckpoint): the result has
 // the last assistant message of the state at that checkpoint as its
-// output. v itself is returned when it has nothing to add, or when that
-// checkpoint is gone (output_checkpoint then stays to say the output
-// was not kept); a read that failed otherwise is an error to retry.
+// output, and the state's open interrupt (protocol.InterruptValue) as
+// the interrupt of an interrupted run. When that checkpoint is gone, or
+// lacks what was left out, output_checkpoint stays to say it was not
+// kept; a read that failed otherwise is an error to retry.
 func (s *Stores) WithOutput(ctx context.Context, v *protocol.Run) (*protocol.Run, error) {
-	if v.Output != nil || v.OutputCheckpoint == "" {
+	wantOutput := v.Output == nil
+	wantInterrupt := v.Interrupt == nil && v.Status == protocol.StatusInterrupted
+	if v.OutputCheckpoint == "" || (!wantOutput && !wantInterrupt) {
 		return v, nil
 	}
 	st, _, err := s.Checkpoints.Load(ctx, v.Tenant, v.ThreadID, v.OutputCheckpoint)
@@ -198,15 +201,26 @@ func (s *Stores) WithOutput(ctx context.Context, v *protocol.Run) (*protocol.Run
 	if err != nil {
 		return nil, fmt.Errorf("read the output of run %s: %w", v.RunID, err)
 	}
-	for i := len(st.Messages) - 1; i >= 0; i-- {
-		if st.Messages[i].Role == model.RoleAssistant {
-			full := *v
-			m := st.Messages[i].Clone()
-			full.Output, full.OutputCheckpoint = &m, ""
-			return &full, nil
+	full := *v
+	if wantOutput {
+		for i := len(st.Messages) - 1; i >= 0; i-- {
+			if st.Messages[i].Role == model.RoleAssistant {
+				m := st.Messages[i].Clone()
+				full.Output = &m
+				break
+			}
 		}
 	}
-	return v, nil
+	if wantInterrupt {
+		var intr protocol.Interrupt
+		if ok, _ := st.Value(protocol.InterruptValue, &intr); ok && intr.Kind != "" {
+			full.Interrupt = &intr
+		}
+	}
+	if (!wantOutput || full.Output != nil) && (!wantInterrupt || full.Interrupt != nil) {
+		full.OutputCheckpoint = ""
+	}
+	return &full, nil
 }
 
 // RunOfThread is the run of thread as clients see it (protocol.RunView),
