@@ -172,7 +172,8 @@ func (s *Stores) RunView(ctx context.Context, tenant, thread, run string) (*prot
 		return nil, 0, ErrNotFound
 	}
 	if v != rec && v.OutputCheckpoint != "" {
-		// Read from a last_run that left the output out for size.
+		// Read from a last_run that left the output or interrupt out for
+		// size.
 		if full, err := s.WithOutput(ctx, v); err == nil {
 			v = full
 		}
@@ -250,10 +251,18 @@ func (s *Stores) RunOfThread(ctx context.Context, tenant, thread, run string) (*
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, err
 	}
-	if v := protocol.RunView(run, rec, th); v != nil {
-		return v, nil
+	v := protocol.RunView(run, rec, th)
+	if v == nil {
+		return nil, ErrNotFound
 	}
-	return nil, ErrNotFound
+	if v != rec && v.OutputCheckpoint != "" {
+		// Read from a last_run that left the output or interrupt out for
+		// size.
+		if full, err := s.WithOutput(ctx, v); err == nil {
+			v = full
+		}
+	}
+	return v, nil
 }
 
 // FindRunView is RunView for a caller that knows only the run's id (a

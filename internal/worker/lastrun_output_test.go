@@ -166,6 +166,17 @@ func TestRunFinishedFromLastRunKeepsALargeInterrupt(t *testing.T) {
 		t.Fatalf("view %+v, %v", v, err)
 	}
 	checkInterrupt("the view from last_run", v.Interrupt)
+	if v, err = h.stores.RunOfThread(context.Background(), protocol.DefaultTenant, "t1", "r1"); err != nil {
+		t.Fatal(err)
+	}
+	checkInterrupt("the thread's view from last_run (the gateway's)", v.Interrupt)
+	checkFullArgs := func(what string, out *model.Message) {
+		t.Helper()
+		if out == nil || len(out.ToolCalls) != 1 || out.ToolCalls[0].Arguments != args {
+			t.Fatalf("%s: output %+v, want the message with the call", what, out)
+		}
+	}
+	checkFullArgs("the thread's view from last_run", v.Output)
 
 	var calls atomic.Int32
 	h.startWorker(model.NewScripted(func(int, *model.Request) model.Reply {
@@ -179,8 +190,9 @@ func TestRunFinishedFromLastRunKeepsALargeInterrupt(t *testing.T) {
 	checkInterrupt("run.finished", d.Interrupt)
 	rec := h.run(protocol.DefaultTenant, "r1")
 	checkInterrupt("the record", rec.Interrupt)
-	if rec.OutputCheckpoint != "" || rec.Output == nil || len(rec.Output.ToolCalls) != 1 || rec.Output.ToolCalls[0].Arguments != args {
-		t.Fatalf("the record: output %+v, output_checkpoint %q: want the message with the call, and no checkpoint named", rec.Output, rec.OutputCheckpoint)
+	checkFullArgs("the record", rec.Output)
+	if rec.OutputCheckpoint != "" {
+		t.Fatalf("the record keeps output_checkpoint %q", rec.OutputCheckpoint)
 	}
 	if n := calls.Load(); n != 0 {
 		t.Fatalf("the model was called %d times: r1 ran again", n)
