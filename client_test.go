@@ -264,10 +264,22 @@ func TestClient_QueuedRunAndTakenRunID(t *testing.T) {
 	if err != nil || rec.Status != natsagent.StatusPending || rec.ThreadID != "qa" || rec.Agent != "chatbot" || rec.MsgSeq != sub.Sequence {
 		t.Fatalf("a queued run reads %+v, %v", rec, err)
 	}
+	// RunOf, which names the thread, reads it too (a run handed back
+	// between workers looks the same: no record, no lease, its request in
+	// the stream); on another thread it is not found.
+	if rec, err := c.RunOf(ctx, "qa", "q1"); err != nil || rec.Status != natsagent.StatusPending || rec.MsgSeq != sub.Sequence {
+		t.Fatalf("RunOf of a queued run: %+v, %v", rec, err)
+	}
+	if _, err := c.RunOf(ctx, "qb", "q1"); !errors.Is(err, natsagent.ErrNotFound) {
+		t.Errorf("RunOf of q1 on thread qb: %v", err)
+	}
 	// Another tenant does not see it.
 	other, err := natsagent.NewClient(dep.NC, &natsagent.ClientConfig{Tenant: "acme"})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if _, err := other.RunOf(ctx, "qa", "q1"); !errors.Is(err, natsagent.ErrNotFound) {
+		t.Errorf("tenant acme read default's queued run with RunOf: %v", err)
 	}
 	if _, err := other.Run(ctx, "q1"); !errors.Is(err, natsagent.ErrNotFound) {
 		t.Errorf("tenant acme read default's queued run: %v", err)

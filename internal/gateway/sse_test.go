@@ -2,11 +2,15 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -139,4 +143,28 @@ func TestStreamOfAFinishedRunWithoutEventsEnds(t *testing.T) {
 	if names := eventNames(lg); len(only(lg, "end")) != 1 || names[len(names)-1] != "end" {
 		t.Fatalf("LangGraph stream %v, want one end", names)
 	}
+}
+
+// A run without a record that no lease or last_run names, whose request
+// waits in the stream (published over NATS and not taken yet, or handed
+// back between workers: both look the same), reads pending, not 404; on
+// another thread, or by an id no request names, it is not found.
+func TestRunWhoseRequestWaitsIsPending(t *testing.T) {
+	e := newEnv(t, nil) // no worker: the request waits
+	data, err := json.Marshal(protocol.RunRequest{RunID: "r1", ThreadID: "t1", Tenant: protocol.DefaultTenant, Agent: protocol.DefaultAgent,
+		Input: &protocol.Input{Messages: []model.Message{{Role: model.RoleUser, Content: "hi"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(e.settings.Names.RunSubject(protocol.DefaultTenant, "t1"))
+	m.Data = data
+	m.Header.Set(jetstream.MsgIDHeader, protocol.RunMsgID(protocol.DefaultTenant, "r1"))
+	if _, err := e.js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	if rec := e.do("GET", "/threads/t1/runs/r1", nil).expect(t, http.StatusOK).run(t); rec.Status != protocol.StatusPending || rec.RunID != "r1" || rec.ThreadID != "t1" {
+		t.Fatalf("the waiting run reads %+v", rec)
+	}
+	e.do("GET", "/threads/t2/runs/r1", nil).expect(t, http.StatusNotFound)
+	e.do("GET", "/threads/t1/runs/r2", nil).expect(t, http.StatusNotFound)
 }
