@@ -40,7 +40,7 @@ func (s *Threads) GetLatest(ctx context.Context, tenant, thread string) (*protoc
 // the two.
 func (s *Threads) Put(ctx context.Context, t *protocol.Thread, rev uint64) (uint64, error) {
 	if rev > 0 {
-		return put(ctx, s.kv, bus.Key(t.Tenant, t.ThreadID), t, rev)
+		return put(ctx, s.js, s.kv, bus.Key(t.Tenant, t.ThreadID), t, rev)
 	}
 	if err := s.markStatus(ctx, nil, t); err != nil {
 		return 0, err
@@ -52,7 +52,7 @@ func (s *Threads) Put(ctx context.Context, t *protocol.Thread, rev uint64) (uint
 	if err != nil {
 		return 0, err
 	}
-	n, err := put(ctx, s.kv, bus.Key(t.Tenant, t.ThreadID), t, 0)
+	n, err := put(ctx, s.js, s.kv, bus.Key(t.Tenant, t.ThreadID), t, 0)
 	if err != nil && indexed {
 		s.unindexCreated(ctx, t, err)
 	}
@@ -80,10 +80,8 @@ func (s *Threads) CreateNew(ctx context.Context, t *protocol.Thread) (uint64, er
 		ok, err := s.writeCreated(ctx, t, true)
 		ix <- indexed{ok, err}
 	}()
-	bctx, cancel := bound(ctx)
-	defer cancel()
-	n, err := s.kv.Update(bctx, bus.Key(t.Tenant, t.ThreadID), data, 0)
-	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+	n, err := writeKey(ctx, s.js, s.kv, bus.Key(t.Tenant, t.ThreadID), data, 0, 0)
+	if errors.Is(err, jetstream.ErrKeyExists) {
 		err = ErrExists
 	}
 	// An index write that failed leaves the record unindexed, as a writer

@@ -130,7 +130,7 @@ func (s *Usage) PutRun(ctx context.Context, u *protocol.RunUsage) error {
 	next.UpdatedAt = time.Now().UTC()
 	// A run's totals are written once, at its end: try the create first.
 	ttl := ttlOf(s.ttl, u.Tenant)
-	_, err = putTTL(ctx, s.js, kv, s.bucket, key, next, 0, ttl)
+	_, err = putTTL(ctx, s.js, kv, key, next, 0, ttl)
 	if !errors.Is(err, ErrExists) {
 		return err
 	}
@@ -144,7 +144,7 @@ func (s *Usage) PutRun(ctx context.Context, u *protocol.RunUsage) error {
 		case cur.ThreadID != next.ThreadID:
 			return fmt.Errorf("usage: run %s belongs to thread %s, not %s", u.RunID, cur.ThreadID, u.ThreadID)
 		}
-		_, err = putTTL(ctx, s.js, kv, s.bucket, key, next, rev, ttl)
+		_, err = putTTL(ctx, s.js, kv, key, next, rev, ttl)
 		if err == nil {
 			return nil
 		}
@@ -187,7 +187,7 @@ func (s *Usage) ApplyToThread(ctx context.Context, u *protocol.RunUsage) error {
 			return nil
 		}
 		next.UpdatedAt = time.Now().UTC()
-		newRev, err := putTTL(ctx, s.js, kv, s.bucket, key, next, rev, ttlOf(s.ttl, u.Tenant))
+		newRev, err := putTTL(ctx, s.js, kv, key, next, rev, ttlOf(s.ttl, u.Tenant))
 		if err == nil {
 			s.remember(key, next, newRev)
 			return nil
