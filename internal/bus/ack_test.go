@@ -45,7 +45,7 @@ func TestParsePubAckReadsWhatEncodingJSONReads(t *testing.T) {
 	}
 	for data, code := range map[string]jetstream.ErrorCode{
 		`{"type":"io.nats.jetstream.api.v1.pub_ack_response","error":{"code":400,"err_code":10071,"description":"wrong last sequence: 4"}}`: 10071,
-		`{"error":{"code":503,"err_code":10077,"description":"maximum bytes exceeded"},"stream":"S","seq":0}`:                              10077,
+		`{"error":{"code":503,"err_code":10077,"description":"maximum bytes exceeded"},"stream":"S","seq":0}`:                               10077,
 	} {
 		_, err := bus.ParsePubAck([]byte(data))
 		var apiErr *jetstream.APIError
