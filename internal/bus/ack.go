@@ -39,17 +39,7 @@ func RequestAck(ctx context.Context, nc *nats.Conn, m *nats.Msg) (jetstream.PubA
 	var resp *nats.Msg
 	var err error
 	for try := 0; ; try++ {
-		if err := ctx.Err(); err != nil {
-			return jetstream.PubAck{}, err
-		}
-		limit := RequestTimeout
-		if d, ok := ctx.Deadline(); ok {
-			limit = min(limit, time.Until(d))
-			if limit <= 0 {
-				return jetstream.PubAck{}, context.DeadlineExceeded
-			}
-		}
-		resp, err = nc.RequestMsg(m, limit)
+		resp, err = request(ctx, nc, m)
 		if !errors.Is(err, nats.ErrNoResponders) || try == jetstream.DefaultPubRetryAttempts {
 			break
 		}
@@ -58,19 +48,38 @@ func RequestAck(ctx context.Context, nc *nats.Conn, m *nats.Msg) (jetstream.PubA
 			return jetstream.PubAck{}, ctx.Err()
 		}
 	}
-	switch {
-	case err == nil:
-	case errors.Is(err, nats.ErrNoResponders):
+	if errors.Is(err, nats.ErrNoResponders) {
 		return jetstream.PubAck{}, jetstream.ErrNoStreamResponse
-	case errors.Is(err, nats.ErrTimeout):
-		if ctx.Err() != nil {
-			return jetstream.PubAck{}, ctx.Err()
-		}
-		return jetstream.PubAck{}, errTimedOut
-	default:
+	}
+	if err != nil {
 		return jetstream.PubAck{}, err
 	}
 	return ParsePubAck(resp.Data)
+}
+
+// request sends m and waits for one answer, RequestTimeout at most and no
+// longer than ctx's deadline, with nats.go's pooled timer. A request is not
+// sent once ctx has ended; one already sent is not abandoned when ctx is
+// cancelled (see RequestAck).
+func request(ctx context.Context, nc *nats.Conn, m *nats.Msg) (*nats.Msg, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	limit := RequestTimeout
+	if d, ok := ctx.Deadline(); ok {
+		limit = min(limit, time.Until(d))
+		if limit <= 0 {
+			return nil, context.DeadlineExceeded
+		}
+	}
+	resp, err := nc.RequestMsg(m, limit)
+	if errors.Is(err, nats.ErrTimeout) {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, errTimedOut
+	}
+	return resp, err
 }
 
 // ParsePubAck reads a stream's answer to a publish. The answer of a stored

@@ -121,3 +121,59 @@ func TestRequestAckAnswersAsPublishMsg(t *testing.T) {
 		t.Fatalf("stream holds %+v (%v), want 2 messages: nothing sent with an ended context", n.CachedInfo().State, err)
 	}
 }
+
+// The direct gets read what Stream.GetMsg and GetLastMsgForSubject read,
+// and say when a stream does not answer direct gets.
+func TestDirectGetReadsWhatTheStreamAPIReads(t *testing.T) {
+	js := startSmall(t, 64<<20)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "D", Subjects: []string{"d.>"}, AllowDirect: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, subj := range []string{"d.a", "d.b", "d.a", "d.b"} {
+		m := nats.NewMsg(subj)
+		m.Data = []byte("data of " + subj)
+		m.Header.Set("X-Test", subj)
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	same := func(what string, got *jetstream.RawStreamMsg, want *jetstream.RawStreamMsg) {
+		t.Helper()
+		if got.Subject != want.Subject || got.Sequence != want.Sequence || string(got.Data) != string(want.Data) ||
+			got.Header.Get("X-Test") != want.Header.Get("X-Test") || !got.Time.Equal(want.Time) {
+			t.Fatalf("%s: read %+v, the stream API reads %+v", what, got, want)
+		}
+	}
+	got, err := bus.DirectGetLast(ctx, js, "D", "d.a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := st.GetLastMsgForSubject(ctx, "d.a")
+	same("last of d.a", got, want)
+	if got.Sequence != 3 {
+		t.Fatalf("last of d.a is seq %d, want 3", got.Sequence)
+	}
+	for _, from := range []uint64{0, 1, 2, 3} {
+		got, err := bus.DirectGetNext(ctx, js, "D", "d.b", from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := st.GetMsg(ctx, from, jetstream.WithGetMsgSubject("d.b"))
+		same("next d.b", got, want)
+	}
+	if _, err := bus.DirectGetNext(ctx, js, "D", "d.b", 5); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Fatalf("past the last: %v, want ErrMsgNotFound", err)
+	}
+	if _, err := bus.DirectGetLast(ctx, js, "D", "d.none"); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Fatalf("no such subject: %v, want ErrMsgNotFound", err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "N", Subjects: []string{"n.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bus.DirectGetLast(ctx, js, "N", "n.a"); !errors.Is(err, bus.ErrNoDirectGet) {
+		t.Fatalf("stream without direct gets: %v, want ErrNoDirectGet", err)
+	}
+}

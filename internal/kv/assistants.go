@@ -37,12 +37,12 @@ func versionKey(tenant, id string, v int) string {
 
 // Get reads the current version of an assistant.
 func (s *Assistants) Get(ctx context.Context, tenant, id string) (*protocol.Assistant, uint64, error) {
-	return get[protocol.Assistant](ctx, s.kv, bus.Key(tenant, id))
+	return get[protocol.Assistant](ctx, s.js, s.kv, bus.Key(tenant, id))
 }
 
 // Version reads one version of an assistant.
 func (s *Assistants) Version(ctx context.Context, tenant, id string, v int) (*protocol.Assistant, error) {
-	a, _, err := get[protocol.Assistant](ctx, s.kv, versionKey(tenant, id, v))
+	a, _, err := get[protocol.Assistant](ctx, s.js, s.kv, versionKey(tenant, id, v))
 	return a, err
 }
 

@@ -70,21 +70,16 @@ func bound(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 // get reads and decodes one key.
-func get[T any](ctx context.Context, kv jetstream.KeyValue, key string) (*T, uint64, error) {
-	ctx, cancel := bound(ctx)
-	defer cancel()
-	e, err := kv.Get(ctx, key)
+func get[T any](ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, key string) (*T, uint64, error) {
+	data, rev, err := readKey(ctx, js, kv, key)
 	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return nil, 0, ErrNotFound
-		}
 		return nil, 0, err
 	}
 	v := new(T)
-	if err := decodeExact(e.Value(), v); err != nil {
+	if err := decodeExact(data, v); err != nil {
 		return nil, 0, fmt.Errorf("decode %s: %w", key, err)
 	}
-	return v, e.Revision(), nil
+	return v, rev, nil
 }
 
 // getLatest reads and decodes one key through its bucket's stream leader.

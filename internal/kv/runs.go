@@ -25,7 +25,7 @@ type Runs struct {
 
 // Get reads a run record.
 func (s *Runs) Get(ctx context.Context, tenant, run string) (*protocol.Run, uint64, error) {
-	return get[protocol.Run](ctx, s.kv, bus.Key(tenant, run))
+	return get[protocol.Run](ctx, s.js, s.kv, bus.Key(tenant, run))
 }
 
 // GetLatest reads a run record through the bucket's leader, for the read

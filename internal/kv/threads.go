@@ -25,7 +25,7 @@ type Threads struct {
 
 // Get reads a thread record.
 func (s *Threads) Get(ctx context.Context, tenant, thread string) (*protocol.Thread, uint64, error) {
-	return get[protocol.Thread](ctx, s.kv, bus.Key(tenant, thread))
+	return get[protocol.Thread](ctx, s.js, s.kv, bus.Key(tenant, thread))
 }
 
 // GetLatest reads a thread record through the bucket's leader, for the

@@ -86,7 +86,7 @@ func (s *Usage) Run(ctx context.Context, tenant, run string) (*protocol.RunUsage
 	if err != nil {
 		return nil, 0, err
 	}
-	return get[protocol.RunUsage](ctx, kv, key)
+	return get[protocol.RunUsage](ctx, s.js, kv, key)
 }
 
 // Thread reads a thread's totals; ErrNotFound before its first run ended.
@@ -99,7 +99,7 @@ func (s *Usage) Thread(ctx context.Context, tenant, thread string) (*protocol.Th
 	if err != nil {
 		return nil, 0, err
 	}
-	return get[protocol.ThreadUsage](ctx, kv, key)
+	return get[protocol.ThreadUsage](ctx, s.js, kv, key)
 }
 
 // Record writes a run's totals (replacing any earlier version) and applies
@@ -134,7 +134,7 @@ func (s *Usage) PutRun(ctx context.Context, u *protocol.RunUsage) error {
 	if !errors.Is(err, ErrExists) {
 		return err
 	}
-	cur, rev, err := get[protocol.RunUsage](ctx, kv, key)
+	cur, rev, err := get[protocol.RunUsage](ctx, s.js, kv, key)
 	for attempt := 0; ; attempt++ {
 		switch {
 		case errors.Is(err, ErrNotFound):
@@ -151,7 +151,7 @@ func (s *Usage) PutRun(ctx context.Context, u *protocol.RunUsage) error {
 		if (!errors.Is(err, ErrConflict) && !errors.Is(err, ErrExists)) || attempt >= maxCASAttempts {
 			return fmt.Errorf("write usage of run %s: %w", u.RunID, err)
 		}
-		cur, rev, err = get[protocol.RunUsage](ctx, kv, key)
+		cur, rev, err = get[protocol.RunUsage](ctx, s.js, kv, key)
 	}
 }
 
@@ -196,7 +196,7 @@ func (s *Usage) ApplyToThread(ctx context.Context, u *protocol.RunUsage) error {
 			s.forget(key)
 			return fmt.Errorf("write usage of thread %s: %w", u.ThreadID, err)
 		}
-		cur, rev, err = get[protocol.ThreadUsage](ctx, kv, key)
+		cur, rev, err = get[protocol.ThreadUsage](ctx, s.js, kv, key)
 		if errors.Is(err, ErrNotFound) {
 			cur, rev = &protocol.ThreadUsage{ThreadID: u.ThreadID, Tenant: u.Tenant}, 0
 		} else if err != nil {
