@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -21,10 +22,18 @@ type Threads struct {
 	kv     jetstream.KeyValue
 	js     jetstream.JetStream
 	bucket string
+	// read counts the thread records this store read (RecordsRead).
+	read atomic.Uint64
 }
+
+// RecordsRead returns how many thread records this store has read: by
+// key, by a read of the stream's windows or batches, or in a listing. It
+// is how tests and benchmarks see what a search reads.
+func (s *Threads) RecordsRead() uint64 { return s.read.Load() }
 
 // Get reads a thread record.
 func (s *Threads) Get(ctx context.Context, tenant, thread string) (*protocol.Thread, uint64, error) {
+	s.read.Add(1)
 	return get[protocol.Thread](ctx, s.js, s.kv, bus.Key(tenant, thread))
 }
 
@@ -235,7 +244,9 @@ func (s *Threads) RunIDs(ctx context.Context, tenant, thread string) ([]string, 
 
 // List returns a tenant's thread records.
 func (s *Threads) List(ctx context.Context, tenant string) ([]*protocol.Thread, error) {
-	return List[protocol.Thread](ctx, s.kv, tenant+".*", nil)
+	all, err := List[protocol.Thread](ctx, s.kv, tenant+".*", nil)
+	s.read.Add(uint64(len(all)))
+	return all, err
 }
 
 // StaleLeases returns the thread records, of every tenant, holding a lease
