@@ -35,8 +35,9 @@ func (b *syncBuffer) String() string {
 }
 
 // devStderr starts gateway --dev with args on loopback ports, its stderr a
-// pipe (not a terminal), waits until it has said where to start, stops it
-// with SIGINT and returns everything it wrote to stderr.
+// pipe (not a terminal), waits until it has said where to start and its
+// worker started, stops it with SIGINT and returns everything it wrote to
+// stderr.
 func devStderr(t *testing.T, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -49,7 +50,12 @@ func devStderr(t *testing.T, args ...string) string {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	testdeploy.WaitFor(t, 45*time.Second, "the gateway's hint", func() bool { return strings.Contains(stderr.String(), "try it") })
+	// The worker logs its start after the hint: wait for both, so the
+	// log holds every start line.
+	testdeploy.WaitFor(t, 45*time.Second, "the gateway's hint and its worker's start", func() bool {
+		out := stderr.String()
+		return strings.Contains(out, "try it") && strings.Contains(out, "worker started")
+	})
 	_ = cmd.Process.Signal(syscall.SIGINT)
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("gateway --dev exited: %v\n%s", err, stderr.String())
@@ -76,17 +82,30 @@ func TestDevLogsPlainWithoutTerminal(t *testing.T) {
 func TestDevJSONLogsStayJSON(t *testing.T) {
 	out := devStderr(t, "--log-console=false")
 	hint := false
+	var server string
+	var workers []string
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 		var entry map[string]any
 		if err := json.Unmarshal([]byte(line), &entry); err != nil {
 			t.Errorf("not a JSON line: %q (%v)", line, err)
 			continue
 		}
-		if entry["msg"] == "try it" {
+		switch entry["msg"] {
+		case "try it":
 			hint = strings.HasSuffix(entry["console"].(string), "/console/") && strings.Contains(entry["curl"].(string), "/threads/demo/runs/stream")
+		case "embedded NATS server with JetStream":
+			server, _ = entry["url"].(string)
+		case "natsagent worker":
+			nats, _ := entry["nats"].(string)
+			workers = append(workers, nats)
 		}
 	}
 	if !hint {
 		t.Errorf("no hint line with console and curl:\n%s", out)
+	}
+	// The in-process workers name the server they use, the one on the
+	// port --nats-listen took, not nats.go's default 4222.
+	if server == "" || strings.HasSuffix(server, ":4222") || len(workers) != 1 || workers[0] != server {
+		t.Errorf("embedded server %q, workers connected to %q:\n%s", server, workers, out)
 	}
 }

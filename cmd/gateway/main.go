@@ -174,7 +174,7 @@ func run() error {
 	}
 	gw, err := gateway.New(ctx, nc, gateway.Config{Settings: settings, Graphs: graphs, MaxBodyBytes: cfg.Gateway.MaxBodyBytes,
 		Images: gateway.ImageLimits{MaxBytes: cfg.Gateway.Images.MaxBytes, MaxPerRequest: cfg.Gateway.Images.MaxPerRequest, RefuseURLs: cfg.Gateway.Images.RefuseURLs}, Logger: log, Limits: lim,
-		Embedder: embedder, StoreIndexFields: indexFields,
+		Embedder: embedder, StoreIndexFields: indexFields, StoreIndexMemory: cfg.Store.IndexMemoryBytes,
 		Files: app.QuotaFiles(workdirs, lim), MaxFileBytes: cfg.Files.MaxFileBytes, APIKeys: keys, JWT: bearer, Policy: pol,
 		Metrics: tel.Metrics, MetricsHandler: tel.InlineMetrics(), Traces: tel.TracerProvider, WebhookAllowPrivate: cfg.Webhooks.AllowPrivate,
 		MaxCronsPerTenant: cfg.Crons.MaxPerTenant})

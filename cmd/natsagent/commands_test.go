@@ -106,13 +106,20 @@ func TestRunStreamsTextAndToolCall(t *testing.T) {
 	}
 }
 
-// A run that ends error exits non-zero with its reason; a run needs a
-// message.
+// A run that ends error exits non-zero with its reason, one a guard cut
+// short exits 3; a run needs a message.
 func TestRunExitStatus(t *testing.T) {
 	e := newCLIEnv(t, scriptModel())
 	r := e.cli("run", "--agent", "nope", "hi").must(t, 1)
 	r.has(t, "■ error")
 	r.says(t, "ended error")
+	// A guard cut it short: exit 3, the answer so far, the guard named.
+	r = e.cli("run", "--thread", "t3", "--max-steps", "1", "what time is it").must(t, 3)
+	r.has(t, "[STOPPED: max_steps]", "■ incomplete · stop reason max_steps")
+	r.says(t, "ended incomplete (max_steps)")
+	if strings.Contains(r.out, "■ success") {
+		t.Fatalf("an incomplete run printed success:\n%s", r.out)
+	}
 	e.cli("run", "--thread", "t1").must(t, 2).says(t, "no message")
 	e.cli("run", "--thread", "bad.id", "hi").must(t, 2).says(t, "--thread")
 }

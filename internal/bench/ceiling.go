@@ -404,3 +404,43 @@ var ceilingStages = strings.Join([]string{
 	"request", "thread ∥ head reads ∥ lease create ∥ creation index key (+ events async)",
 	"checkpoint", "release (+ thread usage, last_run)", "terminal record create", "events confirmed", "run.finished",
 }, " → ")
+
+// idle runs n of the write set one at a time, each request published
+// when the previous run.finished arrived, as the latency scenario's idle
+// runs are: the floor under natsagent's idle latency with this write
+// set. The first warm runs are not counted.
+func (c *ceiling) idle(ctx context.Context, warm, n int) (outcome, error) {
+	wctx, stop := context.WithCancel(ctx)
+	pulled := make(chan error, 1)
+	go func() { pulled <- c.pull(wctx, ctx, 1) }()
+	reqs := c.requests(warm + n)
+	var tracks []*track
+	for i, m := range reqs {
+		if ctx.Err() != nil {
+			break
+		}
+		// Published async like the latency scenario's submit: a lost
+		// request shows as a lost run.
+		t := c.obs.expect("r" + strconv.Itoa(i))
+		if _, err := c.cjs.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)); err != nil {
+			c.fail(fmt.Errorf("publish request: %w", err))
+			break
+		}
+		if i >= warm {
+			tracks = append(tracks, t)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		c.obs.wait(wctx, t)
+		cancel()
+	}
+	stop()
+	c.fail(<-pulled)
+	c.wg.Wait()
+	c.mu.Lock()
+	err := c.firstErr
+	c.mu.Unlock()
+	if err != nil {
+		err = fmt.Errorf("ceiling idle runs: %w", err)
+	}
+	return c.obs.outcome(tracks), err
+}

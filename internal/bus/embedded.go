@@ -97,10 +97,13 @@ func (e *Embedded) ClientURL() string {
 	return e.Server.ClientURL()
 }
 
-// Connect opens an in-process connection (no TCP).
+// Connect opens an in-process connection (no TCP). The connection names
+// the server's client URL (nats.go's default, 127.0.0.1:4222, without a
+// listener), so a log of where a client connected names the port the
+// server took.
 func (e *Embedded) Connect(name string, opts ...nats.Option) (*nats.Conn, error) {
 	opts = append([]nats.Option{nats.InProcessServer(e.Server), nats.Name(name)}, opts...)
-	return nats.Connect("", opts...)
+	return nats.Connect(e.ClientURL(), opts...)
 }
 
 // Shutdown stops the server and waits for it.

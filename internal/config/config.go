@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/natsagent/natsagent/internal/protocol"
 )
 
 // Config is the whole configuration of a gateway or worker process.
@@ -55,6 +57,11 @@ type Store struct {
 	// Index, when set, gives the store semantic search through an
 	// OpenAI-compatible /embeddings endpoint (LangGraph's store.index).
 	Index *StoreIndex `yaml:"index"`
+	// IndexMemoryBytes bounds the memory each gateway's search index
+	// holds (default 256 MiB): tenants are held while they are searched,
+	// the least recently searched leave first, and a tenant larger than
+	// the budget is searched from the bucket.
+	IndexMemoryBytes int64 `yaml:"index_memory_bytes"`
 }
 
 // StoreIndex configures the store's embeddings.
@@ -283,8 +290,17 @@ func Default() Config {
 		Telemetry:   defaultTelemetry(),
 		Limits:      defaultLimits(),
 		Retention:   defaultRetention(),
+		Store:       Store{IndexMemoryBytes: DefaultStoreIndexMemory},
 	}
 }
+
+// DefaultStoreIndexMemory is store.index_memory_bytes's default (256 MiB,
+// about 37,000 items with 1536-dimension vectors); minStoreIndexMemory its
+// least (1 MiB).
+const (
+	DefaultStoreIndexMemory = 256 << 20
+	minStoreIndexMemory     = 1 << 20
+)
 
 // Load reads the YAML file at path (none when path is ""), over the
 // defaults, then applies the environment. Unknown keys and values of the
@@ -461,13 +477,21 @@ func (c *Config) problems() []string {
 		path := fmt.Sprintf("agents[%d]", i)
 		if a.Name == "" {
 			bad(path+".name", "is required")
+		} else if !protocol.ValidToken(a.Name) {
+			bad(path+".name", "%q is not a valid name: letters, digits, _ and - only, at most %d", a.Name, protocol.MaxTokenLen)
 		} else if seen[a.Name] {
 			bad(path+".name", "%q is defined twice", a.Name)
 		}
 		seen[a.Name] = true
+		if a.Kind != "" && a.Kind != "lead" && a.Kind != "subagent" {
+			bad(path+".kind", "must be lead or subagent, not %q", a.Kind)
+		}
 		if a.MaxSteps < 0 {
 			bad(path+".max_steps", "must not be negative")
 		}
+	}
+	if c.Store.IndexMemoryBytes < minStoreIndexMemory {
+		bad("store.index_memory_bytes", "must be at least %d (1 MiB), not %d", minStoreIndexMemory, c.Store.IndexMemoryBytes)
 	}
 	if ix := c.Store.Index; ix != nil {
 		if strings.TrimSpace(ix.Model) == "" {

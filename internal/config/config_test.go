@@ -114,6 +114,7 @@ func TestLoadRejectsBadFieldsWithTheirPath(t *testing.T) {
 		"nats:\n  events_max_age: 50ms\n":                                                         "nats.events_max_age: must be at least 100ms",
 		"store:\n  index:\n    dims: 256\n":                                                       "store.index.model",
 		"store:\n  index:\n    model: m\n    dims: -1\n":                                          "store.index.dims",
+		"store:\n  index_memory_bytes: 1000\n":                                                    "store.index_memory_bytes",
 		"crons:\n  missed_ticks: replay\n":                                                        "crons.missed_ticks",
 		"crons:\n  late_grace: -1s\n":                                                             "crons.late_grace",
 	}

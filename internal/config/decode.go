@@ -19,7 +19,12 @@ import (
 func checkTree(doc *yaml.Node, t reflect.Type) []string {
 	c := &treeCheck{}
 	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
-		c.value(doc.Content[0], t, "")
+		if !c.value(doc.Content[0], t, "") {
+			// The root is not a mapping: reported, and nothing of it
+			// decodes, so the document goes (a root cannot be dropped
+			// from its parent the way a key is).
+			doc.Content = nil
+		}
 	}
 	return c.problems
 }

@@ -99,3 +99,61 @@ func TestLoadNotYAML(t *testing.T) {
 		t.Fatalf("broken YAML: %v", err)
 	}
 }
+
+// A file that is a list or a single value, not a mapping, says so in words:
+// the root cannot be dropped the way a wrong key is, and yaml's own
+// "cannot unmarshal !!seq into config.Config" must not follow.
+func TestLoadRootNotAMapping(t *testing.T) {
+	for _, v := range []string{EnvBaseURL, EnvAPIKey, EnvModel, EnvNATSURL} {
+		t.Setenv(v, "")
+	}
+	for _, file := range []string{"- nats\n- worker\n", "just words\n", "42\n"} {
+		_, err := Parse([]byte(file), "natsagent.yaml")
+		if err == nil {
+			t.Errorf("%q loaded", file)
+			continue
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, "the file (line 1): must be a mapping of nats, model,") {
+			t.Errorf("%q: the error does not say the file must be a mapping:\n%s", file, msg)
+		}
+		for _, goish := range []string{"config.", "!!", "unmarshal"} {
+			if strings.Contains(msg, goish) {
+				t.Errorf("%q: the error speaks Go (%q):\n%s", file, goish, msg)
+			}
+		}
+		if got := strings.Count(msg, "\n  "); got != 1 {
+			t.Errorf("%q: %d problems reported, want 1:\n%s", file, got, msg)
+		}
+	}
+}
+
+// An agent profile's name and kind are checked with the rest of the file,
+// with their paths: a bad name no longer waits for a second start, after
+// the file's other mistakes are fixed, to be reported without a path.
+func TestLoadReportsBadProfileNamesWithTheRest(t *testing.T) {
+	for _, v := range []string{EnvBaseURL, EnvAPIKey, EnvModel, EnvNATSURL} {
+		t.Setenv(v, "")
+	}
+	_, err := Parse([]byte(`agents:
+  - name: Bad Name
+    model: {x: 1}
+  - name: ok
+    kind: leader
+  - name: ok
+`), "natsagent.yaml")
+	if err == nil {
+		t.Fatal("a file with mistakes loaded")
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		"agents[0].model (line 3): must be a string, not a mapping",
+		`agents[0].name: "Bad Name" is not a valid name: letters, digits, _ and - only`,
+		`agents[1].kind: must be lead or subagent, not "leader"`,
+		`agents[2].name: "ok" is defined twice`,
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the error lacks %q:\n%s", want, msg)
+		}
+	}
+}

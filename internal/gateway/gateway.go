@@ -104,6 +104,10 @@ type Config struct {
 	// StoreIndexFields are the fields embedded when a put names none
 	// (default ["$"], the whole value).
 	StoreIndexFields []string
+	// StoreIndexMemory bounds the memory of the store's search index
+	// (0: store.DefaultIndexMemory); the least recently searched tenants
+	// leave it first (store.IndexOptions).
+	StoreIndexMemory int64
 }
 
 // Server serves the HTTP API. It keeps no state of its own: any number of

@@ -93,3 +93,37 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// The store's search index reports what it holds: a search reads the
+// tenant in, within the configured budget.
+func TestStoreIndexMetrics(t *testing.T) {
+	rec, err := prom.New(prom.Options{Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnvWith(t, nil, func(s *Server) {
+		s.cfg.Metrics = rec
+		s.cfg.MetricsHandler = rec.Handler()
+		s.cfg.StoreIndexMemory = 4 << 20
+		s.routes()
+		if err := s.openStore(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	})
+	e.do("PUT", "/store/items", map[string]any{"namespace": []string{"docs"}, "key": "a", "value": map[string]any{"title": "Alpha"}}).expect(t, http.StatusNoContent)
+	e.do("POST", "/store/items/search", map[string]any{"namespace_prefix": []string{"docs"}}).expect(t, http.StatusOK)
+	body := string(e.do("GET", "/metrics", nil).expect(t, http.StatusOK).body)
+	for _, want := range []string{
+		"natsagent_store_index_budget_bytes 4.194304e+06",
+		"natsagent_store_index_tenants 1",
+		"natsagent_store_index_loads_total 1",
+		"natsagent_store_index_evictions_total 0",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("no %s in /metrics:\n%s", want, grepLines(body, "natsagent_store_index"))
+		}
+	}
+	if strings.Contains(body, "natsagent_store_index_bytes 0\n") || !strings.Contains(body, "natsagent_store_index_bytes ") {
+		t.Errorf("the index holds no bytes:\n%s", grepLines(body, "natsagent_store_index"))
+	}
+}

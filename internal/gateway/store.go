@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/natsagent/natsagent/internal/metrics"
 	"github.com/natsagent/natsagent/internal/store"
 )
 
@@ -46,10 +47,15 @@ func (s *Server) openStore(ctx context.Context) error {
 		return err
 	}
 	// The index follows the bucket for the gateway's life, as the thread
-	// index does.
-	if err := st.Index(context.WithoutCancel(ctx), s.log); err != nil {
+	// index does, holding the tenants searched lately within its budget.
+	if err := st.Index(context.WithoutCancel(ctx), store.IndexOptions{Log: s.log, MemoryBytes: s.cfg.StoreIndexMemory}); err != nil {
 		return err
 	}
+	s.cfg.Metrics.TrackStoreIndex(func() metrics.StoreIndexStats {
+		x := st.IndexStats()
+		return metrics.StoreIndexStats{Bytes: x.Bytes, Budget: x.Budget, Tenants: x.Tenants, Loads: x.Loads,
+			Evictions: x.Evictions, Oversized: x.Oversized, BucketSearches: x.BucketSearches}
+	})
 	s.items = st
 	return nil
 }

@@ -3,7 +3,6 @@ package gateway
 import (
 	"cmp"
 	"context"
-	"errors"
 	"net/http"
 	"slices"
 	"sync"
@@ -16,46 +15,144 @@ import (
 
 // Thread searches read the threads bucket's stream, which holds each
 // thread's record once, at the sequence of its last write
-// (kv.Threads.Recent): the newest threads of a tenant are at its end. A
-// search by updated_at, newest first (LangGraph's default, and what
-// Agent Chat UI's history asks for), reads back from the end until it
-// holds a page, and orders it by the write's place in the stream, the
-// order the NATS server stored the writes in (updated_at is the writer's
-// clock, set just before it wrote: the same order but for writes a few
-// milliseconds apart from different hosts). The thread_id and status
-// orders, status filters and counts by status or scalar metadata list
-// index subjects (threadorder.go); what neither serves reads the
-// tenant's records in full (kv.Threads.Scan). The gateway keeps no
-// index: it starts without reading the bucket, and a write, deletion or
-// erasure shows in the next search because the record is the index.
+// (kv.Threads.Updated): the newest threads of a tenant are at its end,
+// the least recently written at its start. A search by updated_at (newest
+// first is LangGraph's default, and what Agent Chat UI's history asks
+// for) reads from the end its order starts at until it holds a page, and
+// orders it by the write's place in the stream, the order the NATS server
+// stored the writes in (updated_at is the writer's clock, set just before
+// it wrote: the same order but for writes a few milliseconds apart from
+// different hosts). A user who may see only some owners' threads is
+// searched by updated_at or created_at from those threads' records alone
+// (ownThreads). The thread_id and status orders, status filters and
+// counts by status or scalar metadata list index subjects
+// (threadorder.go); what neither serves reads the tenant's records in
+// full (kv.Threads.Scan). The gateway keeps no index: it starts without
+// reading the bucket, and a write, deletion or erasure shows in the next
+// search because the record is the index.
 
-// newestThreads returns the first want threads of tenant that match, by
-// last write, newest first, and how many match in all, or -1 when it did
-// not read far enough to know.
-func (s *Server) newestThreads(ctx context.Context, tenant string, want int, match func(*protocol.Thread) bool) ([]protocol.Thread, int, error) {
-	type written struct {
-		th  protocol.Thread
-		seq uint64
-	}
+// updatedThreads returns the first want threads of tenant that match, by
+// last write, newest first when desc, and how many match in all, or -1
+// when it did not read far enough to know.
+func (s *Server) updatedThreads(ctx context.Context, tenant string, desc bool, want int, match func(*protocol.Thread) bool) ([]protocol.Thread, int, error) {
 	var found []written
-	complete, err := s.stores.Threads.Recent(ctx, tenant, want, func(th *protocol.Thread, seq uint64) {
+	at := map[string]int{} // thread id -> index in found
+	complete, err := s.stores.Threads.Updated(ctx, tenant, desc, want, func(th *protocol.Thread, seq uint64) {
 		trimThread(th)
-		if match(th) {
-			found = append(found, written{*th, seq})
+		if !match(th) {
+			return
 		}
+		// Oldest first, a record rewritten during the read is met again
+		// at its new place: keep that one.
+		if i, ok := at[th.ThreadID]; ok {
+			if seq > found[i].seq {
+				found[i] = written{*th, seq}
+			}
+			return
+		}
+		at[th.ThreadID] = len(found)
+		found = append(found, written{*th, seq})
 	}, func() bool { return len(found) >= want })
 	if err != nil {
 		return nil, 0, err
 	}
-	slices.SortFunc(found, func(a, b written) int { return cmp.Compare(b.seq, a.seq) })
-	out := make([]protocol.Thread, 0, min(len(found), want))
-	for _, w := range found[:min(len(found), want)] {
-		out = append(out, w.th)
-	}
+	out := byWrite(found, desc, want)
 	if complete {
 		return out, len(found), nil
 	}
 	return out, -1, nil
+}
+
+// written is a thread record and the stream sequence of its last write.
+type written struct {
+	th  protocol.Thread
+	seq uint64
+}
+
+// byWrite returns the first want of found by last write, newest first
+// when desc.
+func byWrite(found []written, desc bool, want int) []protocol.Thread {
+	slices.SortFunc(found, func(a, b written) int {
+		if desc {
+			return cmp.Compare(b.seq, a.seq)
+		}
+		return cmp.Compare(a.seq, b.seq)
+	})
+	out := make([]protocol.Thread, 0, min(len(found), want))
+	for _, w := range found[:min(len(found), want)] {
+		out = append(out, w.th)
+	}
+	return out
+}
+
+// maxOwnThreads bounds the threads a search of a user who may see only
+// some owners' threads reads in full to sort them itself (ownThreads).
+var maxOwnThreads = 4096
+
+// ownThreadsFirst reports whether a search by updated_at or created_at
+// of r, whose owner filter is owners (nil: every owner), reads the
+// threads r may see and sorts them itself rather than read the tenant's
+// stream from one end. It does when r may see only some owners' threads
+// and those are few (at most maxOwnThreads): they are read, and no other
+// owner's record. A user who may see more reads the stream from one end
+// (a search by updated_at would read every record of theirs otherwise),
+// passing over other owners' records without returning or counting
+// them; by updated_at it does so only when the user may see at least a
+// quarter of the tenant's threads (so the records it reads are the
+// user's, about one in four or more, as they are spread), else it reads
+// theirs in full too. By created_at the stream read is the creation
+// index, whose keys name their owner: it reads no other owner's record.
+func (s *Server) ownThreadsFirst(ctx context.Context, tenant, by string, owners []string) (bool, error) {
+	if owners == nil {
+		return false, nil
+	}
+	if err := s.ensureIndexed(ctx, tenant); err != nil {
+		return false, err
+	}
+	mine, err := s.stores.Threads.Count(ctx, tenant, owners)
+	if err != nil || mine <= maxOwnThreads || by == "created_at" {
+		return mine <= maxOwnThreads, err
+	}
+	all, err := s.stores.Threads.Count(ctx, tenant, nil)
+	if err != nil {
+		return false, err
+	}
+	return 4*mine < all, nil
+}
+
+// ownThreads returns the first want threads of tenant owned by one of
+// owners that match, in the order of a search by updated_at (their last
+// write's place in the stream, as updatedThreads orders them) or
+// created_at, newest first when desc, and how many match. It lists
+// their ids from the creation index's subjects and reads their records,
+// and no other thread's.
+func (s *Server) ownThreads(ctx context.Context, tenant string, owners []string, by string, desc bool, want int, match func(*protocol.Thread) bool) ([]protocol.Thread, int, error) {
+	if err := s.ensureIndexed(ctx, tenant); err != nil {
+		return nil, 0, err
+	}
+	ids, err := s.stores.Threads.IDs(ctx, tenant, owners)
+	if err != nil {
+		return nil, 0, err
+	}
+	var found []written
+	err = s.stores.Threads.Records(ctx, tenant, ids, func(th *protocol.Thread, seq uint64) {
+		trimThread(th)
+		if match(th) {
+			found = append(found, written{*th, seq})
+		}
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	if by != "created_at" {
+		return byWrite(found, desc, want), len(found), nil
+	}
+	order, _ := threadOrder(by, map[bool]string{true: "desc", false: "asc"}[desc])
+	ths := make([]protocol.Thread, len(found))
+	for i := range found {
+		ths[i] = found[i].th
+	}
+	return topK(ths, want, order), len(found), nil
 }
 
 // allThreads returns every thread of tenant that matches.
@@ -135,17 +232,20 @@ func (s *Server) createdThreads(ctx context.Context, tenant string, desc bool, w
 	var pending []string
 	seen := map[string]bool{}
 	var readErr error
+	skipped := false // ids listed whose records were not read: the page was full
 	resolve := func() {
-		if readErr != nil || len(pending) == 0 {
-			return
+		// A window may list far more ids than the page needs (the first
+		// one holding any when the tenant's newest keys are far from the
+		// stream's end): read their records a few at a time.
+		for readErr == nil && len(pending) > 0 && len(found) < want {
+			n := min(len(pending), max(4*(want-len(found)), 64))
+			found, readErr = s.matchingByKey(ctx, tenant, pending[:n], match, found)
+			pending = pending[n:]
 		}
-		var err error
-		found, err = s.matchingByKey(ctx, tenant, pending, match, found)
+		if len(pending) > 0 && readErr == nil {
+			skipped = true
+		}
 		pending = pending[:0]
-		if err != nil {
-			readErr = err
-			return
-		}
 	}
 	complete, err := s.stores.Threads.Created(ctx, tenant, desc, want, owner, func(thread string, _ uint64) {
 		if !seen[thread] {
@@ -164,17 +264,12 @@ func (s *Server) createdThreads(ctx context.Context, tenant string, desc bool, w
 		return nil, 0, readErr
 	}
 	out := found[:min(len(found), want)]
-	if complete {
+	if complete && !skipped {
 		return out, len(found), nil
 	}
 	return out, -1, nil
 }
 
-// keyReaders bounds the records one request reads at a time.
-const keyReaders = 8
-
-// threadsByKey reads the records of threads of tenant, in their order; a
-// thread without a record (deleted since it was listed) is nil.
 // matchingByKey appends to found the records of threads (read by key,
 // trimmed) that match; a thread without a record is skipped.
 func (s *Server) matchingByKey(ctx context.Context, tenant string, threads []string, match func(*protocol.Thread) bool, found []protocol.Thread) ([]protocol.Thread, error) {
@@ -194,23 +289,24 @@ func (s *Server) matchingByKey(ctx context.Context, tenant string, threads []str
 	return found, nil
 }
 
+// threadsByKey reads the records of threads of tenant, in their order, a
+// batch of them per request (kv.Threads.Records); a thread without a
+// record (deleted since it was listed) is nil, and a thread named twice
+// is read once and shown at its first place only.
 func (s *Server) threadsByKey(ctx context.Context, tenant string, threads []string) ([]*protocol.Thread, error) {
 	out := make([]*protocol.Thread, len(threads))
-	errs := make([]error, len(threads))
-	sem := make(chan struct{}, keyReaders)
-	var wg sync.WaitGroup
+	at := make(map[string]int, len(threads))
+	ids := make([]string, 0, len(threads))
 	for i, id := range threads {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			th, _, err := s.stores.Threads.Get(ctx, tenant, id)
-			if err != nil && !errors.Is(err, kv.ErrNotFound) {
-				errs[i] = err
-			}
-			out[i] = th
-		}()
+		if _, ok := at[id]; !ok {
+			at[id] = i
+			ids = append(ids, id)
+		}
 	}
-	wg.Wait()
-	return out, errors.Join(errs...)
+	err := s.stores.Threads.Records(ctx, tenant, ids, func(th *protocol.Thread, _ uint64) {
+		if i, ok := at[th.ThreadID]; ok {
+			out[i] = th
+		}
+	})
+	return out, err
 }

@@ -187,6 +187,14 @@ func (s *Server) searchThreads(w http.ResponseWriter, r *http.Request, tenant st
 			}
 		}
 	}
+	ownFirst := false
+	_, owners := s.ownerFilter(r)
+	byTime := b.SortBy == "" || b.SortBy == "updated_at" || b.SortBy == "created_at"
+	if len(b.Ids) == 0 && !useMetadata && (b.Status == "" || b.Status == protocol.ThreadIdle) && byTime {
+		if ownFirst, err = s.ownThreadsFirst(r.Context(), tenant, b.SortBy, owners); err != nil {
+			return errUnavailable("the threads bucket is not available", err)
+		}
+	}
 	switch {
 	case useMetadata:
 		// Few threads have the metadata: their records, confirmed.
@@ -203,10 +211,17 @@ func (s *Server) searchThreads(w http.ResponseWriter, r *http.Request, tenant st
 			return errUnavailable("the threads bucket is not available", err)
 		}
 		top, total = topK(found, p.offset+p.limit, cmp), len(found)
-	case len(b.Ids) == 0 && (b.SortBy == "" || b.SortBy == "updated_at") && b.SortOrder != "asc":
-		// Newest first: read back from the newest writes only as far as
-		// the page needs (threadscan.go).
-		top, total, err = s.newestThreads(r.Context(), tenant, p.offset+p.limit, s.threadMatcher(r, &b))
+	case ownFirst:
+		// A user who may see a bounded set of owners' threads: those
+		// records, sorted here; no other owner's is read (threadscan.go).
+		top, total, err = s.ownThreads(r.Context(), tenant, owners, b.SortBy, b.SortOrder != "asc", p.offset+p.limit, s.threadMatcher(r, &b))
+		if err != nil {
+			return errUnavailable("the threads bucket is not available", err)
+		}
+	case len(b.Ids) == 0 && (b.SortBy == "" || b.SortBy == "updated_at"):
+		// By last write: read the stream from the end the order starts
+		// at, only as far as the page needs (threadscan.go).
+		top, total, err = s.updatedThreads(r.Context(), tenant, b.SortOrder != "asc", p.offset+p.limit, s.threadMatcher(r, &b))
 		if err != nil {
 			return errUnavailable("the threads bucket is not available", err)
 		}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +16,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/config"
+	"github.com/natsagent/natsagent/internal/policy"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 )
@@ -39,14 +42,21 @@ func benchDeployment(b *testing.B) *testdeploy.Deployment {
 	return d
 }
 
-// benchSearch measures POST body to path on a gateway over the
-// deployment and reports its p99 and p50.
-func benchSearch(b *testing.B, hs *httptest.Server, path, body string) {
+// benchSearch measures POST body to path on gateway gw (served by hs)
+// and reports its p99 and p50, the thread records it read and the
+// messages the gateway sent the server (its requests) per search. With
+// no headers it searches tenant "big" unauthenticated.
+func benchSearch(b *testing.B, gw *Server, hs *httptest.Server, path, body string, headers ...string) {
 	search := func() time.Duration {
 		start := time.Now()
 		req, _ := http.NewRequest("POST", hs.URL+path, strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Tenant", "big")
+		if len(headers) == 0 {
+			req.Header.Set("X-Tenant", "big")
+		}
+		for i := 0; i+1 < len(headers); i += 2 {
+			req.Header.Set(headers[i], headers[i+1])
+		}
 		resp, err := hs.Client().Do(req)
 		if err != nil {
 			b.Fatal(err)
@@ -58,6 +68,7 @@ func benchSearch(b *testing.B, hs *httptest.Server, path, body string) {
 		return time.Since(start)
 	}
 	var took []time.Duration
+	read0, sent0 := gw.stores.Threads.RecordsRead(), gw.nc.Stats().OutMsgs
 	b.ResetTimer()
 	for b.Loop() {
 		took = append(took, search())
@@ -66,6 +77,28 @@ func benchSearch(b *testing.B, hs *httptest.Server, path, body string) {
 	slices.Sort(took)
 	b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "p99-ms")
 	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(gw.stores.Threads.RecordsRead()-read0)/float64(len(took)), "records/op")
+	b.ReportMetric(float64(gw.nc.Stats().OutMsgs-sent0)/float64(len(took)), "calls/op")
+}
+
+// benchOwner is the API key of the user whose own threads the owner
+// benchmarks search: one thread in 5,000 of tenant "owned" is theirs.
+const benchOwner = "alice-0123456789-bench-key"
+
+// withOwners makes gw authenticate benchOwner as user alice of tenant
+// "owned", a member who may see only their own threads.
+func withOwners(b *testing.B, gw *Server) {
+	pol, err := policy.New(config.Policy{DefaultRoles: []string{"member"}, Roles: map[string]config.Role{
+		"member": {Agents: []string{"chatbot"}, Tools: config.ToolRule{Allow: []string{"*"}}},
+	}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	a, err := newAuthenticator([]APIKey{{Name: "alice", Tenant: "owned", SHA256: sha256.Sum256([]byte(benchOwner))}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	gw.auth, gw.cfg.Policy = a, pol
 }
 
 // BenchmarkThreadsSearch: threads.search and threads.count with
@@ -114,6 +147,7 @@ func BenchmarkThreadsSearch(b *testing.B) {
 	b.Logf("first count by status %v", time.Since(start))
 	for _, c := range []struct{ name, path, body string }{
 		{"updated_at-desc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "updated_at", "sort_order": "desc"}`},
+		{"updated_at-asc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "updated_at", "sort_order": "asc"}`},
 		{"created_at-desc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "created_at", "sort_order": "desc"}`},
 		{"created_at-asc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "created_at", "sort_order": "asc"}`},
 		{"thread_id-asc", "/threads/search", `{"limit": 10, "metadata": {"user": "u3"}, "sort_by": "thread_id", "sort_order": "asc"}`},
@@ -129,7 +163,40 @@ func BenchmarkThreadsSearch(b *testing.B) {
 		{"count-metadata", "/threads/count", `{"metadata": {"user": "u3"}}`},
 		{"count-metadata-status", "/threads/count", `{"metadata": {"user": "u7"}, "status": "error"}`},
 	} {
-		b.Run(c.name, func(b *testing.B) { benchSearch(b, hs, c.path, c.body) })
+		b.Run(c.name, func(b *testing.B) { benchSearch(b, gw, hs, c.path, c.body) })
+	}
+}
+
+// BenchmarkThreadsSearchOwn: the searches of a user who may see only
+// their own threads, in a tenant of 100,000 threads of which one in
+// 5,000 (20) are theirs and the others another user's: by updated_at
+// both ways (the threads they may see, read by key, sorted by their last
+// write), by created_at and a count.
+func BenchmarkThreadsSearchOwn(b *testing.B) {
+	d := testdeploy.Start(b, bus.Settings{})
+	start := time.Now()
+	writeThreadsOf(b, d.JS, d.Settings.Names.ThreadsBucket(), "owned", "o", benchThreads(), func(i int) string {
+		if i%5000 == 17 {
+			return "alice"
+		}
+		return "other"
+	})
+	b.Logf("wrote %d threads in %v", benchThreads(), time.Since(start))
+	gw, err := New(context.Background(), d.NC, Config{Settings: d.Settings, Logger: zap.NewNop()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	withOwners(b, gw)
+	hs := httptest.NewServer(gw.Handler())
+	defer hs.Close()
+	owner := []string{"X-API-Key", benchOwner}
+	for _, c := range []struct{ name, path, body string }{
+		{"updated_at-desc", "/threads/search", `{"limit": 10}`},
+		{"updated_at-asc", "/threads/search", `{"limit": 10, "sort_order": "asc"}`},
+		{"created_at-desc", "/threads/search", `{"limit": 10, "sort_by": "created_at"}`},
+		{"count", "/threads/count", `{}`},
+	} {
+		b.Run(c.name, func(b *testing.B) { benchSearch(b, gw, hs, c.path, c.body, owner...) })
 	}
 }
 

@@ -218,8 +218,15 @@ func TestThreadIndexFollowsOtherWriters(t *testing.T) {
 // metadata "user" = u<i%10>.
 func writeThreads(tb testing.TB, js jetstream.JetStream, bucket, tenant, prefix string, n int) {
 	tb.Helper()
+	writeThreadsOf(tb, js, bucket, tenant, prefix, n, func(int) string { return "" })
+}
+
+// writeThreadsOf is writeThreads with thread i owned by owner(i).
+func writeThreadsOf(tb testing.TB, js jetstream.JetStream, bucket, tenant, prefix string, n int, owner func(i int) string) {
+	tb.Helper()
 	for i := range n {
 		th := newThread(tenant, fmt.Sprintf("%s%05d", prefix, i), map[string]any{"user": fmt.Sprintf("u%d", i%10)})
+		th.Owner = owner(i)
 		data, err := protocol.AppendThreadJSON(nil, th)
 		if err != nil {
 			tb.Fatal(err)
@@ -227,7 +234,7 @@ func writeThreads(tb testing.TB, js jetstream.JetStream, bucket, tenant, prefix 
 		// The creation index key first, then the record, as
 		// kv.Threads.Put writes them.
 		entry, _ := json.Marshal(kv.CreatedEntry{CreatedAt: th.CreatedAt})
-		if _, err := js.PublishAsync("$KV."+bucket+"."+kv.CreatedKey(tenant, th.ThreadID, ""), entry); err != nil {
+		if _, err := js.PublishAsync("$KV."+bucket+"."+kv.CreatedKey(tenant, th.ThreadID, th.Owner), entry); err != nil {
 			tb.Fatal(err)
 		}
 		if _, err := js.PublishAsync("$KV."+bucket+"."+bus.Key(tenant, th.ThreadID), data); err != nil {
@@ -294,7 +301,7 @@ func TestThreadsSearchReadsBackFromTheNewest(t *testing.T) {
 
 	// Only the newest part is read for a page of the newest.
 	visited := 0
-	complete, err := e.stores.Threads.Recent(ctx, "big", 10, func(*protocol.Thread, uint64) { visited++ }, func() bool { return visited >= 10 })
+	complete, err := e.stores.Threads.Updated(ctx, "big", true, 10, func(*protocol.Thread, uint64) { visited++ }, func() bool { return visited >= 10 })
 	if err != nil || complete {
 		t.Fatalf("recent: complete %v, err %v", complete, err)
 	}

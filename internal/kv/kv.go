@@ -70,21 +70,16 @@ func bound(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 // get reads and decodes one key.
-func get[T any](ctx context.Context, kv jetstream.KeyValue, key string) (*T, uint64, error) {
-	ctx, cancel := bound(ctx)
-	defer cancel()
-	e, err := kv.Get(ctx, key)
+func get[T any](ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, key string) (*T, uint64, error) {
+	data, rev, err := readKey(ctx, js, kv, key)
 	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return nil, 0, ErrNotFound
-		}
 		return nil, 0, err
 	}
 	v := new(T)
-	if err := decodeExact(e.Value(), v); err != nil {
+	if err := decodeExact(data, v); err != nil {
 		return nil, 0, fmt.Errorf("decode %s: %w", key, err)
 	}
-	return v, e.Revision(), nil
+	return v, rev, nil
 }
 
 // getLatest reads and decodes one key through its bucket's stream leader.
@@ -166,25 +161,8 @@ func encode(v any) ([]byte, error) {
 }
 
 // put creates (rev 0) or compare-and-sets (rev > 0) one key.
-func put(ctx context.Context, kv jetstream.KeyValue, key string, v any, rev uint64) (uint64, error) {
-	data, err := encode(v)
-	if err != nil {
-		return 0, err
-	}
-	ctx, cancel := bound(ctx)
-	defer cancel()
-	if rev == 0 {
-		n, err := kv.Create(ctx, key, data)
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			return 0, ErrExists
-		}
-		return n, bus.MarkStoreFull(kv.Bucket(), err)
-	}
-	n, err := kv.Update(ctx, key, data, rev)
-	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-		return 0, ErrConflict
-	}
-	return n, bus.MarkStoreFull(kv.Bucket(), err)
+func put(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, key string, v any, rev uint64) (uint64, error) {
+	return putTTL(ctx, js, kv, key, v, rev, 0)
 }
 
 // List reads the values of a bucket whose keys match filter, decoded as T

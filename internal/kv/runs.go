@@ -25,7 +25,7 @@ type Runs struct {
 
 // Get reads a run record.
 func (s *Runs) Get(ctx context.Context, tenant, run string) (*protocol.Run, uint64, error) {
-	return get[protocol.Run](ctx, s.kv, bus.Key(tenant, run))
+	return get[protocol.Run](ctx, s.js, s.kv, bus.Key(tenant, run))
 }
 
 // GetLatest reads a run record through the bucket's leader, for the read
@@ -46,13 +46,13 @@ func (s *Runs) GetFromLeader(ctx context.Context, tenant, run string) (*protocol
 
 // Create writes a new run record; ErrExists if the run id is taken.
 func (s *Runs) Create(ctx context.Context, r *protocol.Run) (uint64, error) {
-	return putTTL(ctx, s.js, s.kv, s.bucket, bus.Key(r.Tenant, r.RunID), r, 0, s.finishedTTL(r))
+	return putTTL(ctx, s.js, s.kv, bus.Key(r.Tenant, r.RunID), r, 0, s.finishedTTL(r))
 }
 
 // Update compare-and-sets a run record at revision rev; ErrConflict if it
 // changed since.
 func (s *Runs) Update(ctx context.Context, r *protocol.Run, rev uint64) (uint64, error) {
-	return putTTL(ctx, s.js, s.kv, s.bucket, bus.Key(r.Tenant, r.RunID), r, rev, s.finishedTTL(r))
+	return putTTL(ctx, s.js, s.kv, bus.Key(r.Tenant, r.RunID), r, rev, s.finishedTTL(r))
 }
 
 // finishedTTL is the key TTL of r: its tenant's retention of finished

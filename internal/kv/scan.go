@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -17,10 +18,13 @@ import (
 // stream holds each thread's record once, at the sequence of its last
 // write: the stream is already an index of every tenant's threads by last
 // write, kept by the server, with no second write to fall out of step and
-// nothing to heal. Recent reads it from the newest end with batched
-// direct gets filtered on the tenant's record subjects ("$KV.<bucket>.<tenant>.*": not the run index keys below a
-// thread, not other tenants), so a search reads the records it needs,
-// not the bucket.
+// nothing to heal. Updated reads it from either end with batched direct
+// gets filtered on the tenant's record subjects
+// ("$KV.<bucket>.<tenant>.*": not the index keys below a thread, not
+// other tenants), so a search reads the records it needs, not the
+// bucket. Records reads the records of named threads, a batch of them
+// per request, each with the sequence of its last write: the order of a
+// search by updated_at among those threads alone.
 
 const (
 	// scanBatch is how many records one direct get answers at most.
@@ -28,7 +32,7 @@ const (
 	// scanMaxBytes bounds one answer's bytes (the server's own default is
 	// its slow-consumer limit).
 	scanMaxBytes = 1 << 20
-	// Recent's first window is eight stream sequences per record wanted,
+	// walk's first window is eight stream sequences per record wanted,
 	// within these bounds; each further window is four times the last.
 	minWindow, maxFirstWindow = 64, 4096
 )
@@ -47,17 +51,56 @@ func (s *Threads) streamBounds(ctx context.Context) (first, last uint64, err err
 	return info.State.FirstSeq, info.State.LastSeq, nil
 }
 
-// Recent calls visit with a tenant's thread records and the stream
-// sequence of their last write, by windows of the stream from its newest
-// end (within a window in write order), and after each window asks
-// enough whether to stop: every record not visited yet was written
-// before every record visited. want, how many records the caller
-// expects to need, sizes the first window. It reports whether it
-// visited every record of the tenant.
-func (s *Threads) Recent(ctx context.Context, tenant string, want int, visit func(t *protocol.Thread, seq uint64), enough func() bool) (bool, error) {
+// Updated calls visit with a tenant's thread records and the stream
+// sequence of their last write, newest first by windows of the stream
+// from its end (desc), or oldest first by batches from its start, within
+// a window or batch in write order, and after each asks enough whether to
+// stop: every record not visited yet was written, when desc, before
+// every record visited, otherwise after. want, how many records the
+// caller expects to need, sizes the first window. It reports whether it
+// visited every record of the tenant. Oldest first, a record rewritten
+// during the read may be visited twice, the second time at its new
+// place: callers keep the later.
+func (s *Threads) Updated(ctx context.Context, tenant string, desc bool, want int, visit func(t *protocol.Thread, seq uint64), enough func() bool) (bool, error) {
 	if !protocol.ValidToken(tenant) {
 		return true, nil
 	}
+	return s.walk(ctx, s.recordFilter(tenant), desc, want, func(msgs []scannedMsg) {
+		for _, m := range msgs {
+			if t := s.decodeRecord(m); t != nil {
+				visit(t, m.seq)
+			}
+		}
+	}, enough)
+}
+
+// decodeRecord decodes a thread record read from the stream, counting it
+// read; nil for a deletion or what is no thread record.
+func (s *Threads) decodeRecord(m scannedMsg) *protocol.Thread {
+	if m.deleted {
+		return nil
+	}
+	s.read.Add(1)
+	var t protocol.Thread
+	if decodeExact(m.data, &t) != nil || t.ThreadID == "" {
+		return nil
+	}
+	return &t
+}
+
+// walk is how Updated and Created read the bucket's stream from either
+// end: it calls window with the messages of filter newest first, by
+// windows of the stream from its end (desc; the first window eight
+// sequences per message wanted, within bounds, each further one four
+// times the last), or oldest first, by batches from its start (each as
+// many messages as one answer holds: the server counts what is pending
+// after a batch from its subject totals when the batch starts at the
+// stream's first sequence, and by reading blocks when it starts further
+// on, so the first batch is cheap, and it usually holds the page). A
+// window's or batch's messages come in stream order. After each, walk
+// asks enough whether to stop, and it reports whether it read every
+// message of filter.
+func (s *Threads) walk(ctx context.Context, filter string, desc bool, want int, window func([]scannedMsg), enough func() bool) (bool, error) {
 	first, last, err := s.streamBounds(ctx)
 	if err != nil {
 		return false, err
@@ -65,28 +108,46 @@ func (s *Threads) Recent(ctx context.Context, tenant string, want int, visit fun
 	if last == 0 {
 		return true, nil
 	}
-	filter := s.recordFilter(tenant)
-	hi, w := uint64(0), uint64(min(max(8*want, minWindow), maxFirstWindow)) // hi 0: the first window reads to the stream's end
-	for {
-		lo := first
-		top := last + 1
-		if hi != 0 {
-			top = hi
+	if !desc {
+		for seq := first; ; {
+			msgs, more, err := s.directBatch(ctx, filter, seq)
+			if err != nil {
+				return false, err
+			}
+			if len(msgs) > 0 {
+				seq = msgs[len(msgs)-1].seq + 1
+			}
+			window(msgs)
+			if !more || len(msgs) == 0 {
+				return true, nil
+			}
+			if enough() {
+				return false, nil
+			}
 		}
-		if top > first+w {
-			lo = top - w
+	}
+	w := uint64(min(max(8*want, minWindow), maxFirstWindow))
+	lo, hi := first, last+1 // the part of the stream not read yet: [lo, hi)
+	for lo < hi {
+		from := lo
+		if hi-lo > w {
+			from = hi - w
 		}
-		if err := s.readRange(ctx, filter, lo, hi, visit); err != nil {
+		var got []scannedMsg
+		if err := s.readRaw(ctx, filter, from, hi, func(m scannedMsg) { got = append(got, m) }); err != nil {
 			return false, err
 		}
-		if lo <= first {
+		window(got)
+		hi = from
+		if lo >= hi {
 			return true, nil
 		}
 		if enough() {
 			return false, nil
 		}
-		hi, w = lo, w*4
+		w *= 4
 	}
+	return true, nil
 }
 
 // Scan calls visit with every thread record of a tenant. It reads them
@@ -111,35 +172,7 @@ func (s *Threads) Scan(ctx context.Context, tenant string, visit func(*protocol.
 }
 
 func (s *Threads) recordFilter(tenant string) string {
-	return "$KV." + s.bucket + "." + tenant + ".*"
-}
-
-// readRange visits the records of filter stored at sequences lo to hi-1
-// (hi 0: to the end).
-func (s *Threads) readRange(ctx context.Context, filter string, lo, hi uint64, visit func(*protocol.Thread, uint64)) error {
-	for seq := lo; hi == 0 || seq < hi; {
-		msgs, more, err := s.directBatch(ctx, filter, seq)
-		if err != nil {
-			return err
-		}
-		for _, m := range msgs {
-			if hi != 0 && m.seq >= hi {
-				return nil
-			}
-			seq = m.seq + 1
-			if m.deleted {
-				continue
-			}
-			var t protocol.Thread
-			if decodeExact(m.data, &t) == nil && t.ThreadID != "" {
-				visit(&t, m.seq)
-			}
-		}
-		if !more || len(msgs) == 0 {
-			return nil
-		}
-	}
-	return nil
+	return s.recordSubject(tenant, "*")
 }
 
 type scannedMsg struct {
@@ -153,10 +186,78 @@ type scannedMsg struct {
 // most scanBatch of them, and reports whether more may follow (the
 // server's count of those pending after the batch).
 func (s *Threads) directBatch(ctx context.Context, filter string, seq uint64) ([]scannedMsg, bool, error) {
+	return s.direct(ctx, map[string]any{"seq": seq, "next_by_subj": filter, "batch": scanBatch, "max_bytes": scanMaxBytes})
+}
+
+// recordsBatch is how many records Records asks for in one request (the
+// server answers at most 1,024 subjects in one).
+const recordsBatch = 512
+
+// Records calls visit with the records of tenant's threads named in ids
+// and the stream sequence of their last write, a batch of threads per
+// request (a direct get of each subject's last message), in no
+// particular order; a thread without a record is skipped, a record that
+// does not decode is an error (as for Get). It reads those records only.
+func (s *Threads) Records(ctx context.Context, tenant string, ids []string, visit func(t *protocol.Thread, seq uint64)) error {
+	if !protocol.ValidToken(tenant) {
+		return nil
+	}
+	var subjects []string
+	for _, id := range ids {
+		if protocol.ValidToken(id) {
+			subjects = append(subjects, s.recordSubject(tenant, id))
+		}
+	}
+	for len(subjects) > 0 {
+		n := min(len(subjects), recordsBatch)
+		batch := subjects[:n]
+		msgs, more, err := s.direct(ctx, map[string]any{"multi_last": batch, "batch": n, "max_bytes": scanMaxBytes})
+		if err != nil {
+			return err
+		}
+		for _, m := range msgs {
+			if m.deleted {
+				continue
+			}
+			s.read.Add(1)
+			var t protocol.Thread
+			if err := decodeExact(m.data, &t); err != nil {
+				return fmt.Errorf("decode %s: %w", strings.TrimPrefix(m.subject, "$KV."+s.bucket+"."), err)
+			}
+			if t.ThreadID != "" {
+				visit(&t, m.seq)
+			}
+		}
+		if !more || len(msgs) == 0 {
+			subjects = subjects[n:]
+			continue
+		}
+		// The answer filled its bytes: ask again for the subjects it
+		// did not hold.
+		got := make(map[string]bool, len(msgs))
+		for _, m := range msgs {
+			got[m.subject] = true
+		}
+		rest := subjects[n:]
+		subjects = slices.DeleteFunc(slices.Clone(batch), func(subj string) bool { return got[subj] })
+		subjects = append(subjects, rest...)
+	}
+	return nil
+}
+
+// recordSubject is the subject of a thread's record.
+func (s *Threads) recordSubject(tenant, thread string) string {
+	return "$KV." + s.bucket + "." + tenant + "." + thread
+}
+
+// direct sends a direct get request to the bucket's stream and returns
+// the messages it answers, and whether the server counts more pending
+// after them.
+func (s *Threads) direct(ctx context.Context, request map[string]any) ([]scannedMsg, bool, error) {
 	ctx, cancel := bound(ctx)
 	defer cancel()
 	nc := s.js.Conn()
-	req, _ := json.Marshal(map[string]any{"seq": seq, "next_by_subj": filter, "batch": scanBatch, "max_bytes": scanMaxBytes})
+	req, _ := json.Marshal(request)
 	inbox := nc.NewRespInbox()
 	ch := make(chan *nats.Msg, scanBatch+1)
 	sub, err := nc.ChanSubscribe(inbox, ch)

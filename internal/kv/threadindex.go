@@ -75,14 +75,12 @@ func (s *Threads) indexCreated(ctx context.Context, t *protocol.Thread) (bool, e
 // entry is a delete (kv.Create reads the key again to see that).
 func (s *Threads) writeCreated(ctx context.Context, t *protocol.Thread, oneTrip bool) (bool, error) {
 	data, _ := json.Marshal(CreatedEntry{CreatedAt: t.CreatedAt})
-	ctx, cancel := bound(ctx)
-	defer cancel()
 	key := CreatedKey(t.Tenant, t.ThreadID, t.Owner)
 	var err error
 	if oneTrip {
-		_, err = s.kv.Update(ctx, key, data, 0)
+		_, err = writeKey(ctx, s.js, s.kv, key, data, 0, 0)
 	} else {
-		_, err = s.kv.Create(ctx, key, data)
+		_, err = createKey(ctx, s.js, s.kv, key, data, 0)
 	}
 	switch {
 	case err == nil:
@@ -270,77 +268,24 @@ func (s *Threads) purgeOrphans(ctx context.Context, tenant string, keys, want ma
 
 // Created calls visit with tenant's creation index entries whose owner
 // token owner accepts (nil: every one), newest first by windows of the
-// stream from its end (desc), or oldest first by batches from its start,
-// and after each window or batch asks enough whether to stop. It reports
-// whether it visited every entry.
+// stream from its end (desc), or oldest first by batches from its start
+// (walk), and after each window or batch asks enough whether to stop. It
+// reports whether it visited every entry.
 func (s *Threads) Created(ctx context.Context, tenant string, desc bool, want int, owner func(string) bool, visit func(thread string, seq uint64), enough func() bool) (bool, error) {
 	if !protocol.ValidToken(tenant) {
 		return true, nil
 	}
-	first, last, err := s.streamBounds(ctx)
-	if err != nil {
-		return false, err
-	}
-	if last == 0 {
-		return true, nil
-	}
-	filter := s.createdFilter(tenant, "*")
-	accept := func(m scannedMsg) {
-		toks := strings.Split(m.subject, ".")
-		if !m.deleted && len(toks) == 6 && (owner == nil || owner(toks[5])) {
-			visit(toks[3], m.seq)
+	return s.walk(ctx, s.createdFilter(tenant, "*"), desc, want, func(msgs []scannedMsg) {
+		if desc {
+			slices.Reverse(msgs)
 		}
-	}
-	if !desc {
-		// Oldest first: batches from the stream's start, each as many
-		// entries as one answer holds. The server counts what is pending
-		// after a batch from its subject totals when the batch starts at
-		// the stream's first sequence, and by reading blocks when it
-		// starts further on: the first batch is cheap, and it usually
-		// holds the page.
-		for seq := first; ; {
-			msgs, more, err := s.directBatch(ctx, filter, seq)
-			if err != nil {
-				return false, err
-			}
-			for _, m := range msgs {
-				accept(m)
-				seq = m.seq + 1
-			}
-			if !more || len(msgs) == 0 {
-				return true, nil
-			}
-			if enough() {
-				return false, nil
+		for _, m := range msgs {
+			toks := strings.Split(m.subject, ".")
+			if !m.deleted && len(toks) == 6 && (owner == nil || owner(toks[5])) {
+				visit(toks[3], m.seq)
 			}
 		}
-	}
-	w := uint64(min(max(8*want, minWindow), maxFirstWindow))
-	lo, hi := first, last+1 // the part of the stream not read yet: [lo, hi)
-	for lo < hi {
-		from, to := lo, hi
-		if to-from > w {
-			from = to - w
-		}
-		var got []scannedMsg
-		err := s.readRaw(ctx, filter, from, to, func(m scannedMsg) { got = append(got, m) })
-		if err != nil {
-			return false, err
-		}
-		slices.Reverse(got)
-		for _, m := range got {
-			accept(m)
-		}
-		hi = from
-		if lo >= hi {
-			return true, nil
-		}
-		if enough() {
-			return false, nil
-		}
-		w *= 4
-	}
-	return true, nil
+	}, enough)
 }
 
 // readRaw calls visit with the messages of filter stored at sequences lo

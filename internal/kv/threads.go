@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -21,11 +22,19 @@ type Threads struct {
 	kv     jetstream.KeyValue
 	js     jetstream.JetStream
 	bucket string
+	// read counts the thread records this store read (RecordsRead).
+	read atomic.Uint64
 }
+
+// RecordsRead returns how many thread records this store has read: by
+// key, by a read of the stream's windows or batches, or in a listing. It
+// is how tests and benchmarks see what a search reads.
+func (s *Threads) RecordsRead() uint64 { return s.read.Load() }
 
 // Get reads a thread record.
 func (s *Threads) Get(ctx context.Context, tenant, thread string) (*protocol.Thread, uint64, error) {
-	return get[protocol.Thread](ctx, s.kv, bus.Key(tenant, thread))
+	s.read.Add(1)
+	return get[protocol.Thread](ctx, s.js, s.kv, bus.Key(tenant, thread))
 }
 
 // GetLatest reads a thread record through the bucket's leader, for the
@@ -47,7 +56,7 @@ func (s *Threads) GetFromLeader(ctx context.Context, tenant, thread string) (*pr
 // the two.
 func (s *Threads) Put(ctx context.Context, t *protocol.Thread, rev uint64) (uint64, error) {
 	if rev > 0 {
-		return put(ctx, s.kv, bus.Key(t.Tenant, t.ThreadID), t, rev)
+		return put(ctx, s.js, s.kv, bus.Key(t.Tenant, t.ThreadID), t, rev)
 	}
 	if err := s.markStatus(ctx, nil, t); err != nil {
 		return 0, err
@@ -59,7 +68,7 @@ func (s *Threads) Put(ctx context.Context, t *protocol.Thread, rev uint64) (uint
 	if err != nil {
 		return 0, err
 	}
-	n, err := put(ctx, s.kv, bus.Key(t.Tenant, t.ThreadID), t, 0)
+	n, err := put(ctx, s.js, s.kv, bus.Key(t.Tenant, t.ThreadID), t, 0)
 	if err != nil && indexed {
 		s.unindexCreated(ctx, t, err)
 	}
@@ -87,10 +96,8 @@ func (s *Threads) CreateNew(ctx context.Context, t *protocol.Thread) (uint64, er
 		ok, err := s.writeCreated(ctx, t, true)
 		ix <- indexed{ok, err}
 	}()
-	bctx, cancel := bound(ctx)
-	defer cancel()
-	n, err := s.kv.Update(bctx, bus.Key(t.Tenant, t.ThreadID), data, 0)
-	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+	n, err := writeKey(ctx, s.js, s.kv, bus.Key(t.Tenant, t.ThreadID), data, 0, 0)
+	if errors.Is(err, jetstream.ErrKeyExists) {
 		err = ErrExists
 	}
 	// An index write that failed leaves the record unindexed, as a writer
@@ -244,7 +251,9 @@ func (s *Threads) RunIDs(ctx context.Context, tenant, thread string) ([]string, 
 
 // List returns a tenant's thread records.
 func (s *Threads) List(ctx context.Context, tenant string) ([]*protocol.Thread, error) {
-	return List[protocol.Thread](ctx, s.kv, tenant+".*", nil)
+	all, err := List[protocol.Thread](ctx, s.kv, tenant+".*", nil)
+	s.read.Add(uint64(len(all)))
+	return all, err
 }
 
 // StaleLeases returns the thread records, of every tenant, holding a lease

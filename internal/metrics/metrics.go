@@ -63,6 +63,11 @@ type Recorder interface {
 	// workers of the process track it, until untrack is called.
 	TrackConsumer(key string, lag func(ctx context.Context) (uint64, error)) (untrack func())
 
+	// TrackStoreIndex adds the gauges and counts of a gateway's store
+	// search index, read when metrics are collected, until untrack is
+	// called.
+	TrackStoreIndex(stats func() StoreIndexStats) (untrack func())
+
 	// HTTPRequest is one gateway request, by route pattern and status code.
 	HTTPRequest(route string, code int, d time.Duration)
 	// RunSubmitted counts a run the gateway published, by strategy.
@@ -78,6 +83,18 @@ type WorkerStats struct {
 	ActiveLeases int
 	// WaitingRuns wait for their thread to be free.
 	WaitingRuns int
+}
+
+// StoreIndexStats is a store search index's state when metrics are
+// collected: the memory it holds (an estimate) and its budget, the
+// tenants it holds, and counts since it started.
+type StoreIndexStats struct {
+	Bytes, Budget int64
+	Tenants       int
+	// Loads are tenants read into the index, Evictions tenants dropped to
+	// stay within the budget, Oversized tenants found larger than the
+	// budget, BucketSearches searches of those, read from the bucket.
+	Loads, Evictions, Oversized, BucketSearches uint64
 }
 
 // Model call outcomes.
@@ -125,8 +142,9 @@ func (Nop) TrackWorker(func() WorkerStats) func()             { return func() {}
 func (Nop) TrackConsumer(string, func(context.Context) (uint64, error)) func() {
 	return func() {}
 }
-func (Nop) HTTPRequest(string, int, time.Duration) {}
-func (Nop) RunSubmitted(string)                    {}
+func (Nop) TrackStoreIndex(func() StoreIndexStats) func() { return func() {} }
+func (Nop) HTTPRequest(string, int, time.Duration)        {}
+func (Nop) RunSubmitted(string)                           {}
 
 // Or returns r, or Nop when r is nil.
 func Or(r Recorder) Recorder {

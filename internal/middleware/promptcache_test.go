@@ -147,12 +147,25 @@ func cacheRun(t *testing.T) (float64, []openaitest.Request, *state.State) {
 // shares with the one before it everything but the newest step. With the
 // list and the notes in the system prompt, each change re-sent the whole
 // history uncached: 74.9% of the prompt bytes were cached in this run
-// then, 86.2% now (the first call, all new, weighs on both).
+// then, 86.2% now (the first call, all new, weighs on both). The test
+// measures both: the run's own calls, and the same calls with their
+// trailing context moved into the system prompt (76.1%).
 func TestPromptCache_PrefixStableWithinARun(t *testing.T) {
 	share, reqs, _ := cacheRun(t)
 	t.Logf("cached share of the prompt bytes over %d calls: %.1f%%", len(reqs), 100*share)
 	if share < 0.8 {
 		t.Errorf("only %.1f%% of the prompt bytes were cached; the prefix changes within the run", 100*share)
+	}
+	// The same calls laid out as before: the trailing context in the
+	// system prompt. Measured the same way, the share falls to what the
+	// old layout gave, so the gain is the layout's and not the run's.
+	if sent := simulatedShare(reqs, false); sent < share-0.001 || sent > share+0.001 {
+		t.Errorf("the prompts as sent share %.1f%%, the usage recorded %.1f%%: the measure is not the server's", 100*sent, 100*share)
+	}
+	before := simulatedShare(reqs, true)
+	t.Logf("the same calls with the context in the system prompt: %.1f%% cached", 100*before)
+	if before > 0.78 || share-before < 0.08 {
+		t.Errorf("context in the system prompt caches %.1f%%, after the history %.1f%%: the layout should gain at least 8 points", 100*before, 100*share)
 	}
 	// Every call after the first starts with the whole previous request
 	// but its trailing context: the system prompt and the tools never
@@ -193,4 +206,30 @@ func toolNames(ts []openaitest.Tool) string {
 		out = append(out, t.Function.Name)
 	}
 	return strings.Join(out, ",")
+}
+
+// simulatedShare is the cached share of reqs' prompt bytes as the test
+// server simulates it (each call against the previous one, bytes in
+// common from the start). inSystem moves each call's trailing context
+// into its system prompt, the layout before the context moved after the
+// history.
+func simulatedShare(reqs []openaitest.Request, inSystem bool) float64 {
+	var prev []byte
+	var total, cached int
+	for _, r := range reqs {
+		r.Messages = append([]openaitest.Message(nil), r.Messages...)
+		if last := r.LastMessage(); inSystem && last.Role == "user" && strings.HasPrefix(last.Content, "<system-reminder>") {
+			r.Messages = r.Messages[:len(r.Messages)-1]
+			r.Messages[0].Content += "\n\n" + last.Content
+		}
+		cur := openaitest.PromptBytes(&r)
+		n := 0
+		for n < len(prev) && n < len(cur) && prev[n] == cur[n] {
+			n++
+		}
+		total += len(cur)
+		cached += n
+		prev = cur
+	}
+	return float64(cached) / float64(total)
 }

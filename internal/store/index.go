@@ -1,12 +1,14 @@
 package store
 
 import (
+	"container/list"
 	"context"
 	"encoding/json"
 	"errors"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -14,32 +16,91 @@ import (
 	"go.uber.org/zap"
 )
 
-// index is a process's copy of the store bucket for search and namespace
-// listing, fed by a watch of the bucket (every writer's puts, TTL
-// expiries as purge markers) and by the removal notices Delete and
-// PurgePrefix publish on core NATS (a stream purge leaves nothing a watch
-// would see). Before answering, a search waits until the index holds
-// every write the bucket had when it arrived, so a client reads its own
-// writes. Vectors are held unpacked, four bytes a dimension.
+// index is a process's bounded copy of the tenants' items it searches.
+// A tenant is read from the bucket (its keys only) at its first search or
+// namespace listing, kept current by one watch of the bucket from then on,
+// and dropped, least recently used first, when the tenants held pass the
+// memory budget. A tenant larger than the whole budget is not held: its
+// searches read the bucket, as a store without an index does.
+//
+// One watch serves every tenant: it starts at the bucket's revision when
+// the index starts and delivers every writer's puts and TTL expiries
+// (purge markers); entries of tenants not held are dropped before they
+// are decoded. Delete and PurgePrefix remove with a stream purge, which
+// leaves nothing a watch would see, and say so on core NATS (the removal
+// notice). Before answering, a search waits until the watch applied every
+// write the bucket had when the search arrived, so a client reads its own
+// writes.
+//
+// A tenant loaded while the watch runs: the load registers the tenant at
+// the watch's revision W, then reads the bucket, which holds every write
+// up to W and maybe some after. Until the read ends, the watch queues the
+// tenant's changes (all after W) and the notices queue their purges; then
+// the read is merged with them, a change applying only over an older
+// revision of its key, a purge removing only what it was at or below.
+// Vectors are held unpacked, four bytes a dimension.
 type index struct {
 	log    *zap.Logger
 	stream jetstream.Stream
+	st     *Store
+	budget int64
 
 	mu      sync.Mutex
 	changed *sync.Cond
-	tenants map[string]map[string]*entry // tenant -> bucket key -> entry
-	seq     uint64                       // the last bucket revision applied
+	tenants map[string]*tenantIndex // held or loading
+	lru     list.List               // held tenants, most recently used first
+	bytes   int64                   // the held tenants' sizes, summed
+	seq     uint64                  // the last bucket revision applied
 	// removed holds, for the key filters a notice removed, the bucket's
 	// last revision at the notice: a put under one at or below it, still
 	// on its way through the watch, is stale.
 	removed []tombstone
-	err     error
+	// oversized holds the tenants found larger than the budget, until
+	// when they are searched from the bucket without trying to load them.
+	oversized map[string]time.Time
+	stats     IndexStats
+	err       error
+	// hook, set by tests, is called as a tenant loads ("registered"
+	// before its read of the bucket, "read" after it, before the merge,
+	// with the tenant) and as the watch delivers an entry ("apply", with
+	// its key).
+	hook atomic.Pointer[func(stage, name string)]
+}
+
+// tenantIndex is one tenant's items in the index.
+type tenantIndex struct {
+	name    string
+	entries map[string]*entry // bucket key -> entry
+	bytes   int64
+	// pins counts the searches between loading (or finding) the tenant
+	// and copying what they read: eviction passes over a pinned tenant.
+	pins int
+	elem *list.Element // in index.lru; nil while loading
+	// load is set while the tenant is read from the bucket.
+	load *loadState
+	// dropped: evicted or found oversized; a pin holder reads the bucket.
+	dropped bool
+}
+
+// loadState is what arrived for a tenant while it was read.
+type loadState struct {
+	changes []change
+	purges  []tombstone
+}
+
+// change is a put (ent set) or a removal (ent nil) of a key at a
+// revision, from the watch.
+type change struct {
+	key string
+	rev uint64
+	ent *entry
 }
 
 type entry struct {
 	item *Item
 	rev  uint64
 	vecs [][]float32
+	size int64
 }
 
 type tombstone struct {
@@ -53,17 +114,65 @@ type removal struct {
 	Seq    uint64 `json:"seq"`
 }
 
+// IndexStats describes the index for metrics.
+type IndexStats struct {
+	// Bytes estimates the memory the held tenants' items take (their
+	// values decoded, their vectors unpacked); Budget bounds it.
+	Bytes, Budget int64
+	// Tenants are the tenants held.
+	Tenants int
+	// Loads counts tenants read into the index, Evictions tenants dropped
+	// to stay within the budget, Oversized tenants found larger than the
+	// whole budget, BucketSearches searches and listings of such tenants,
+	// answered from the bucket.
+	Loads, Evictions, Oversized, BucketSearches uint64
+}
+
+// IndexOptions configure Index. Zero values take defaults.
+type IndexOptions struct {
+	Log *zap.Logger
+	// MemoryBytes bounds the memory the index holds (default
+	// DefaultIndexMemory), estimated from the items' sizes.
+	MemoryBytes int64
+}
+
+// DefaultIndexMemory is the default memory budget of an index: 256 MiB,
+// about 37,000 items with 1536-dimension vectors.
+const DefaultIndexMemory = 256 << 20
+
+// oversizedRetry is how long a tenant found larger than the budget is
+// searched from the bucket before a search tries to load it again (it may
+// have shrunk); maxOversized bounds how many such tenants are remembered.
+const (
+	oversizedRetry = 10 * time.Minute
+	maxOversized   = 1024
+)
+
 // removedSubject is where a process says it purged keys of the bucket.
 func (s *Store) removedSubject() string { return s.cfg.Names.Prefix + ".ctl.store.removed" }
 
 // Index makes the store answer Search and ListNamespaces from memory
 // instead of reading the bucket each time (the gateway does; a worker's
 // memory store does not need it). It follows the bucket until ctx ends.
-func (s *Store) Index(ctx context.Context, log *zap.Logger) error {
-	if log == nil {
-		log = zap.NewNop()
+func (s *Store) Index(ctx context.Context, opts IndexOptions) error {
+	if opts.Log == nil {
+		opts.Log = zap.NewNop()
 	}
-	ix := &index{log: log, stream: s.stream, tenants: map[string]map[string]*entry{}}
+	if opts.MemoryBytes <= 0 {
+		opts.MemoryBytes = DefaultIndexMemory
+	}
+	infoCtx, cancel := context.WithTimeout(ctx, opTimeout)
+	info, err := s.stream.Info(infoCtx)
+	cancel()
+	if err != nil {
+		return err
+	}
+	// No tenant is held yet: the watch starts after what the bucket holds,
+	// a load reads that.
+	start := info.State.LastSeq
+	ix := &index{log: opts.Log, stream: s.stream, st: s, budget: opts.MemoryBytes, seq: start,
+		tenants: map[string]*tenantIndex{}, oversized: map[string]time.Time{}}
+	ix.stats.Budget = opts.MemoryBytes
 	ix.changed = sync.NewCond(&ix.mu)
 	nc := s.js.Conn()
 	sub, err := nc.Subscribe(s.removedSubject(), func(m *nats.Msg) {
@@ -75,7 +184,7 @@ func (s *Store) Index(ctx context.Context, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	w, err := s.kv.WatchAll(ctx)
+	w, err := s.kv.WatchAll(ctx, jetstream.ResumeFromRevision(start+1))
 	if err != nil {
 		_ = sub.Unsubscribe()
 		return err
@@ -86,6 +195,18 @@ func (s *Store) Index(ctx context.Context, log *zap.Logger) error {
 	}()
 	s.ix = ix
 	return nil
+}
+
+// IndexStats reports the index's figures; zero without an index.
+func (s *Store) IndexStats() IndexStats {
+	if s.ix == nil {
+		return IndexStats{}
+	}
+	s.ix.mu.Lock()
+	defer s.ix.mu.Unlock()
+	st := s.ix.stats
+	st.Bytes, st.Tenants = s.ix.bytes, s.ix.lru.Len()
+	return st
 }
 
 func (ix *index) follow(w jetstream.KeyWatcher) {
@@ -100,61 +221,109 @@ func (ix *index) follow(w jetstream.KeyWatcher) {
 	ix.mu.Unlock()
 }
 
+// apply takes one entry of the watch: a put, or a removal (a delete or
+// purge marker, a TTL expiry). Only the entries of tenants held or
+// loading are decoded.
 func (ix *index) apply(e jetstream.KeyValueEntry) {
-	key := e.Key()
+	key, rev := e.Key(), e.Revision()
+	ix.called("apply", key)
 	tenant, _, _ := strings.Cut(key, ".")
+	put := e.Operation() == jetstream.KeyValuePut
 	var ent *entry
-	if e.Operation() == jetstream.KeyValuePut {
-		it, err := decodeItem(e.Value())
-		if err != nil {
+	decoded := !put
+	for {
+		ix.mu.Lock()
+		if ix.tenants[tenant] == nil || decoded {
+			break
+		}
+		// Decoded outside the lock; a tenant that started loading
+		// meanwhile is seen at the next look.
+		ix.mu.Unlock()
+		var err error
+		if ent, err = newEntry(e.Value(), rev); err != nil {
 			ix.log.Warn("store index: undecodable item", zap.String("key", key), zap.Error(err))
-		} else {
-			ent = &entry{item: it, rev: e.Revision()}
-			for _, v := range it.Vectors {
-				ent.vecs = append(ent.vecs, unpack(v.V))
-			}
-			it.Vectors = nil
 		}
+		decoded = true
 	}
-	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	if ent != nil {
-		for _, t := range ix.removed {
-			if ent.rev <= t.seq && keyMatches(key, t.filter) {
-				ent = nil
-				break
-			}
+	if t := ix.tenants[tenant]; t != nil && !(put && ent != nil && ix.stale(key, rev)) {
+		c := change{key: key, rev: rev, ent: ent}
+		if t.load != nil {
+			t.load.changes = append(t.load.changes, c)
+		} else {
+			ix.change(t, c)
+			ix.fit(t)
 		}
 	}
-	m := ix.tenants[tenant]
-	switch {
-	case ent != nil:
-		if m == nil {
-			m = map[string]*entry{}
-			ix.tenants[tenant] = m
-		}
-		m[key] = ent
-	case m != nil:
-		delete(m, key)
-	}
-	if r := e.Revision(); r > ix.seq {
-		ix.seq = r
-		ix.removed = slices.DeleteFunc(ix.removed, func(t tombstone) bool { return t.seq <= r })
+	if rev > ix.seq {
+		ix.seq = rev
+		ix.removed = slices.DeleteFunc(ix.removed, func(t tombstone) bool { return t.seq <= rev })
 	}
 	ix.changed.Broadcast()
 }
 
-// remove drops the entries under a purged filter.
+func (ix *index) called(stage, name string) {
+	if fn := ix.hook.Load(); fn != nil {
+		(*fn)(stage, name)
+	}
+}
+
+// stale reports whether a put at rev under key was removed by a purge
+// the watch has not passed yet.
+func (ix *index) stale(key string, rev uint64) bool {
+	for _, t := range ix.removed {
+		if rev <= t.seq && keyMatches(key, t.filter) {
+			return true
+		}
+	}
+	return false
+}
+
+// change applies c to a held tenant, unless the tenant holds a newer
+// revision of the key (read by its load after c was written).
+func (ix *index) change(t *tenantIndex, c change) {
+	cur := t.entries[c.key]
+	if cur != nil {
+		if cur.rev >= c.rev {
+			return
+		}
+		delete(t.entries, c.key)
+		t.bytes -= cur.size
+		ix.bytes -= cur.size
+	}
+	if c.ent != nil {
+		t.entries[c.key] = c.ent
+		t.bytes += c.ent.size
+		ix.bytes += c.ent.size
+	}
+}
+
+// purgeHeld removes a held tenant's entries under a purged filter, those
+// at or below the purge's revision (what came after it stays).
+func (ix *index) purgeHeld(t *tenantIndex, p tombstone) {
+	for k, e := range t.entries {
+		if e.rev <= p.seq && keyMatches(k, p.filter) {
+			delete(t.entries, k)
+			t.bytes -= e.size
+			ix.bytes -= e.size
+		}
+	}
+}
+
+// remove takes a removal notice.
 func (ix *index) remove(r removal) {
 	tenant, _, _ := strings.Cut(r.Filter, ".")
+	p := tombstone{filter: r.Filter, seq: r.Seq}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	if r.Seq > ix.seq {
-		ix.removed = append(ix.removed, tombstone{filter: r.Filter, seq: r.Seq})
+		ix.removed = append(ix.removed, p)
 	}
-	for k := range ix.tenants[tenant] {
-		if keyMatches(k, r.Filter) {
-			delete(ix.tenants[tenant], k)
+	if t := ix.tenants[tenant]; t != nil {
+		if t.load != nil {
+			t.load.purges = append(t.load.purges, p)
+		} else {
+			ix.purgeHeld(t, p)
 		}
 	}
 	ix.changed.Broadcast()
@@ -167,6 +336,228 @@ func keyMatches(key, filter string) bool {
 		return strings.HasPrefix(key, head)
 	}
 	return key == filter
+}
+
+// fit keeps the index within its budget after t grew or was loaded: t
+// alone over the budget is dropped (its searches read the bucket), else
+// the least recently used tenants nobody is reading are evicted.
+func (ix *index) fit(t *tenantIndex) {
+	if t != nil && t.bytes > ix.budget {
+		ix.drop(t)
+		ix.markOversized(t.name, t.bytes)
+	}
+	for e := ix.lru.Back(); e != nil && ix.bytes > ix.budget; {
+		prev := e.Prev()
+		if v := e.Value.(*tenantIndex); v.pins == 0 {
+			ix.drop(v)
+			ix.stats.Evictions++
+			ix.log.Debug("store index: tenant evicted", zap.String("tenant", v.name), zap.Int64("bytes", v.bytes))
+		}
+		e = prev
+	}
+}
+
+// drop removes a held tenant from the index.
+func (ix *index) drop(t *tenantIndex) {
+	delete(ix.tenants, t.name)
+	if t.elem != nil {
+		ix.lru.Remove(t.elem)
+		t.elem = nil
+	}
+	ix.bytes -= t.bytes
+	t.dropped = true
+}
+
+// markOversized remembers that a tenant is larger than the budget, and
+// says so once.
+func (ix *index) markOversized(tenant string, bytes int64) {
+	now := time.Now()
+	if until, ok := ix.oversized[tenant]; ok && now.Before(until) {
+		return
+	}
+	if len(ix.oversized) >= maxOversized {
+		for k, until := range ix.oversized {
+			if !now.Before(until) || len(ix.oversized) >= maxOversized {
+				delete(ix.oversized, k)
+			}
+		}
+	}
+	ix.oversized[tenant] = now.Add(oversizedRetry)
+	ix.stats.Oversized++
+	ix.log.Warn("store index: a tenant's items are larger than the index's memory budget; its searches read the bucket (slower); raise store.index_memory_bytes to hold it",
+		zap.String("tenant", tenant), zap.Int64("bytes_at_least", bytes), zap.Int64("budget", ix.budget))
+}
+
+// read returns tenant's entries under the key filter f (ok), after the
+// index caught up with the bucket; not ok when the tenant is larger than
+// the budget: the caller reads the bucket.
+func (ix *index) read(ctx context.Context, tenant, f string) (out []keyed, ok bool, err error) {
+	t, err := ix.acquire(ctx, tenant)
+	if err != nil || t == nil {
+		if err == nil {
+			ix.mu.Lock()
+			ix.stats.BucketSearches++
+			ix.mu.Unlock()
+		}
+		return nil, false, err
+	}
+	err = ix.catchUp(ctx)
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	t.pins--
+	defer ix.fit(nil)
+	if err != nil {
+		return nil, false, err
+	}
+	if t.dropped {
+		// It grew past the budget while this search waited.
+		ix.stats.BucketSearches++
+		return nil, false, nil
+	}
+	// Copied so the search ranks and filters without holding the lock.
+	out = make([]keyed, 0, len(t.entries))
+	for k, e := range t.entries {
+		if keyMatches(k, f) {
+			out = append(out, keyed{key: k, entry: e})
+		}
+	}
+	return out, true, nil
+}
+
+type keyed struct {
+	key string
+	*entry
+}
+
+// acquire returns tenant held and pinned, loading it first when it is
+// not; nil when it is larger than the budget.
+func (ix *index) acquire(ctx context.Context, tenant string) (*tenantIndex, error) {
+	stop := context.AfterFunc(ctx, func() {
+		ix.mu.Lock()
+		ix.changed.Broadcast()
+		ix.mu.Unlock()
+	})
+	defer stop()
+	ix.mu.Lock()
+	for {
+		t := ix.tenants[tenant]
+		switch {
+		case ix.err != nil:
+			ix.mu.Unlock()
+			return nil, ix.err
+		case ctx.Err() != nil:
+			ix.mu.Unlock()
+			return nil, ctx.Err()
+		case t != nil && t.load != nil:
+			ix.changed.Wait() // another search loads it
+			continue
+		case t != nil:
+			t.pins++
+			ix.lru.MoveToFront(t.elem)
+			ix.mu.Unlock()
+			return t, nil
+		}
+		if until, ok := ix.oversized[tenant]; ok {
+			if time.Now().Before(until) {
+				ix.mu.Unlock()
+				return nil, nil
+			}
+			delete(ix.oversized, tenant)
+		}
+		t = &tenantIndex{name: tenant, load: &loadState{}}
+		ix.tenants[tenant] = t
+		ix.mu.Unlock()
+		return ix.load(ctx, t)
+	}
+}
+
+// load reads a registered tenant from the bucket and merges what the
+// watch and the notices queued meanwhile.
+func (ix *index) load(ctx context.Context, t *tenantIndex) (*tenantIndex, error) {
+	ix.called("registered", t.name)
+	entries, size, err := ix.st.readTenant(ctx, t.name, ix.budget)
+	ix.called("read", t.name)
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	defer ix.changed.Broadcast()
+	if err != nil || entries == nil {
+		delete(ix.tenants, t.name)
+		if err == nil {
+			ix.markOversized(t.name, size)
+		}
+		return nil, err
+	}
+	t.entries, t.bytes = entries, size
+	ix.bytes += size
+	for _, c := range t.load.changes {
+		ix.change(t, c)
+	}
+	for _, p := range t.load.purges {
+		ix.purgeHeld(t, p)
+	}
+	t.load = nil
+	t.elem = ix.lru.PushFront(t)
+	t.pins++
+	ix.stats.Loads++
+	ix.fit(t)
+	if t.dropped {
+		return nil, nil
+	}
+	return t, nil
+}
+
+// readTenant reads every item of tenant from the bucket; nil entries
+// (and no error) when they take more than budget bytes, then size is
+// what was read before it stopped.
+func (s *Store) readTenant(ctx context.Context, tenant string, budget int64) (map[string]*entry, int64, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	entries := map[string]*entry{}
+	var size int64
+	err := s.each(ctx, tenant+".>", func(e jetstream.KeyValueEntry) {
+		if size > budget {
+			return
+		}
+		ent, err := newEntry(e.Value(), e.Revision())
+		if err != nil {
+			return
+		}
+		entries[e.Key()] = ent
+		if size += ent.size; size > budget {
+			cancel()
+		}
+	})
+	if size > budget {
+		return nil, size, nil
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	return entries, size, nil
+}
+
+// entryOverhead estimates what an entry takes beyond its JSON and its
+// vectors: the decoded Item, its value's maps and strings, the map slot.
+const entryOverhead = 512
+
+// newEntry decodes an item as the index holds it, its vectors unpacked.
+func newEntry(data []byte, rev uint64) (*entry, error) {
+	it, err := decodeItem(data)
+	if err != nil {
+		return nil, err
+	}
+	ent := &entry{item: it, rev: rev}
+	packed := 0
+	for _, v := range it.Vectors {
+		ent.vecs = append(ent.vecs, unpack(v.V))
+		packed += len(v.V)
+	}
+	it.Vectors = nil
+	// The JSON but its vectors (base64, 4 characters per 3 bytes), twice
+	// over for the decoded maps, plus the unpacked vectors.
+	rest := max(len(data)-(packed*4+2)/3, 0)
+	ent.size = int64(entryOverhead + 2*rest + packed)
+	return ent, nil
 }
 
 // catchUpWait bounds how long a search waits for the index.
@@ -208,18 +599,6 @@ func (ix *index) catchUp(ctx context.Context) error {
 		return errors.New("store: the index is behind the bucket; try again")
 	}
 	return nil
-}
-
-// each calls fn, under the index's lock, with every entry of tenant
-// under the key filter f.
-func (ix *index) each(tenant, f string, fn func(key string, e *entry)) {
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
-	for k, e := range ix.tenants[tenant] {
-		if keyMatches(k, f) {
-			fn(k, e)
-		}
-	}
 }
 
 // purge removes the keys under filter f with a stream purge, which

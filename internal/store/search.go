@@ -153,8 +153,8 @@ func isOps(m map[string]any) bool {
 
 // Search returns the items of tenant under opts.Prefix that match, a page
 // of them (Offset, Limit) in order: by score with a ranked query, else
-// the latest updated first. It reads every item under the prefix (a
-// watch of the bucket), so its cost grows with them.
+// the latest updated first. It reads every item under the prefix (from
+// the index, else a watch of the bucket), so its cost grows with them.
 func (s *Store) Search(ctx context.Context, tenant string, opts SearchOptions) ([]Result, error) {
 	if err := CheckFilter(opts.Filter); err != nil {
 		return nil, err
@@ -259,11 +259,16 @@ type candidate struct {
 // change the item.
 func (s *Store) scan(ctx context.Context, tenant, f string, fn func(candidate)) error {
 	if s.ix != nil {
-		if err := s.ix.catchUp(ctx); err != nil {
+		held, ok, err := s.ix.read(ctx, tenant, f)
+		if err != nil {
 			return err
 		}
-		s.ix.each(tenant, f, func(_ string, e *entry) { fn(candidate{item: e.item, rev: e.rev, vecs: e.vecs}) })
-		return nil
+		if ok {
+			for _, e := range held {
+				fn(candidate{item: e.item, rev: e.rev, vecs: e.vecs})
+			}
+			return nil
+		}
 	}
 	return s.each(ctx, f, func(e jetstream.KeyValueEntry) {
 		it, err := decodeItem(e.Value())
@@ -443,10 +448,16 @@ func (s *Store) ListNamespaces(ctx context.Context, tenant string, opts Namespac
 	keys := s.eachKey
 	if s.ix != nil {
 		keys = func(ctx context.Context, f string, fn func(string)) error {
-			if err := s.ix.catchUp(ctx); err != nil {
+			held, ok, err := s.ix.read(ctx, tenant, f)
+			if err != nil || !ok {
+				if err == nil {
+					err = s.eachKey(ctx, f, fn)
+				}
 				return err
 			}
-			s.ix.each(tenant, f, func(k string, _ *entry) { fn(k) })
+			for _, e := range held {
+				fn(e.key)
+			}
 			return nil
 		}
 	}

@@ -140,12 +140,26 @@ func (s *Store) get(ctx context.Context, k string) (*Item, uint64, error) {
 	return it, e.Revision(), nil
 }
 
+// decodeItem decodes a stored item, its value's numbers exact. The item
+// is unmarshalled whole and only its value through a json.Decoder (which
+// UseNumber needs): a Decoder over the whole item would grow its buffer
+// again and again through the vectors, allocating several times their
+// size.
 func decodeItem(data []byte) (*Item, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	var it Item
-	if err := dec.Decode(&it); err != nil {
+	var w struct {
+		Item
+		Value json.RawMessage `json:"value"`
+	}
+	if err := json.Unmarshal(data, &w); err != nil {
 		return nil, err
+	}
+	it := w.Item
+	if len(w.Value) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(w.Value))
+		dec.UseNumber()
+		if err := dec.Decode(&it.Value); err != nil {
+			return nil, err
+		}
 	}
 	return &it, nil
 }

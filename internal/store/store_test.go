@@ -39,7 +39,7 @@ func open(t testing.TB, cfg store.Config, indexed ...bool) (*store.Store, jetstr
 	if len(indexed) > 0 && indexed[0] {
 		ctx, cancel := context.WithCancel(context.Background())
 		t.Cleanup(cancel)
-		if err := s.Index(ctx, nil); err != nil {
+		if err := s.Index(ctx, store.IndexOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -374,7 +374,7 @@ func TestIndexSeesOtherWritersAndRemovals(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := b.Index(ctx, nil); err != nil {
+	if err := b.Index(ctx, store.IndexOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"k1", "k2"} {

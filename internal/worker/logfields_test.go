@@ -101,3 +101,31 @@ func TestEveryRunLogLineCarriesRunFields(t *testing.T) {
 		}
 	}
 }
+
+// A run a guard cut short says so in its last log line: status
+// incomplete and the guard as stop_reason, beside attempt and duration.
+func TestRunFinishedLogsStopReason(t *testing.T) {
+	h := newHarness(t)
+	m := model.Func(func(ctx context.Context, req *model.Request, onDelta func(model.Delta)) (*model.Response, error) {
+		return &model.Response{Message: model.Message{Role: model.RoleAssistant,
+			ToolCalls: []model.ToolCall{{ID: "c1", Name: "current_time", Arguments: "{}"}}}, FinishReason: model.FinishToolCalls}, nil
+	})
+	core, logs := observer.New(zapcore.InfoLevel)
+	h.startWorker(m, func(c *Config) { c.Logger = zap.New(core) })
+	w := h.watch("default", "t1", "capped")
+	req := request("t1", "capped", "keep calling tools")
+	req.Config.MaxSteps = 1
+	h.submit(req)
+	if fin := w.finished(t, 15*time.Second); fin.Status != protocol.StatusIncomplete {
+		t.Fatalf("run ended %s (%s)", fin.Status, fin.StopReason)
+	}
+	testdeploy.WaitFor(t, 5*time.Second, "the run's last log line", func() bool { return logs.FilterMessage("run finished").Len() == 1 })
+	fields := logs.FilterMessage("run finished").All()[0].ContextMap()
+	if fields["status"] != string(protocol.StatusIncomplete) || fields["stop_reason"] != protocol.StopMaxSteps ||
+		fields["run_id"] != "capped" || fields["attempt"] != int64(1) {
+		t.Fatalf("run finished: %v", fields)
+	}
+	if d, ok := fields["duration"].(time.Duration); !ok || d <= 0 {
+		t.Fatalf("run finished: duration %v", fields["duration"])
+	}
+}

@@ -77,8 +77,9 @@ type Recorder struct {
 	httpDuration *series[string, prometheus.Observer]
 	submitted    *series[string, prometheus.Counter]
 
-	workers *workerCollector
-	lag     *lagCollector
+	workers    *workerCollector
+	lag        *lagCollector
+	storeIndex *storeIndexCollector
 }
 
 var _ metrics.Recorder = (*Recorder)(nil)
@@ -156,6 +157,7 @@ func New(o Options) (*Recorder, error) {
 		Help: "Runs the gateway published, by multitask strategy."}, []string{"strategy"})
 	r.workers = &workerCollector{trackers: map[*func() metrics.WorkerStats]struct{}{}}
 	r.lag = &lagCollector{refresh: o.LagRefresh, sources: map[string]*lagSource{}}
+	r.storeIndex = &storeIndexCollector{trackers: map[*func() metrics.StoreIndexStats]struct{}{}}
 	// A registry that already holds natsagent's metrics (a gateway --dev
 	// and its in-process workers share the process's registry) gives its
 	// collectors: both recorders then count into the same series, and the
@@ -164,7 +166,7 @@ func New(o Options) (*Recorder, error) {
 		register(reg, &calls), register(reg, &tokens), register(reg, &retries), register(reg, &cancels), register(reg, &dlq),
 		register(reg, &storeFull), register(reg, &jobs), register(reg, &toolCalls), register(reg, &fencePauses),
 		register(reg, &fenceStops), register(reg, &httpCount), register(reg, &httpDuration), register(reg, &submitted),
-		register(reg, &r.workers), register(reg, &r.lag)); err != nil {
+		register(reg, &r.workers), register(reg, &r.lag), register(reg, &r.storeIndex)); err != nil {
 		return nil, err
 	}
 
@@ -303,6 +305,11 @@ func (r *Recorder) RunSubmitted(strategy string) { r.submitted.get(strategy).Inc
 // TrackWorker implements metrics.Recorder.
 func (r *Recorder) TrackWorker(stats func() metrics.WorkerStats) func() {
 	return r.workers.track(stats)
+}
+
+// TrackStoreIndex implements metrics.Recorder.
+func (r *Recorder) TrackStoreIndex(stats func() metrics.StoreIndexStats) func() {
+	return r.storeIndex.track(stats)
 }
 
 // TrackConsumer implements metrics.Recorder.

@@ -135,6 +135,59 @@ natsagent_worker_waiting_runs %v
 	check(0, 0, 0, 0)
 }
 
+// The store index's figures are read at collection time; a process with
+// no gateway reports none.
+func TestStoreIndexMetrics(t *testing.T) {
+	r := newTest(t, Options{})
+	names := []string{"natsagent_store_index_bytes", "natsagent_store_index_budget_bytes", "natsagent_store_index_tenants",
+		"natsagent_store_index_loads_total", "natsagent_store_index_evictions_total", "natsagent_store_index_oversized_total",
+		"natsagent_store_index_bucket_searches_total"}
+	if n := testutil.CollectAndCount(r.Registry(), names...); n != 0 {
+		t.Fatalf("%d store index series without an index", n)
+	}
+	stats := metrics.StoreIndexStats{Bytes: 1000, Budget: 4096, Tenants: 2, Loads: 5, Evictions: 3, Oversized: 1, BucketSearches: 7}
+	untrack := r.TrackStoreIndex(func() metrics.StoreIndexStats { return stats })
+	want := `
+# HELP natsagent_store_index_bucket_searches_total Store searches and namespace listings of tenants larger than the budget, answered by reading the bucket.
+# TYPE natsagent_store_index_bucket_searches_total counter
+natsagent_store_index_bucket_searches_total 7
+# HELP natsagent_store_index_budget_bytes The store search index's memory budget (store.index_memory_bytes).
+# TYPE natsagent_store_index_budget_bytes gauge
+natsagent_store_index_budget_bytes 4096
+# HELP natsagent_store_index_bytes Memory the store's search index holds (an estimate: values decoded, vectors unpacked).
+# TYPE natsagent_store_index_bytes gauge
+natsagent_store_index_bytes 1000
+# HELP natsagent_store_index_evictions_total Tenants the search index dropped, least recently searched first, to stay within its budget.
+# TYPE natsagent_store_index_evictions_total counter
+natsagent_store_index_evictions_total 3
+# HELP natsagent_store_index_loads_total Tenants read from the store bucket into the search index (a first search, or one after an eviction).
+# TYPE natsagent_store_index_loads_total counter
+natsagent_store_index_loads_total 5
+# HELP natsagent_store_index_oversized_total Times a tenant was found larger than the whole index budget (its searches then read the bucket).
+# TYPE natsagent_store_index_oversized_total counter
+natsagent_store_index_oversized_total 1
+# HELP natsagent_store_index_tenants Tenants whose store items the search index holds.
+# TYPE natsagent_store_index_tenants gauge
+natsagent_store_index_tenants 2
+`
+	if err := testutil.GatherAndCompare(r.Registry(), strings.NewReader(want), names...); err != nil {
+		t.Fatal(err)
+	}
+	stats.Bytes = 3000
+	grown := `
+# HELP natsagent_store_index_bytes Memory the store's search index holds (an estimate: values decoded, vectors unpacked).
+# TYPE natsagent_store_index_bytes gauge
+natsagent_store_index_bytes 3000
+`
+	if err := testutil.GatherAndCompare(r.Registry(), strings.NewReader(grown), "natsagent_store_index_bytes"); err != nil {
+		t.Fatal(err)
+	}
+	untrack()
+	if n := testutil.CollectAndCount(r.Registry(), names...); n != 0 {
+		t.Fatalf("%d store index series after untrack", n)
+	}
+}
+
 // The consumer's lag is read from the server at most once per refresh
 // interval, however many workers track it and however often Prometheus
 // scrapes; a failed read keeps the last figure.

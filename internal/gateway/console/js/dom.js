@@ -103,7 +103,7 @@ export function compact(v) {
 // knownStatuses are the run and thread statuses the stylesheet colours;
 // any other status a newer gateway sends is shown as it is, in a neutral
 // style.
-const knownStatuses = new Set(['pending', 'running', 'success', 'error', 'cancelled', 'interrupted', 'steered',
+const knownStatuses = new Set(['pending', 'running', 'success', 'error', 'cancelled', 'interrupted', 'steered', 'incomplete',
   'rejected', 'timeout', 'idle', 'busy', 'deleting']);
 
 export function statusClass(status) {

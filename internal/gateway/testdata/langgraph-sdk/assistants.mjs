@@ -68,6 +68,9 @@ await check("threads.search finds the thread by metadata, newest first; threads.
   const other = await client.threads.create({ metadata: { app: "sdk-assistants", n: 2 } });
   const found = await client.threads.search({ metadata: { app: "sdk-assistants" }, limit: 10 });
   assert.deepEqual(found.map((t) => t.thread_id), [other.thread_id, threadId]);
+  // Oldest updated first, with no filter: read from the stream's start.
+  const oldest = await client.threads.search({ sortBy: "updated_at", sortOrder: "asc", limit: 10 });
+  assert.deepEqual(oldest.map((t) => t.thread_id), [threadId, other.thread_id]);
   const byIds = await client.threads.search({ ids: [threadId], status: "idle" });
   assert.equal(byIds.length, 1);
   const sel = await client.threads.search({ metadata: { n: 2 }, select: ["thread_id"] });
