@@ -325,44 +325,11 @@ func (c *Client) Run(ctx context.Context, run string) (*Run, error) {
 		rec, _, err = c.stores.Runs.GetFromLeader(ctx, c.tenant, run)
 	}
 	if errors.Is(err, kv.ErrNotFound) {
-		rec, err = c.queued(ctx, run)
+		if rec, err = submit.QueuedRun(ctx, c.js, c.names, c.tenant, "", run); err == nil && rec == nil {
+			err = fmt.Errorf("%w: run %s in tenant %s", ErrNotFound, run, c.tenant)
+		}
 	}
 	return rec, err
-}
-
-// maxQueuedScan bounds the requests of the tenant that queued reads.
-const maxQueuedScan = 1000
-
-// queued is the view of a run no worker has taken yet: nothing but its
-// request in the runs stream names it (a run the client submitted has no
-// record until a worker sees it). The tenant's waiting requests are read
-// in order, at most maxQueuedScan of them, so this serves a miss, not a
-// hot path.
-func (c *Client) queued(ctx context.Context, run string) (*Run, error) {
-	notFound := fmt.Errorf("%w: run %s in tenant %s", ErrNotFound, run, c.tenant)
-	subject := c.names.RunSubject(c.tenant, "*")
-	id := protocol.RunMsgID(c.tenant, run)
-	seq := uint64(1)
-	for range maxQueuedScan {
-		m, err := bus.GetMsgFromLeader(ctx, c.js, c.names.RunsStream(), bus.MsgQuery{Seq: seq, NextBySubject: subject})
-		if err != nil {
-			// Not found, or a stream this client may not read (a
-			// tenant account): the run is not known.
-			return nil, notFound
-		}
-		seq = m.Sequence + 1
-		if m.Header.Get(jetstream.MsgIDHeader) != id {
-			continue
-		}
-		var req protocol.RunRequest
-		if json.Unmarshal(m.Data, &req) != nil || protocol.CheckToken("thread id", req.ThreadID) != nil ||
-			m.Subject != c.names.RunSubject(c.tenant, req.ThreadID) {
-			return nil, notFound
-		}
-		return &Run{RunID: run, ThreadID: req.ThreadID, Tenant: c.tenant, Agent: req.Agent, Status: StatusPending,
-			MultitaskStrategy: req.MultitaskStrategy, Metadata: req.Metadata, CreatedAt: m.Time.UTC(), MsgSeq: m.Sequence}, nil
-	}
-	return nil, notFound
 }
 
 // Thread reads a thread record. A thread has one once its first run
@@ -371,7 +338,9 @@ func (c *Client) Thread(ctx context.Context, thread string) (*Thread, error) {
 	if err := protocol.CheckToken("thread id", thread); err != nil {
 		return nil, err
 	}
-	th, _, err := c.stores.Threads.GetLatest(ctx, c.tenant, thread)
+	// The leader answers at once: a missing thread is not a write in
+	// flight (GetLatest would wait for one, 2 s a miss).
+	th, _, err := c.stores.Threads.GetFromLeader(ctx, c.tenant, thread)
 	if errors.Is(err, kv.ErrNotFound) {
 		return nil, fmt.Errorf("%w: thread %s in tenant %s", ErrNotFound, thread, c.tenant)
 	}

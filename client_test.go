@@ -264,10 +264,22 @@ func TestClient_QueuedRunAndTakenRunID(t *testing.T) {
 	if err != nil || rec.Status != natsagent.StatusPending || rec.ThreadID != "qa" || rec.Agent != "chatbot" || rec.MsgSeq != sub.Sequence {
 		t.Fatalf("a queued run reads %+v, %v", rec, err)
 	}
+	// RunOf, which names the thread, reads it too (a run handed back
+	// between workers looks the same: no record, no lease, its request in
+	// the stream); on another thread it is not found.
+	if rec, err := c.RunOf(ctx, "qa", "q1"); err != nil || rec.Status != natsagent.StatusPending || rec.MsgSeq != sub.Sequence {
+		t.Fatalf("RunOf of a queued run: %+v, %v", rec, err)
+	}
+	if _, err := c.RunOf(ctx, "qb", "q1"); !errors.Is(err, natsagent.ErrNotFound) {
+		t.Errorf("RunOf of q1 on thread qb: %v", err)
+	}
 	// Another tenant does not see it.
 	other, err := natsagent.NewClient(dep.NC, &natsagent.ClientConfig{Tenant: "acme"})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if _, err := other.RunOf(ctx, "qa", "q1"); !errors.Is(err, natsagent.ErrNotFound) {
+		t.Errorf("tenant acme read default's queued run with RunOf: %v", err)
 	}
 	if _, err := other.Run(ctx, "q1"); !errors.Is(err, natsagent.ErrNotFound) {
 		t.Errorf("tenant acme read default's queued run: %v", err)
@@ -355,8 +367,24 @@ func TestClient_ThreadFollowHistoryAndDelete(t *testing.T) {
 	if _, err := c.DeleteThread(ctx, "ft", nil); err != nil {
 		t.Fatal(err)
 	}
+	// The leader answers a deleted thread at once: one read, not a wait
+	// for a write in flight (2 s a miss before).
+	gets, err := d.Conn.SubscribeSync("$JS.API.STREAM.MSG.GET.KV_" + bus.DefaultNames().ThreadsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gets.Unsubscribe()
+	if err := d.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c.Thread(ctx, "ft"); !errors.Is(err, natsagent.ErrNotFound) {
 		t.Errorf("a deleted thread reads %v", err)
+	}
+	if err := d.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, _ := gets.Pending(); n != 1 {
+		t.Errorf("reading a deleted thread took %d leader reads, want 1", n)
 	}
 	if _, err := c.DeleteThread(ctx, "a.b", nil); err == nil {
 		t.Error("a thread id with a dot was sent")

@@ -10,6 +10,7 @@ import (
 	"github.com/natsagent/natsagent/internal/events"
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/submit"
 )
 
 // Event is one run event: the envelope of docs/protocol.md 2.10 and where
@@ -178,7 +179,11 @@ func (c *Client) RunOf(ctx context.Context, thread, run string) (*Run, error) {
 	}
 	rec, err := c.stores.RunOfThread(ctx, c.tenant, thread, run)
 	if errors.Is(err, kv.ErrNotFound) {
-		return nil, fmt.Errorf("%w: run %s of thread %s in tenant %s", ErrNotFound, run, thread, c.tenant)
+		// No record, lease or last_run names it: its request may wait in
+		// the stream (not taken yet, or handed back between workers).
+		if rec, err = submit.QueuedRun(ctx, c.js, c.names, c.tenant, thread, run); err == nil && rec == nil {
+			err = fmt.Errorf("%w: run %s of thread %s in tenant %s", ErrNotFound, run, thread, c.tenant)
+		}
 	}
 	return rec, err
 }

@@ -101,3 +101,53 @@ func TestImageInputForAModelWithoutVision(t *testing.T) {
 		})
 	}
 }
+
+// view_image on a model configured without vision (models[].vision:
+// false; its name alone would say it sees images) shows it no image: the
+// request after the view carries the text placeholder, and the tool
+// result says the model cannot see it. Before, view_image went by the
+// model's name and sent the image, which the loop then turned into a
+// note that a person had sent an image. The transcript passes the strict
+// validator.
+func TestViewImageForAModelWithoutVision(t *testing.T) {
+	cfg := natsagent.Config{ConfigYAML: []byte("agents:\n  - name: chatbot\n    model: openai/gpt-4o\n" +
+		"    middleware: {settings: {view_image: {enabled: true}}}\nmodels:\n  - name: gpt-4o\n    vision: false\n")}
+	var b bytes.Buffer
+	if err := png.Encode(&b, image.NewGray(image.Rect(0, 0, 2, 2))); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(b.Bytes())
+	path := "/uploads/images/" + hex.EncodeToString(sum[:]) + ".png"
+	d := natsagenttest.Start(t, cfg, natsagenttest.ToolCall("view_image", `{"path":"`+path+`"}`), natsagenttest.Text("I cannot see it."))
+	in, err := d.Client.ImageInput(context.Background(), "vi1", "What is this?", b.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := d.Submit(natsagent.RunRequest{ThreadID: "vi1", Input: in})
+	natsagenttest.RequireStatus(t, res, natsagent.StatusSuccess)
+	reqs := d.ModelRequests()
+	if len(reqs) != 2 {
+		t.Fatalf("%d model requests, want the view and the answer", len(reqs))
+	}
+	placeholder, result := false, false
+	for _, m := range reqs[1].Messages {
+		if strings.Contains(string(m.Content), "data:image") {
+			t.Fatalf("image bytes sent as text: %.80q", m.Content)
+		}
+		for _, p := range m.Parts {
+			if p.Type == "image_url" {
+				t.Fatalf("the model (%s, vision: false) was sent an image: %.60q", reqs[1].Model, p.ImageURL.URL)
+			}
+		}
+		text := string(m.Content)
+		if m.Role == "user" && strings.Contains(text, "You viewed these images, but the current model cannot see images") && strings.Contains(text, path) {
+			placeholder = true
+		}
+		if m.Role == "tool" && strings.Contains(text, "The current model cannot see images") {
+			result = true
+		}
+	}
+	if !placeholder || !result {
+		t.Fatalf("placeholder %v, tool result %v in %+v", placeholder, result, reqs[1].Messages)
+	}
+}

@@ -102,6 +102,10 @@ type Outcome struct {
 // Execute runs the loop until a final answer, a guard, an error or a stop.
 func Execute(ctx context.Context, r *Run) Outcome {
 	l := &loop{Run: r, rt: r.Runtime, st: r.State}
+	if r.NoImages {
+		// The chain sees what the loop does (view_image).
+		l.rt.NoImages = true
+	}
 	return l.execute(ctx)
 }
 

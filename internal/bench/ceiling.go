@@ -212,6 +212,13 @@ func (c *ceiling) run(ctx context.Context, reqs []*nats.Msg, slots int) (outcome
 		}
 	}
 	done := c.obs.waitAll(ctx, tracks)
+	err := c.settle(stop, pulled, "ceiling run")
+	return c.obs.outcome(tracks), done, err
+}
+
+// settle stops the pull loop, waits for the runs it started and returns
+// the first error of a run or of the loop, named what.
+func (c *ceiling) settle(stop context.CancelFunc, pulled <-chan error, what string) error {
 	stop()
 	c.fail(<-pulled)
 	c.wg.Wait()
@@ -219,9 +226,9 @@ func (c *ceiling) run(ctx context.Context, reqs []*nats.Msg, slots int) (outcome
 	err := c.firstErr
 	c.mu.Unlock()
 	if err != nil {
-		err = fmt.Errorf("ceiling run: %w", err)
+		err = fmt.Errorf("%s: %w", what, err)
 	}
-	return c.obs.outcome(tracks), done, err
+	return err
 }
 
 // pull is the worker's pull loop: one fetch for every free slot, one
@@ -433,14 +440,6 @@ func (c *ceiling) idle(ctx context.Context, warm, n int) (outcome, error) {
 		c.obs.wait(wctx, t)
 		cancel()
 	}
-	stop()
-	c.fail(<-pulled)
-	c.wg.Wait()
-	c.mu.Lock()
-	err := c.firstErr
-	c.mu.Unlock()
-	if err != nil {
-		err = fmt.Errorf("ceiling idle runs: %w", err)
-	}
+	err := c.settle(stop, pulled, "ceiling idle runs")
 	return c.obs.outcome(tracks), err
 }

@@ -39,31 +39,34 @@ const maxPublishRetry = 15 * time.Second
 // stored by an earlier attempt. It retries with a growing pause for at
 // most 15s and while ctx lasts. A message without an id is sent once: a
 // retry could store it twice.
-func PublishMsg(ctx context.Context, js jetstream.JetStream, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+func PublishMsg(ctx context.Context, js jetstream.JetStream, m *nats.Msg) (*jetstream.PubAck, error) {
 	if m.Header.Get(jetstream.MsgIDHeader) == "" {
-		return js.PublishMsg(ctx, m, opts...)
+		return publishOnce(ctx, js, m)
 	}
 	deadline := time.Now().Add(maxPublishRetry)
 	pause := 50 * time.Millisecond
 	for {
-		// One attempt waits 5s at most: a publish lost with a node that
-		// went down is never answered, and under a long deadline (a
-		// run's) it would otherwise wait for that deadline.
-		attempt, cancel := context.WithTimeout(ctx, 5*time.Second)
-		ack, err := js.PublishMsg(attempt, m, opts...)
-		cancel()
+		// One attempt waits RequestTimeout at most: a publish lost with a
+		// node that went down is never answered, and under a long
+		// deadline (a run's) it would otherwise wait for that deadline.
+		ack, err := publishOnce(ctx, js, m)
 		if err == nil || !Transient(err) || ctx.Err() != nil || time.Now().Add(pause).After(deadline) {
 			return ack, err
 		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleepCtx(ctx, pause) {
 			return nil, err
-		case <-t.C:
 		}
 		pause = min(2*pause, time.Second)
 	}
+}
+
+// publishOnce is one attempt of PublishMsg (RequestAck).
+func publishOnce(ctx context.Context, js jetstream.JetStream, m *nats.Msg) (*jetstream.PubAck, error) {
+	ack, err := RequestAck(ctx, js.Conn(), m)
+	if err != nil {
+		return nil, err
+	}
+	return &ack, nil
 }
 
 // Transient reports an error that a JetStream request may not get again

@@ -104,7 +104,9 @@ func (t *Ticker) start(ctx context.Context, rec *Record, tick time.Time, log *za
 	meta["cron_id"] = rec.CronID
 	meta["cron_tick"] = tick.Format(time.RFC3339)
 	req.Metadata = meta
-	if _, _, err := t.Queue.Stores.Runs.GetLatest(ctx, req.Tenant, req.RunID); err == nil {
+	// From the leader, at once: a tick without a run is the usual case,
+	// not a write in flight (GetLatest would wait 2 s for one).
+	if _, _, err := t.Queue.Stores.Runs.GetFromLeader(ctx, req.Tenant, req.RunID); err == nil {
 		return nil // this tick's run exists
 	} else if !errors.Is(err, kv.ErrNotFound) {
 		return err
@@ -130,7 +132,7 @@ func (t *Ticker) start(ctx context.Context, rec *Record, tick time.Time, log *za
 		}
 	} else {
 		req.ThreadID = *rec.ThreadID
-		th, _, err := threads.GetLatest(ctx, req.Tenant, req.ThreadID)
+		th, _, err := threads.GetFromLeader(ctx, req.Tenant, req.ThreadID)
 		if errors.Is(err, kv.ErrNotFound) {
 			// The thread was deleted: its cron goes with it.
 			log.Info("cron's thread is gone: cron deleted", zap.String("thread_id", req.ThreadID))

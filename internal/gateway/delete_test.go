@@ -43,10 +43,37 @@ func TestDeleteThreadOverHTTP(t *testing.T) {
 		p := "/threads/d1/runs/" + run
 		paths = append(paths, p, p+"/usage", p+"/join?format=natsagent", p+"/stream")
 	}
+	// Each 404 asks the leader at most once per record: a missing record
+	// is not a write in flight to wait for (kv.GetLatest's settle wait
+	// cost 2 s an answer, some 20 reads).
+	gets, err := e.nc.SubscribeSync("$JS.API.STREAM.MSG.GET.*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gets.Unsubscribe()
+	recordGets := func() int {
+		if err := e.nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for {
+			m, err := gets.NextMsg(0)
+			if err != nil {
+				return n
+			}
+			if s := strings.TrimPrefix(m.Subject, "$JS.API.STREAM.MSG.GET.KV_"); s == e.settings.Names.RunsBucket() || s == e.settings.Names.ThreadsBucket() {
+				n++
+			}
+		}
+	}
 	for _, p := range paths {
+		recordGets()
 		r := e.do("GET", p, nil)
 		if r.status != http.StatusNotFound {
 			t.Errorf("GET %s after the deletion: %d %s", p, r.status, r.body)
+		}
+		if n := recordGets(); n > 2 {
+			t.Errorf("GET %s after the deletion read the records' leader %d times, want 2 at most", p, n)
 		}
 		if strings.Contains(string(r.body), "SECRET") {
 			t.Errorf("GET %s shows deleted content: %s", p, r.body)

@@ -139,6 +139,13 @@ type Server struct {
 	// keepAlive is how long an SSE stream may stay silent before a
 	// comment is sent, so proxies do not close it.
 	keepAlive time.Duration
+	// trailWait is how long the stream of a finished run with no stored
+	// event waits in silence for its events before it ends with the
+	// run.finished built from the record (streamRun).
+	trailWait time.Duration
+	// testHookTrailing, set by tests only, runs when such a stream
+	// starts waiting.
+	testHookTrailing func()
 	// submitTimeout bounds the NATS round trips of one submission.
 	submitTimeout time.Duration
 	// cancelTimeout bounds a cancel request.
@@ -212,6 +219,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Server, error) {
 		log:           cfg.Logger,
 		auth:          auth,
 		keepAlive:     15 * time.Second,
+		trailWait:     3 * time.Second,
 		submitTimeout: 15 * time.Second,
 		cancelTimeout: 30 * time.Second,
 	}

@@ -216,7 +216,7 @@ const childWait = 10 * time.Second
 // before after (the client's Last-Event-ID) is replayed without being
 // sent. With stream_subgraphs, the subagent runs the events name are
 // followed too, their parts namespaced.
-func (s *Server) streamTranslated(ctx context.Context, out *sse, f *events.Follow, rec *protocol.Run, after uint64, tr *langgraph.Stream, log *zap.Logger, synth []byte) {
+func (s *Server) streamTranslated(ctx context.Context, out *sse, f *events.Follow, rec *protocol.Run, after uint64, tr *langgraph.Stream, log *zap.Logger, ended []byte, trailing bool) {
 	send := func(parts []langgraph.Part) error {
 		for _, p := range parts {
 			if err := out.event(p.ID, p.Event, p.Data); err != nil {
@@ -234,10 +234,14 @@ func (s *Server) streamTranslated(ctx context.Context, out *sse, f *events.Follo
 	if after == 0 && send(tr.Open()) != nil {
 		return
 	}
-	if synth != nil {
-		parts, err := tr.Next(ctx, langgraph.Native{Data: synth})
+	// end sends the record's run.finished, which has no stored event.
+	end := func() {
+		parts, err := tr.Next(ctx, langgraph.Native{Data: ended})
 		warn(err)
 		_ = send(parts)
+	}
+	if ended != nil && !trailing {
+		end()
 		return
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -258,6 +262,15 @@ func (s *Server) streamTranslated(ctx context.Context, out *sse, f *events.Follo
 	}()
 	keepAlive := time.NewTimer(s.keepAlive)
 	defer keepAlive.Stop()
+	// silence fires once a trailing stream's feed stayed silent for
+	// trailWait: the record's run.finished ends it (streamRun).
+	var silence *time.Timer
+	var silent <-chan time.Time
+	if trailing {
+		silence = time.NewTimer(s.trailWait)
+		defer silence.Stop()
+		silent = silence.C
+	}
 	// caughtUp: the client has what came before.
 	caughtUp := after == 0
 	for {
@@ -274,6 +287,10 @@ func (s *Server) streamTranslated(ctx context.Context, out *sse, f *events.Follo
 			if send(parts) != nil {
 				return
 			}
+		case <-silent:
+			s.drainChildren(ctx, &wg, kids, send)
+			end()
+			return
 		case it := <-lead:
 			if it.err != nil {
 				if ctx.Err() == nil {
@@ -313,6 +330,9 @@ func (s *Server) streamTranslated(ctx context.Context, out *sse, f *events.Follo
 				return
 			}
 			keepAlive.Reset(s.keepAlive)
+			if silence != nil {
+				silence.Reset(s.trailWait)
+			}
 		}
 	}
 }

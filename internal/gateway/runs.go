@@ -18,6 +18,7 @@ import (
 	"github.com/natsagent/natsagent/internal/langgraph"
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/submit"
 )
 
 // runMode is what a run creation answers with.
@@ -219,10 +220,20 @@ func (s *Server) runOf(r *http.Request, tenant string) (*protocol.Run, error) {
 
 // runView reads run of thread as clients see it (protocol.RunView): since
 // protocol v2 a running run's record stays pending, or is missing until
-// the run ends, and its thread's lease says it runs. A run of another
-// thread is not found.
+// the run ends, and its thread's lease says it runs. A run without a
+// record that no lease or last_run names is pending while its request
+// waits in the stream (a plain publish not taken yet, or a run handed
+// back between workers). A run of another thread is not found.
 func (s *Server) runView(ctx context.Context, tenant, thread, run string) (*protocol.Run, error) {
-	return s.stores.RunOfThread(ctx, tenant, thread, run)
+	rec, err := s.stores.RunOfThread(ctx, tenant, thread, run)
+	if errors.Is(err, kv.ErrNotFound) {
+		queued, qerr := submit.QueuedRun(ctx, s.js, s.names, tenant, thread, run)
+		if qerr != nil || queued == nil {
+			return nil, err
+		}
+		return queued, nil
+	}
+	return rec, err
 }
 
 // getRun: GET /threads/{thread_id}/runs/{run_id}.

@@ -154,13 +154,23 @@ func oneLine(s string) string {
 // run's events from after (from the first one when tr is set). tr, when
 // set, translates them to LangGraph's stream modes; a resumed
 // translation reads the run's events from the start and sends what
-// follows after. A finished run whose events are no longer retained gets
-// one run.finished built from its record, unless the client resumes after
-// the stored run.finished (the record's finished_event_id): then the
-// stream is empty, as it was before the events expired.
+// follows after.
+//
+// A finished run with no stored event gets one run.finished built from
+// its record, unless the client resumes after the stored run.finished
+// (the record's finished_event_id): then the stream is empty, as it was
+// before the events expired. When the record finished longer ago than the
+// events stream keeps events, they expired and the record's run.finished
+// goes out at once. Otherwise the events may not be stored yet: the
+// record is written before the run's last events, and a worker whose
+// lease fence paused holds them until its lease is confirmed. The record
+// then ends the stream only once the feed stayed silent for trailWait;
+// a stored run.finished that comes first ends it instead, so the stream
+// has exactly one.
 func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Follow, rec *protocol.Run, after uint64, tr *langgraph.Stream) {
 	log := s.log.With(zap.String("tenant", rec.Tenant), zap.String("thread_id", rec.ThreadID), zap.String("run_id", rec.RunID))
-	var synth []byte
+	var ended []byte // the record's run.finished, sent if the feed stays silent
+	trailing := false
 	if rec.Status.Terminal() {
 		last, err := s.events.GetLastMsgForSubject(r.Context(), s.names.RunEvents(rec.Tenant, rec.ThreadID, rec.RunID))
 		switch {
@@ -169,10 +179,11 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Fol
 			startSSE(w)
 			return
 		case errors.Is(err, jetstream.ErrMsgNotFound):
-			synth, err = events.FinishedEnvelope(rec)
+			ended, err = events.FinishedEnvelope(rec)
 			if err != nil {
 				log.Error("encode run.finished", zap.Error(err))
 			}
+			trailing = ended != nil && !s.eventsExpired(rec)
 		case err != nil:
 			log.Warn("read the last event of a finished run", zap.Error(err))
 		case last.Sequence <= after && envelopeType(last.Data) == protocol.EventRunFinished:
@@ -183,22 +194,38 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Fol
 		}
 	}
 	out := startSSE(w)
+	if trailing && s.testHookTrailing != nil {
+		s.testHookTrailing()
+	}
 	if tr != nil {
-		s.streamTranslated(r.Context(), out, f, rec, after, tr, log, synth)
+		s.streamTranslated(r.Context(), out, f, rec, after, tr, log, ended, trailing)
 		return
 	}
-	if synth != nil {
-		_ = out.event("", protocol.EventRunFinished, synth)
+	if ended != nil && !trailing {
+		_ = out.event("", protocol.EventRunFinished, ended)
 		return
+	}
+	// silentUntil is when ended goes out if no event came since.
+	var silentUntil time.Time
+	if trailing {
+		silentUntil = time.Now().Add(s.trailWait)
 	}
 	for {
-		m, err := f.NextWithin(r.Context(), s.keepAlive)
+		wait := s.keepAlive
+		if trailing {
+			wait = max(min(wait, time.Until(silentUntil)), time.Millisecond)
+		}
+		m, err := f.NextWithin(r.Context(), wait)
 		if err != nil {
 			if r.Context().Err() != nil {
 				log.Debug("event stream client left")
 				return
 			}
 			if errors.Is(err, context.DeadlineExceeded) {
+				if trailing && !time.Now().Before(silentUntil) {
+					_ = out.event("", protocol.EventRunFinished, ended)
+					return
+				}
 				if out.comment("keep-alive") != nil {
 					return
 				}
@@ -206,6 +233,9 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Fol
 			}
 			log.Warn("event stream ended early; the client resumes with Last-Event-ID", zap.Error(err))
 			return
+		}
+		if trailing {
+			silentUntil = time.Now().Add(s.trailWait)
 		}
 		// A live event has no id: Last-Event-ID stays a stream sequence.
 		id := ""
@@ -221,6 +251,21 @@ func (s *Server) streamRun(w http.ResponseWriter, r *http.Request, f *events.Fol
 			return
 		}
 	}
+}
+
+// eventsExpired reports whether a finished run's events must have
+// expired: the record finished longer ago than the events stream keeps
+// an event (its max_age; none: they never expire by age).
+func (s *Server) eventsExpired(rec *protocol.Run) bool {
+	info := s.events.CachedInfo()
+	if info == nil || info.Config.MaxAge <= 0 {
+		return false
+	}
+	at := rec.CreatedAt
+	if rec.FinishedAt != nil {
+		at = *rec.FinishedAt
+	}
+	return time.Since(at) > info.Config.MaxAge
 }
 
 // noteFinishedEventID records the stream sequence of the run.finished a

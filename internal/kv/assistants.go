@@ -18,6 +18,7 @@ import (
 // tenant's listing reads its own keys only.
 type Assistants struct {
 	kv jetstream.KeyValue
+	js jetstream.JetStream
 }
 
 // OpenAssistants binds the assistants store to its bucket, which must
@@ -27,7 +28,7 @@ func OpenAssistants(ctx context.Context, js jetstream.JetStream, names bus.Names
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w (provision the deployment with this version first)", names.AssistantsBucket(), err)
 	}
-	return &Assistants{kv: b}, nil
+	return &Assistants{kv: b, js: js}, nil
 }
 
 func versionKey(tenant, id string, v int) string {
@@ -36,12 +37,12 @@ func versionKey(tenant, id string, v int) string {
 
 // Get reads the current version of an assistant.
 func (s *Assistants) Get(ctx context.Context, tenant, id string) (*protocol.Assistant, uint64, error) {
-	return get[protocol.Assistant](ctx, s.kv, bus.Key(tenant, id))
+	return get[protocol.Assistant](ctx, s.js, s.kv, bus.Key(tenant, id))
 }
 
 // Version reads one version of an assistant.
 func (s *Assistants) Version(ctx context.Context, tenant, id string, v int) (*protocol.Assistant, error) {
-	a, _, err := get[protocol.Assistant](ctx, s.kv, versionKey(tenant, id, v))
+	a, _, err := get[protocol.Assistant](ctx, s.js, s.kv, versionKey(tenant, id, v))
 	return a, err
 }
 
@@ -49,10 +50,10 @@ func (s *Assistants) Version(ctx context.Context, tenant, id string, v int) (*pr
 // taken.
 func (s *Assistants) Create(ctx context.Context, a *protocol.Assistant) error {
 	a.Version, a.LatestVersion = 1, 1
-	if _, err := put(ctx, s.kv, bus.Key(a.Tenant, a.AssistantID), a, 0); err != nil {
+	if _, err := put(ctx, s.js, s.kv, bus.Key(a.Tenant, a.AssistantID), a, 0); err != nil {
 		return err
 	}
-	_, err := put(ctx, s.kv, versionKey(a.Tenant, a.AssistantID, 1), a, 0)
+	_, err := put(ctx, s.js, s.kv, versionKey(a.Tenant, a.AssistantID, 1), a, 0)
 	return err
 }
 
@@ -66,7 +67,7 @@ func (s *Assistants) Update(ctx context.Context, next *protocol.Assistant, rev u
 	if _, err := s.putVersion(ctx, next); err != nil {
 		return err
 	}
-	_, err := put(ctx, s.kv, bus.Key(next.Tenant, next.AssistantID), next, rev)
+	_, err := put(ctx, s.js, s.kv, bus.Key(next.Tenant, next.AssistantID), next, rev)
 	return err
 }
 
@@ -89,7 +90,7 @@ func (s *Assistants) SetCurrent(ctx context.Context, cur *protocol.Assistant, re
 		return nil, err
 	}
 	a.LatestVersion = cur.LatestVersion
-	if _, err := put(ctx, s.kv, bus.Key(cur.Tenant, cur.AssistantID), a, rev); err != nil {
+	if _, err := put(ctx, s.js, s.kv, bus.Key(cur.Tenant, cur.AssistantID), a, rev); err != nil {
 		return nil, err
 	}
 	return a, nil

@@ -106,9 +106,7 @@ func (s *Checkpoints) Put(ctx context.Context, tenant, thread string, d *Delta) 
 	// through a leader election) is simply written again: a second copy
 	// is a second revision of the same delta.
 	for attempt := 1; ; attempt++ {
-		putCtx, cancel := bound(ctx)
-		_, err = s.kv.Put(putCtx, bus.Key(tenant, thread, d.ID), data)
-		cancel()
+		_, err = writeKey(ctx, s.js, s.kv, bus.Key(tenant, thread, d.ID), data, anyRevision, 0)
 		if err == nil {
 			return len(data), nil
 		}

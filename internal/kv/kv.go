@@ -70,21 +70,16 @@ func bound(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 // get reads and decodes one key.
-func get[T any](ctx context.Context, kv jetstream.KeyValue, key string) (*T, uint64, error) {
-	ctx, cancel := bound(ctx)
-	defer cancel()
-	e, err := kv.Get(ctx, key)
+func get[T any](ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, key string) (*T, uint64, error) {
+	data, rev, err := readKey(ctx, js, kv, key)
 	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return nil, 0, ErrNotFound
-		}
 		return nil, 0, err
 	}
 	v := new(T)
-	if err := decodeExact(e.Value(), v); err != nil {
+	if err := decodeExact(data, v); err != nil {
 		return nil, 0, fmt.Errorf("decode %s: %w", key, err)
 	}
-	return v, e.Revision(), nil
+	return v, rev, nil
 }
 
 // getLatest reads and decodes one key through its bucket's stream leader.
@@ -112,8 +107,8 @@ func getLatest[T any](ctx context.Context, js jetstream.JetStream, bucket, key s
 }
 
 // settleWait bounds how long getAfter waits for the write that refused a
-// create or compare-and-set to be stored.
-const settleWait = 2 * time.Second
+// create or compare-and-set to be stored. A variable for tests.
+var settleWait = 2 * time.Second
 
 // getAfter reads a key through its bucket's stream leader once the leader
 // holds a revision above after: the read that follows a Create refused
@@ -123,6 +118,11 @@ const settleWait = 2 * time.Second
 // (error 10164), so reading at once could miss the very write that
 // refused ours. If the leader holds nothing newer after settleWait (the
 // other write failed), what it holds is returned.
+//
+// Only a refused write says a write is in flight: a plain read of a key
+// that may be missing (a deleted run, a thread not created yet) asks the
+// leader once (getLatest, the stores' GetFromLeader), or every such miss
+// costs settleWait.
 func getAfter[T any](ctx context.Context, js jetstream.JetStream, bucket, key string, after uint64) (*T, uint64, error) {
 	deadline := time.Now().Add(settleWait)
 	pause := 2 * time.Millisecond
@@ -161,25 +161,8 @@ func encode(v any) ([]byte, error) {
 }
 
 // put creates (rev 0) or compare-and-sets (rev > 0) one key.
-func put(ctx context.Context, kv jetstream.KeyValue, key string, v any, rev uint64) (uint64, error) {
-	data, err := encode(v)
-	if err != nil {
-		return 0, err
-	}
-	ctx, cancel := bound(ctx)
-	defer cancel()
-	if rev == 0 {
-		n, err := kv.Create(ctx, key, data)
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			return 0, ErrExists
-		}
-		return n, bus.MarkStoreFull(kv.Bucket(), err)
-	}
-	n, err := kv.Update(ctx, key, data, rev)
-	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-		return 0, ErrConflict
-	}
-	return n, bus.MarkStoreFull(kv.Bucket(), err)
+func put(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, key string, v any, rev uint64) (uint64, error) {
+	return putTTL(ctx, js, kv, key, v, rev, 0)
 }
 
 // List reads the values of a bucket whose keys match filter, decoded as T

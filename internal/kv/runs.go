@@ -25,7 +25,7 @@ type Runs struct {
 
 // Get reads a run record.
 func (s *Runs) Get(ctx context.Context, tenant, run string) (*protocol.Run, uint64, error) {
-	return get[protocol.Run](ctx, s.kv, bus.Key(tenant, run))
+	return get[protocol.Run](ctx, s.js, s.kv, bus.Key(tenant, run))
 }
 
 // GetLatest reads a run record through the bucket's leader, for the read
@@ -46,13 +46,13 @@ func (s *Runs) GetFromLeader(ctx context.Context, tenant, run string) (*protocol
 
 // Create writes a new run record; ErrExists if the run id is taken.
 func (s *Runs) Create(ctx context.Context, r *protocol.Run) (uint64, error) {
-	return putTTL(ctx, s.js, s.kv, s.bucket, bus.Key(r.Tenant, r.RunID), r, 0, s.finishedTTL(r))
+	return putTTL(ctx, s.js, s.kv, bus.Key(r.Tenant, r.RunID), r, 0, s.finishedTTL(r))
 }
 
 // Update compare-and-sets a run record at revision rev; ErrConflict if it
 // changed since.
 func (s *Runs) Update(ctx context.Context, r *protocol.Run, rev uint64) (uint64, error) {
-	return putTTL(ctx, s.js, s.kv, s.bucket, bus.Key(r.Tenant, r.RunID), r, rev, s.finishedTTL(r))
+	return putTTL(ctx, s.js, s.kv, bus.Key(r.Tenant, r.RunID), r, rev, s.finishedTTL(r))
 }
 
 // finishedTTL is the key TTL of r: its tenant's retention of finished
@@ -172,7 +172,8 @@ func (s *Stores) RunView(ctx context.Context, tenant, thread, run string) (*prot
 		return nil, 0, ErrNotFound
 	}
 	if v != rec && v.OutputCheckpoint != "" {
-		// Read from a last_run that left the output out for size.
+		// Read from a last_run that left the output or interrupt out for
+		// size.
 		if full, err := s.WithOutput(ctx, v); err == nil {
 			v = full
 		}
@@ -181,14 +182,17 @@ func (s *Stores) RunView(ctx context.Context, tenant, thread, run string) (*prot
 }
 
 // WithOutput completes a run made from its thread's last_run, which
-// leaves out an output over 4 KiB and names the checkpoint that holds it
-// instead (OutputCheckpoint): the result has
+// leaves out an output or an interrupt over 4 KiB and names the
+// checkpoint the run ended at instead (OutputCheckpoint): the result has
 // the last assistant message of the state at that checkpoint as its
-// output. v itself is returned when it has nothing to add, or when that
-// checkpoint is gone (output_checkpoint then stays to say the output
-// was not kept); a read that failed otherwise is an error to retry.
+// output, and the state's open interrupt (protocol.InterruptValue) as
+// the interrupt of an interrupted run. When that checkpoint is gone, or
+// lacks what was left out, output_checkpoint stays to say it was not
+// kept; a read that failed otherwise is an error to retry.
 func (s *Stores) WithOutput(ctx context.Context, v *protocol.Run) (*protocol.Run, error) {
-	if v.Output != nil || v.OutputCheckpoint == "" {
+	wantOutput := v.Output == nil
+	wantInterrupt := v.Interrupt == nil && v.Status == protocol.StatusInterrupted
+	if v.OutputCheckpoint == "" || (!wantOutput && !wantInterrupt) {
 		return v, nil
 	}
 	st, _, err := s.Checkpoints.Load(ctx, v.Tenant, v.ThreadID, v.OutputCheckpoint)
@@ -198,15 +202,26 @@ func (s *Stores) WithOutput(ctx context.Context, v *protocol.Run) (*protocol.Run
 	if err != nil {
 		return nil, fmt.Errorf("read the output of run %s: %w", v.RunID, err)
 	}
-	for i := len(st.Messages) - 1; i >= 0; i-- {
-		if st.Messages[i].Role == model.RoleAssistant {
-			full := *v
-			m := st.Messages[i].Clone()
-			full.Output, full.OutputCheckpoint = &m, ""
-			return &full, nil
+	full := *v
+	if wantOutput {
+		for i := len(st.Messages) - 1; i >= 0; i-- {
+			if st.Messages[i].Role == model.RoleAssistant {
+				m := st.Messages[i].Clone()
+				full.Output = &m
+				break
+			}
 		}
 	}
-	return v, nil
+	if wantInterrupt {
+		var intr protocol.Interrupt
+		if ok, _ := st.Value(protocol.InterruptValue, &intr); ok && intr.Kind != "" {
+			full.Interrupt = &intr
+		}
+	}
+	if (!wantOutput || full.Output != nil) && (!wantInterrupt || full.Interrupt != nil) {
+		full.OutputCheckpoint = ""
+	}
+	return &full, nil
 }
 
 // RunOfThread is the run of thread as clients see it (protocol.RunView),
@@ -236,10 +251,18 @@ func (s *Stores) RunOfThread(ctx context.Context, tenant, thread, run string) (*
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, err
 	}
-	if v := protocol.RunView(run, rec, th); v != nil {
-		return v, nil
+	v := protocol.RunView(run, rec, th)
+	if v == nil {
+		return nil, ErrNotFound
 	}
-	return nil, ErrNotFound
+	if v != rec && v.OutputCheckpoint != "" {
+		// Read from a last_run that left the output or interrupt out for
+		// size.
+		if full, err := s.WithOutput(ctx, v); err == nil {
+			v = full
+		}
+	}
+	return v, nil
 }
 
 // FindRunView is RunView for a caller that knows only the run's id (a

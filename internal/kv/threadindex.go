@@ -75,14 +75,12 @@ func (s *Threads) indexCreated(ctx context.Context, t *protocol.Thread) (bool, e
 // entry is a delete (kv.Create reads the key again to see that).
 func (s *Threads) writeCreated(ctx context.Context, t *protocol.Thread, oneTrip bool) (bool, error) {
 	data, _ := json.Marshal(CreatedEntry{CreatedAt: t.CreatedAt})
-	ctx, cancel := bound(ctx)
-	defer cancel()
 	key := CreatedKey(t.Tenant, t.ThreadID, t.Owner)
 	var err error
 	if oneTrip {
-		_, err = s.kv.Update(ctx, key, data, 0)
+		_, err = writeKey(ctx, s.js, s.kv, key, data, 0, 0)
 	} else {
-		_, err = s.kv.Create(ctx, key, data)
+		_, err = createKey(ctx, s.js, s.kv, key, data, 0)
 	}
 	switch {
 	case err == nil:

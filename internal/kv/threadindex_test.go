@@ -107,7 +107,7 @@ func TestThreadReindex(t *testing.T) {
 	for i, id := range []string{"c", "a", "b"} {
 		th := indexThread("tr", id, "")
 		th.CreatedAt = base.Add(time.Duration(i) * time.Minute)
-		if _, err := put(ctx, s.Threads.kv, bus.Key("tr", id), th, 0); err != nil {
+		if _, err := put(ctx, s.Threads.js, s.Threads.kv, bus.Key("tr", id), th, 0); err != nil {
 			t.Fatal(err)
 		}
 	}

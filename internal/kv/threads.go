@@ -34,7 +34,7 @@ func (s *Threads) RecordsRead() uint64 { return s.read.Load() }
 // Get reads a thread record.
 func (s *Threads) Get(ctx context.Context, tenant, thread string) (*protocol.Thread, uint64, error) {
 	s.read.Add(1)
-	return get[protocol.Thread](ctx, s.kv, bus.Key(tenant, thread))
+	return get[protocol.Thread](ctx, s.js, s.kv, bus.Key(tenant, thread))
 }
 
 // GetLatest reads a thread record through the bucket's leader, for the
@@ -43,13 +43,20 @@ func (s *Threads) GetLatest(ctx context.Context, tenant, thread string) (*protoc
 	return getAfter[protocol.Thread](ctx, s.js, s.bucket, bus.Key(tenant, thread), 0)
 }
 
+// GetFromLeader reads a thread record through the bucket's leader, at
+// once (see Runs.GetFromLeader): a missing thread answers ErrNotFound in
+// one round trip.
+func (s *Threads) GetFromLeader(ctx context.Context, tenant, thread string) (*protocol.Thread, uint64, error) {
+	return getLatest[protocol.Thread](ctx, s.js, s.bucket, bus.Key(tenant, thread))
+}
+
 // Put creates (rev 0) or compare-and-sets (rev > 0) a thread record. A
 // creation writes the thread's creation index key first (threadindex.go),
 // so a record never exists unindexed but for a writer that died between
 // the two.
 func (s *Threads) Put(ctx context.Context, t *protocol.Thread, rev uint64) (uint64, error) {
 	if rev > 0 {
-		return put(ctx, s.kv, bus.Key(t.Tenant, t.ThreadID), t, rev)
+		return put(ctx, s.js, s.kv, bus.Key(t.Tenant, t.ThreadID), t, rev)
 	}
 	if err := s.markStatus(ctx, nil, t); err != nil {
 		return 0, err
@@ -61,7 +68,7 @@ func (s *Threads) Put(ctx context.Context, t *protocol.Thread, rev uint64) (uint
 	if err != nil {
 		return 0, err
 	}
-	n, err := put(ctx, s.kv, bus.Key(t.Tenant, t.ThreadID), t, 0)
+	n, err := put(ctx, s.js, s.kv, bus.Key(t.Tenant, t.ThreadID), t, 0)
 	if err != nil && indexed {
 		s.unindexCreated(ctx, t, err)
 	}
@@ -89,10 +96,8 @@ func (s *Threads) CreateNew(ctx context.Context, t *protocol.Thread) (uint64, er
 		ok, err := s.writeCreated(ctx, t, true)
 		ix <- indexed{ok, err}
 	}()
-	bctx, cancel := bound(ctx)
-	defer cancel()
-	n, err := s.kv.Update(bctx, bus.Key(t.Tenant, t.ThreadID), data, 0)
-	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+	n, err := writeKey(ctx, s.js, s.kv, bus.Key(t.Tenant, t.ThreadID), data, 0, 0)
+	if errors.Is(err, jetstream.ErrKeyExists) {
 		err = ErrExists
 	}
 	// An index write that failed leaves the record unindexed, as a writer

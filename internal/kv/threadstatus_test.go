@@ -107,7 +107,7 @@ func TestThreadStatusReindex(t *testing.T) {
 			th.Status = protocol.ThreadInterrupted
 		}
 		// Written as before the index: the record only.
-		if _, err := put(ctx, s.Threads.kv, bus.Key("tr", id), th, 0); err != nil {
+		if _, err := put(ctx, s.Threads.js, s.Threads.kv, bus.Key("tr", id), th, 0); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -5,8 +5,9 @@ import (
 	"errors"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/natsagent/natsagent/internal/bus"
 )
 
 // TTLs are the key TTLs of a tenant's records that expire by themselves
@@ -31,34 +32,25 @@ func ttlOf(f func(string) time.Duration, tenant string) time.Duration {
 	return f(tenant)
 }
 
-// putTTL is put with a TTL on the written revision (ttl 0: put). Only a
-// create takes a TTL through the KV API; a compare-and-set with one is
-// the same publish the API makes, with the Nats-TTL header added.
-func putTTL(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, bucket, key string, v any, rev uint64, ttl time.Duration) (uint64, error) {
-	if ttl <= 0 {
-		return put(ctx, kv, key, v, rev)
-	}
+// putTTL is put with a TTL on the written revision (ttl 0: none).
+func putTTL(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, key string, v any, rev uint64, ttl time.Duration) (uint64, error) {
 	data, err := encode(v)
 	if err != nil {
 		return 0, err
 	}
-	ctx, cancel := bound(ctx)
-	defer cancel()
+	var n uint64
 	if rev == 0 {
-		n, err := kv.Create(ctx, key, data, jetstream.KeyTTL(ttl))
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			return 0, ErrExists
-		}
-		return n, err
+		n, err = createKey(ctx, js, kv, key, data, ttl)
+	} else {
+		n, err = writeKey(ctx, js, kv, key, data, rev, ttl)
 	}
-	ack, err := js.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + bucket + "." + key, Data: data},
-		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(ttl))
-	if err != nil {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == 10164) {
-			return 0, ErrConflict
-		}
-		return 0, err
+	switch {
+	case err == nil:
+		return n, nil
+	case rev == 0 && errors.Is(err, jetstream.ErrKeyExists):
+		return 0, ErrExists
+	case rev > 0 && errors.Is(err, jetstream.ErrKeyRevisionMismatch):
+		return 0, ErrConflict
 	}
-	return ack.Sequence, nil
+	return 0, bus.MarkStoreFull(kv.Bucket(), err)
 }

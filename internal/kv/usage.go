@@ -86,7 +86,7 @@ func (s *Usage) Run(ctx context.Context, tenant, run string) (*protocol.RunUsage
 	if err != nil {
 		return nil, 0, err
 	}
-	return get[protocol.RunUsage](ctx, kv, key)
+	return get[protocol.RunUsage](ctx, s.js, kv, key)
 }
 
 // Thread reads a thread's totals; ErrNotFound before its first run ended.
@@ -99,7 +99,7 @@ func (s *Usage) Thread(ctx context.Context, tenant, thread string) (*protocol.Th
 	if err != nil {
 		return nil, 0, err
 	}
-	return get[protocol.ThreadUsage](ctx, kv, key)
+	return get[protocol.ThreadUsage](ctx, s.js, kv, key)
 }
 
 // Record writes a run's totals (replacing any earlier version) and applies
@@ -130,11 +130,11 @@ func (s *Usage) PutRun(ctx context.Context, u *protocol.RunUsage) error {
 	next.UpdatedAt = time.Now().UTC()
 	// A run's totals are written once, at its end: try the create first.
 	ttl := ttlOf(s.ttl, u.Tenant)
-	_, err = putTTL(ctx, s.js, kv, s.bucket, key, next, 0, ttl)
+	_, err = putTTL(ctx, s.js, kv, key, next, 0, ttl)
 	if !errors.Is(err, ErrExists) {
 		return err
 	}
-	cur, rev, err := get[protocol.RunUsage](ctx, kv, key)
+	cur, rev, err := get[protocol.RunUsage](ctx, s.js, kv, key)
 	for attempt := 0; ; attempt++ {
 		switch {
 		case errors.Is(err, ErrNotFound):
@@ -144,14 +144,14 @@ func (s *Usage) PutRun(ctx context.Context, u *protocol.RunUsage) error {
 		case cur.ThreadID != next.ThreadID:
 			return fmt.Errorf("usage: run %s belongs to thread %s, not %s", u.RunID, cur.ThreadID, u.ThreadID)
 		}
-		_, err = putTTL(ctx, s.js, kv, s.bucket, key, next, rev, ttl)
+		_, err = putTTL(ctx, s.js, kv, key, next, rev, ttl)
 		if err == nil {
 			return nil
 		}
 		if (!errors.Is(err, ErrConflict) && !errors.Is(err, ErrExists)) || attempt >= maxCASAttempts {
 			return fmt.Errorf("write usage of run %s: %w", u.RunID, err)
 		}
-		cur, rev, err = get[protocol.RunUsage](ctx, kv, key)
+		cur, rev, err = get[protocol.RunUsage](ctx, s.js, kv, key)
 	}
 }
 
@@ -187,7 +187,7 @@ func (s *Usage) ApplyToThread(ctx context.Context, u *protocol.RunUsage) error {
 			return nil
 		}
 		next.UpdatedAt = time.Now().UTC()
-		newRev, err := putTTL(ctx, s.js, kv, s.bucket, key, next, rev, ttlOf(s.ttl, u.Tenant))
+		newRev, err := putTTL(ctx, s.js, kv, key, next, rev, ttlOf(s.ttl, u.Tenant))
 		if err == nil {
 			s.remember(key, next, newRev)
 			return nil
@@ -196,7 +196,7 @@ func (s *Usage) ApplyToThread(ctx context.Context, u *protocol.RunUsage) error {
 			s.forget(key)
 			return fmt.Errorf("write usage of thread %s: %w", u.ThreadID, err)
 		}
-		cur, rev, err = get[protocol.ThreadUsage](ctx, kv, key)
+		cur, rev, err = get[protocol.ThreadUsage](ctx, s.js, kv, key)
 		if errors.Is(err, ErrNotFound) {
 			cur, rev = &protocol.ThreadUsage{ThreadID: u.ThreadID, Tenant: u.Tenant}, 0
 		} else if err != nil {

@@ -175,6 +175,11 @@ type Runtime struct {
 	Principal *protocol.Principal
 	// Files is the thread's workdir, nil when the deployment has none.
 	Files files.Workdir
+	// NoImages is set when the run's model takes no image input (the
+	// profile's or models[].vision false): the loop sends it image parts
+	// as text notes, and a middleware that would show it an image sends
+	// a note instead.
+	NoImages bool
 	// Step counts the model calls of this run so far.
 	Step int
 	// Tools are the tools this run may call.

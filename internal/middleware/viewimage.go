@@ -8,7 +8,7 @@ package middleware
 // Meta. Before the next model call it puts the images of the last tool
 // batch into that one request, as a trailing user message with image
 // parts (data URLs) when the model sees images, or a text placeholder
-// when it does not. The bytes are read again for the request and never
+// when it does not (a model configured without vision never does). The bytes are read again for the request and never
 // enter state, so no checkpoint holds an image (deer-flow #4138); a file
 // that changed since it was viewed is skipped with a note. Emits nothing.
 
@@ -98,7 +98,14 @@ func VisionModel(name string) bool {
 	return false
 }
 
-func (v *ViewImage) vision(modelName string) bool {
+// vision says whether the run's model is shown images: never when the
+// run's model takes no image input (Runtime.NoImages: the profile's or
+// models[].vision false, which the loop enforces anyway), else as the
+// middleware's vision says, else by the model's name.
+func (v *ViewImage) vision(rt *Runtime, modelName string) bool {
+	if rt.NoImages {
+		return false
+	}
 	if v.Vision != nil {
 		return *v.Vision
 	}
@@ -139,7 +146,7 @@ func (v *ViewImage) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelRe
 		r.Tools = append(slices.Clip(req.Tools), viewImageSpec)
 	}
 	if shown := batchImages(req.Messages); len(shown) > 0 {
-		msg := v.imageMessage(ctx, rt.Files, shown, v.vision(req.ModelName))
+		msg := v.imageMessage(ctx, rt.Files, shown, v.vision(rt, req.ModelName))
 		r.Messages = append(slices.Clip(req.Messages), msg)
 	}
 	return next(ctx, &r)
@@ -258,8 +265,8 @@ func (v *ViewImage) WrapToolCall(ctx context.Context, rt *Runtime, call *ToolCal
 	known := slices.Clone(vr.known)
 	// A redelivered run runs its pending tools before any model call:
 	// then the model is not known yet.
-	decided := v.Vision != nil || vr.modelName != ""
-	vision := v.vision(vr.modelName)
+	decided := rt.NoImages || v.Vision != nil || vr.modelName != ""
+	vision := v.vision(rt, vr.modelName)
 	vr.mu.Unlock()
 	text := fmt.Sprintf("Viewed %s (%s, %d bytes).", img.Path, img.MIME, img.Size)
 	switch {

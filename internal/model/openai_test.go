@@ -429,9 +429,14 @@ func TestOpenAITruncatedStream(t *testing.T) {
 	}
 }
 
+// A cancel during a stream ends Generate at once, not at the provider's
+// next chunk: the next chunk here comes an hour after the first, so
+// Generate returns only if it stops waiting for it. No wall-clock bound
+// but the test's patience.
 func TestOpenAICancelDuringSlowStream(t *testing.T) {
+	chunk := `{"id":"c1","object":"chat.completion.chunk","created":0,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"slow "}}]}`
 	srv := openaitest.NewServer(t, openaitest.Script(t, openaitest.Reply{
-		Text: strings.Repeat("slow ", 50), ChunkDelay: 500 * time.Millisecond,
+		Raw: []string{chunk, chunk, "[DONE]"}, ChunkDelay: time.Hour,
 	}))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -450,17 +455,13 @@ func TestOpenAICancelDuringSlowStream(t *testing.T) {
 		t.Fatal("no delta arrived")
 	}
 	cancel()
-	start := time.Now()
 	select {
 	case err := <-done:
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("err %v, want context.Canceled", err)
 		}
-		if d := time.Since(start); d > 300*time.Millisecond {
-			t.Fatalf("Generate took %v to return after cancel", d)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Generate did not return after cancel")
+	case <-time.After(time.Minute):
+		t.Fatal("Generate did not return after cancel: it waits for the provider's next chunk")
 	}
 }
 
@@ -478,7 +479,10 @@ func TestOpenAIDeadlineWhileProviderHangs(t *testing.T) {
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("err %v, want context.DeadlineExceeded", err)
 			}
-			if d := time.Since(start); d > 2*time.Second {
+			// The provider answers in a minute or never: half of that
+			// says Generate gave up at its deadline, however loaded the
+			// machine.
+			if d := time.Since(start); d > 30*time.Second {
 				t.Fatalf("Generate took %v", d)
 			}
 		})

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +15,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
+
+	"github.com/natsagent/natsagent/internal/protocol"
 )
 
 // index is a process's bounded copy of the tenants' items it searches.
@@ -175,11 +178,20 @@ func (s *Store) Index(ctx context.Context, opts IndexOptions) error {
 	ix.stats.Budget = opts.MemoryBytes
 	ix.changed = sync.NewCond(&ix.mu)
 	nc := s.js.Conn()
+	// Only the deployment's services can publish here: tenant accounts
+	// neither export nor import <prefix>.ctl.store.removed (a tenant's
+	// exports are <prefix>.ctl.<T>.*.*.cancel and .delete, of other
+	// lengths), and the service account's users are the gateway and the
+	// workers (deploy/nats/tenants.conf, internal/natsjwt). A notice is
+	// still checked: its filter must name one tenant's keys, so a wrong
+	// one can never hide another tenant's (or every tenant's) writes.
 	sub, err := nc.Subscribe(s.removedSubject(), func(m *nats.Msg) {
 		var r removal
-		if json.Unmarshal(m.Data, &r) == nil && r.Filter != "" {
-			ix.remove(r)
+		if json.Unmarshal(m.Data, &r) != nil || !validRemovalFilter(r.Filter) {
+			opts.Log.Warn("store index: removal notice refused", zap.ByteString("notice", m.Data[:min(len(m.Data), 512)]))
+			return
 		}
+		ix.remove(r)
 	})
 	if err != nil {
 		return err
@@ -327,6 +339,25 @@ func (ix *index) remove(r removal) {
 		}
 	}
 	ix.changed.Broadcast()
+}
+
+// validRemovalFilter reports whether f is what purge sends: one
+// tenant's key (<tenant>.<label>...<key>) or key filter (ending in ".>"),
+// its tokens labels as EncodeLabel writes them, no other wildcard.
+func validRemovalFilter(f string) bool {
+	tokens := strings.Split(f, ".")
+	if len(tokens) < 2 || len(tokens) > MaxDepth+2 || !protocol.ValidToken(tokens[0]) {
+		return false
+	}
+	for i, t := range tokens[1:] {
+		if t == ">" && i == len(tokens)-2 {
+			continue
+		}
+		if _, err := DecodeLabel(t); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // keyMatches reports whether a bucket key is filter or under it (a
@@ -560,10 +591,36 @@ func newEntry(data []byte, rev uint64) (*entry, error) {
 	return ent, nil
 }
 
-// catchUpWait bounds how long a search waits for the index.
-const catchUpWait = 3 * time.Second
+// catchUpWait bounds how long a search waits for the index; catchUpPoll
+// is how long it waits for the watch before it asks the server whether
+// what it waits for still exists.
+const (
+	catchUpWait = 3 * time.Second
+	catchUpPoll = 100 * time.Millisecond
+)
+
+// errBehind is a search's answer when the index did not catch up in time.
+var errBehind = errors.New("store: the index is behind the bucket; try again")
 
 // catchUp waits until the index holds every write the bucket held now.
+//
+// The target is the bucket's last sequence, but the message there, and
+// any between the watch's position and it, may be gone: purged (Delete,
+// PurgePrefix, an erasure) or removed by a limit before the server pushed
+// it to the watch. The watch never delivers such a message, so waiting
+// for the target alone would wait until the next write. When the watch is
+// not there within catchUpPoll, the search asks the stream's leader for
+// the first message after the watch's position; none, or one past the
+// target, means the index already holds everything the bucket had at the
+// target. That is sound because the watch delivers the bucket in sequence
+// order: every message at or below its position that existed when the
+// server pushed it was applied, and a message above it that no longer
+// exists is not one the search has to see (its purge is concurrent with
+// the search, or before it; this process's purges reached the index
+// before they returned, another's arrive by their notice, as always).
+// The index's position is not moved: a purged put may still be in the
+// watch's buffer, and the tombstones that drop it live until the watch
+// passes them.
 func (ix *index) catchUp(ctx context.Context) error {
 	infoCtx, cancel := context.WithTimeout(ctx, opTimeout)
 	info, err := ix.stream.Info(infoCtx)
@@ -573,47 +630,132 @@ func (ix *index) catchUp(ctx context.Context) error {
 	}
 	target := info.State.LastSeq
 	deadline := time.Now().Add(catchUpWait)
-	stop := context.AfterFunc(ctx, func() {
+	for {
+		until := time.Now().Add(catchUpPoll)
+		if until.After(deadline) {
+			until = deadline
+		}
+		seq, err := ix.waitSeq(ctx, target, until)
+		switch {
+		case err != nil:
+			return err
+		case seq >= target:
+			return nil
+		case !time.Now().Before(deadline):
+			return errBehind
+		}
+		next, err := ix.st.nextSeq(ctx, seq+1)
+		if err != nil {
+			return err
+		}
+		if next == 0 || next > target {
+			return nil
+		}
+	}
+}
+
+// waitSeq waits until the watch applied want, the index failed, ctx ended
+// or until passed, and returns the watch's position.
+func (ix *index) waitSeq(ctx context.Context, want uint64, until time.Time) (uint64, error) {
+	wake := func() {
 		ix.mu.Lock()
 		ix.changed.Broadcast()
 		ix.mu.Unlock()
-	})
+	}
+	stop := context.AfterFunc(ctx, wake)
 	defer stop()
-	timer := time.AfterFunc(catchUpWait, func() {
-		ix.mu.Lock()
-		ix.changed.Broadcast()
-		ix.mu.Unlock()
-	})
+	timer := time.AfterFunc(time.Until(until), wake)
 	defer timer.Stop()
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	for ix.seq < target && ix.err == nil && ctx.Err() == nil && time.Now().Before(deadline) {
+	for ix.seq < want && ix.err == nil && ctx.Err() == nil && time.Now().Before(until) {
 		ix.changed.Wait()
 	}
 	switch {
 	case ix.err != nil:
-		return ix.err
+		return 0, ix.err
 	case ctx.Err() != nil:
-		return ctx.Err()
-	case ix.seq < target:
-		return errors.New("store: the index is behind the bucket; try again")
+		return 0, ctx.Err()
 	}
-	return nil
+	return ix.seq, nil
+}
+
+// nextSeq returns the sequence of the bucket's first message at or after
+// seq, 0 when there is none. It asks the stream's leader (STREAM.MSG.GET):
+// the direct get the jetstream package would use for a bucket may be
+// answered by a replica that has not applied the latest writes yet, and
+// a "none" from it would let a search miss a write.
+func (s *Store) nextSeq(ctx context.Context, seq uint64) (uint64, error) {
+	req, err := json.Marshal(struct {
+		Seq  uint64 `json:"seq"`
+		Next string `json:"next_by_subj"`
+	}{seq, "$KV." + s.bucket + ".>"})
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	msg, err := s.js.Conn().RequestWithContext(ctx, s.apiPrefix()+"STREAM.MSG.GET.KV_"+s.bucket, req)
+	if err != nil {
+		return 0, fmt.Errorf("store: look for the bucket's next message: %w", err)
+	}
+	var resp struct {
+		Error   *jetstream.APIError `json:"error"`
+		Message *struct {
+			Seq uint64 `json:"seq"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return 0, fmt.Errorf("store: look for the bucket's next message: %w", err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return 0, nil
+	case resp.Error != nil:
+		return 0, fmt.Errorf("store: look for the bucket's next message: %w", resp.Error)
+	case resp.Message == nil:
+		return 0, errors.New("store: look for the bucket's next message: empty answer")
+	}
+	return resp.Message.Seq, nil
+}
+
+// apiPrefix is the JetStream API prefix of s's JetStream context.
+func (s *Store) apiPrefix() string {
+	o := s.js.Options()
+	switch {
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	case o.APIPrefix != "":
+		return strings.TrimSuffix(o.APIPrefix, ".") + "."
+	}
+	return jetstream.DefaultAPIPrefix
 }
 
 // purge removes the keys under filter f with a stream purge, which
 // leaves no marker, and says so to every index.
+//
+// The purge is bounded by the bucket's last sequence read just before
+// it: it removes what f held up to that sequence and keeps a put that
+// lands after the read (a write concurrent with the purge, ordered after
+// it). So the notice's sequence says exactly which puts were removed: an
+// index drops those at or below it and keeps those above. (Reading the
+// sequence after an unbounded purge took a put landing in between for a
+// removed one and hid it until the item was written again.)
 func (s *Store) purge(ctx context.Context, f string) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	if err := s.stream.Purge(ctx, jetstream.WithPurgeSubject("$KV."+s.bucket+"."+f)); err != nil {
-		return err
-	}
 	info, err := s.stream.Info(ctx)
 	if err != nil {
 		return err
 	}
-	r := removal{Filter: f, Seq: info.State.LastSeq}
+	last := info.State.LastSeq
+	if s.ix != nil {
+		s.ix.called("purge", f)
+	}
+	if err := s.stream.Purge(ctx, jetstream.WithPurgeSubject("$KV."+s.bucket+"."+f), jetstream.WithPurgeSequence(last+1)); err != nil {
+		return err
+	}
+	r := removal{Filter: f, Seq: last}
 	if s.ix != nil {
 		s.ix.remove(r)
 	}

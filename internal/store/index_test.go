@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/store"
 )
 
@@ -515,6 +517,174 @@ func TestIndexConvergesUnderWritesAndEvictions(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the index answers\n%s\nthe bucket\n%s", got, want)
+		}
+	}
+}
+
+// The bucket's last write, purged before the watch delivered it, never
+// reaches the watch: searches still answer (they used to wait for it and
+// fail with "the index is behind") and agree with the bucket.
+func TestIndexSearchAfterPurgeOfUndeliveredLastWrite(t *testing.T) {
+	s, plain := openBudget(t, store.Config{}, 1<<20)
+	ctx := context.Background()
+	putItems(t, plain, "w", 2)
+	sameAsBucket(t, s, plain, "w", all)
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	store.SetHook(s, func(stage, key string) {
+		if stage == "apply" && key == "blk.x.block" {
+			once.Do(func() {
+				close(held)
+				<-release
+			})
+		}
+	})
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	if _, err := plain.Put(ctx, "blk", []string{"x"}, "block", map[string]any{"v": 1}, store.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	<-held // the watch is stopped
+	// The watch's buffer (256 entries) fills, then the server's flow
+	// control (2 MB unacknowledged) stops pushing: what follows stays on
+	// the server.
+	for i := range 300 {
+		if _, err := plain.Put(ctx, "fill", []string{"small"}, fmt.Sprint("k", i), map[string]any{"i": i}, store.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := strings.Repeat("x", 100<<10)
+	for i := range 50 {
+		if _, err := plain.Put(ctx, "fill", []string{"big"}, fmt.Sprint("k", i), map[string]any{"text": big}, store.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := plain.Put(ctx, "w", []string{"docs"}, "late", map[string]any{"v": 1}, store.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "w", []string{"docs"}, "late"); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	for range 3 {
+		if got := sameAsBucket(t, s, plain, "w", all); strings.Contains(got, "late") || strings.Count(got, "\n") != 2 {
+			t.Fatalf("after the purge:\n%s", got)
+		}
+	}
+	// The next write is seen as before.
+	if _, err := plain.Put(ctx, "w", []string{"docs"}, "next", map[string]any{"v": 2}, store.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := sameAsBucket(t, s, plain, "w", all); !strings.Contains(got, "docs:next") {
+		t.Fatalf("the next write is not seen:\n%s", got)
+	}
+}
+
+// A put that lands while this process deletes the same key, after the
+// delete read the bucket's position, is newer than the delete: it stays
+// in the bucket, and the index holds it too (it used to be taken for
+// one the delete removed and stay hidden until the item was written
+// again).
+func TestIndexKeepsPutThatLandsDuringAPurge(t *testing.T) {
+	s, plain := openBudget(t, store.Config{}, 1<<20)
+	ctx := context.Background()
+	putItems(t, plain, "q", 2)
+	ns := []string{"docs", "a"}
+	if _, err := plain.Put(ctx, "q", ns, "racy", map[string]any{"v": 1}, store.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sameAsBucket(t, s, plain, "q", all)
+	var once sync.Once
+	store.SetHook(s, func(stage, filter string) {
+		if stage == "purge" && strings.HasSuffix(filter, ".racy") {
+			once.Do(func() {
+				if _, err := plain.Put(ctx, "q", ns, "racy", map[string]any{"v": 2}, store.PutOptions{}); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+	})
+	if err := s.Delete(ctx, "q", ns, "racy"); err != nil {
+		t.Fatal(err)
+	}
+	got := sameAsBucket(t, s, plain, "q", all)
+	if !strings.Contains(got, `docs/a:racy {"v":2}`) {
+		t.Fatalf("the put made during the delete is not held:\n%s", got)
+	}
+	// Deleting it again removes it everywhere.
+	if err := s.Delete(ctx, "q", ns, "racy"); err != nil {
+		t.Fatal(err)
+	}
+	if got := sameAsBucket(t, s, plain, "q", all); strings.Contains(got, "racy") || strings.Count(got, "\n") != 2 {
+		t.Fatalf("after the second delete:\n%s", got)
+	}
+}
+
+// A removal notice whose filter is not one tenant's keys (every key, a
+// wildcard tenant, a wildcard label) is refused: it cannot hide another
+// tenant's writes from the index. A well-formed one still works.
+func TestIndexRefusesRemovalNoticesOutsideOneTenant(t *testing.T) {
+	plain, js := open(t, store.Config{})
+	s, err := store.Open(context.Background(), js, store.Config{Names: bus.Settings{}.WithDefaults().Names})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := s.Index(ctx, store.IndexOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	putItems(t, plain, "v", 4)
+	sameAsBucket(t, s, plain, "v", all)
+	nc := js.Conn()
+	subject := bus.Settings{}.WithDefaults().Names.Prefix + ".ctl.store.removed"
+	for _, f := range []string{">", "*.>", "*.docs.>", "v.*.>", "v.docs.>.a", "v", "v..>", "bad tenant.>"} {
+		data, _ := json.Marshal(map[string]any{"filter": f, "seq": uint64(math.MaxUint64)})
+		if err := nc.Publish(subject, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Then a well-formed notice, after them on the same connection: once
+	// it took k0 away, the others were taken or refused.
+	data, _ := json.Marshal(map[string]any{"filter": "v.docs.a.k0", "seq": uint64(math.MaxUint64)})
+	if err := nc.Publish(subject, data); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		res, err := s.Search(ctx, "v", all)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(render(t, res), "docs/a:k0 ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the well-formed notice never reached the index")
+		}
+	}
+	// Writes after the refused notices are seen, in this tenant and in one
+	// loaded afterwards.
+	for _, tenant := range []string{"v", "u"} {
+		if _, err := plain.Put(ctx, tenant, []string{"docs", "b"}, "after", map[string]any{"v": 1}, store.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if tenant == "u" {
+			sameAsBucket(t, s, plain, tenant, all)
+			if _, err := plain.Put(ctx, tenant, []string{"docs", "b"}, "after2", map[string]any{"v": 2}, store.PutOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		res, err := s.Search(ctx, tenant, all)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := render(t, res); !strings.Contains(got, "docs/b:after ") || (tenant == "u" && !strings.Contains(got, "docs/b:after2 ")) {
+			t.Fatalf("%s: a put after the refused notices is hidden:\n%s", tenant, got)
 		}
 	}
 }

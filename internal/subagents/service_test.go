@@ -9,10 +9,14 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/natsagent/natsagent/internal/agent"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
+	"github.com/natsagent/natsagent/internal/subagents"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
 )
 
@@ -231,10 +235,12 @@ func TestRawClientDrivesTheService(t *testing.T) {
 }
 
 // An await whose child does not end answers when its timeout passes, and
-// while awaits wait, the service keeps answering other requests: a status
-// asked after them is answered before any of them (it would come after
-// them if it queued behind them). No wall-clock bound: a loaded host may
-// take seconds to answer either.
+// while awaits wait, the service keeps answering other requests: a
+// status asked once a hundred awaits reached the service is answered
+// while they all still wait, and they answer when their child ends. No
+// wall-clock bound but the lower one (an await never answers before its
+// timeout): the awaits that must still wait have the longest timeout, so
+// a loaded host that takes seconds to answer the status fails nothing.
 func TestAwaitTimeoutDoesNotBlockOtherRequests(t *testing.T) {
 	e := newEnv(t)
 	heldLead(t, e)
@@ -242,14 +248,24 @@ func TestAwaitTimeoutDoesNotBlockOtherRequests(t *testing.T) {
 	var blocked protocol.SubagentStarted
 	c.ok(c.request("agent.subagent.default.start", map[string]any{"parent": map[string]string{"run_id": "lead1", "thread_id": "t1", "tool_call_id": "b"}, "subagent": "researcher", "task": "block"}, 10*time.Second), &blocked)
 
-	const awaits = 100
-	const timeout = 5 * time.Second
-	body, _ := json.Marshal(map[string]any{"run_id": blocked.RunID, "timeout_ms": timeout.Milliseconds()})
+	const short = time.Second
 	began := time.Now()
+	var timedOut protocol.SubagentStatus
+	c.ok(c.request("agent.subagent.default.await", map[string]any{"run_id": blocked.RunID, "timeout_ms": short.Milliseconds()}, short+natstest.Patience), &timedOut)
+	if !timedOut.TimedOut || timedOut.Status.Terminal() {
+		t.Fatalf("await past its timeout answered %+v", timedOut)
+	}
+	if took := time.Since(began); took < short {
+		t.Fatalf("await answered after %s, before its timeout of %s", took, short)
+	}
+
+	const awaits = 100
+	body, _ := json.Marshal(map[string]any{"run_id": blocked.RunID, "timeout_ms": subagents.MaxAwaitTimeout.Milliseconds()})
+	received := awaitsReceived(t, c.nc)
 	replies := make(chan *nats.Msg, awaits)
 	for range awaits {
 		go func() {
-			msg, err := c.nc.Request("agent.subagent.default.await", body, timeout+30*time.Second)
+			msg, err := c.nc.Request("agent.subagent.default.await", body, subagents.MaxAwaitTimeout+natstest.Patience)
 			if err != nil {
 				t.Error(err)
 				replies <- nil
@@ -258,29 +274,64 @@ func TestAwaitTimeoutDoesNotBlockOtherRequests(t *testing.T) {
 			replies <- msg
 		}()
 	}
-	// Let the awaits register, then ask for a status: it must not queue
-	// behind them.
-	time.Sleep(200 * time.Millisecond)
+	testdeploy.WaitFor(t, natstest.Patience, "the awaits to reach the service", func() bool {
+		return awaitsReceived(t, c.nc) >= received+awaits
+	})
 	var st protocol.SubagentStatus
-	c.ok(c.request("agent.subagent.default.status", map[string]string{"run_id": blocked.RunID}, timeout+30*time.Second), &st)
-	if st.Status == "" {
+	c.ok(c.request("agent.subagent.default.status", map[string]string{"run_id": blocked.RunID}, natstest.Patience), &st)
+	if st.Status == "" || st.Status.Terminal() {
 		t.Errorf("status answered %+v", st)
 	}
 	if n := len(replies); n != 0 {
-		t.Fatalf("%d awaits answered before the status asked after them (queued behind them, or answered before their timeout)", n)
+		t.Fatalf("%d awaits answered before their child ended or their timeout", n)
 	}
+	// The child ends: every await answers with its end.
+	c.request("agent.subagent.default.cancel", map[string]string{"run_id": blocked.RunID}, natstest.Patience)
 	for range awaits {
-		msg := <-replies
+		msg := natstest.Recv(t, replies, "an await to answer once its child ended")
 		if msg == nil {
 			continue
 		}
 		var got protocol.SubagentStatus
 		c.ok(msg, &got)
-		if !got.TimedOut || got.Status.Terminal() {
-			t.Fatalf("await answered %+v", got)
+		if got.TimedOut || !got.Status.Terminal() {
+			t.Fatalf("await answered %+v, want the child's end", got)
 		}
 	}
-	if took := time.Since(began); took < timeout {
-		t.Errorf("awaits answered after %s, before their timeout of %s", took, timeout)
+}
+
+// awaitsReceived is the number of await requests the subagent service
+// (every instance) has received, from its micro stats.
+func awaitsReceived(t *testing.T, nc *nats.Conn) int {
+	t.Helper()
+	subject, err := micro.ControlSubject(micro.StatsVerb, protocol.SubagentService, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inbox := nc.NewRespInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest(subject, inbox, nil); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for {
+		// Every instance answers; one answer per worker, all at once.
+		msg, err := sub.NextMsg(time.Second)
+		if err != nil {
+			return n
+		}
+		var stats micro.Stats
+		if err := json.Unmarshal(msg.Data, &stats); err != nil {
+			t.Fatal(err)
+		}
+		for _, ep := range stats.Endpoints {
+			if ep.Name == protocol.SubagentAwaitOp {
+				n += ep.NumRequests
+			}
+		}
 	}
 }

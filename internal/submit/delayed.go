@@ -67,7 +67,7 @@ func (q *Queue) DelayedHandler(maxRequestBytes int, log *zap.Logger) jobs.Handle
 		if req.Tenant != tenant || req.ThreadID != thread {
 			return jobs.Permanent(fmt.Errorf("delayed run job: the request is for %s/%s, the job for %s/%s", req.Tenant, req.ThreadID, tenant, thread))
 		}
-		rec, _, err := q.Stores.Runs.GetLatest(ctx, tenant, req.RunID)
+		rec, _, err := q.Stores.Runs.GetFromLeader(ctx, tenant, req.RunID)
 		switch {
 		case errors.Is(err, kv.ErrNotFound):
 			return nil // deleted before it was due

@@ -125,7 +125,7 @@ func (q *Queue) Enqueue(ctx context.Context, req *protocol.RunRequest, data []by
 func (q *Queue) checkDuplicate(ctx context.Context, req *protocol.RunRequest, seq uint64) (*protocol.Run, error) {
 	m, err := bus.GetMsgFromLeader(ctx, q.JS, q.Names.RunsStream(), bus.MsgQuery{Seq: seq})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		rec, _, err := q.Stores.Runs.GetLatest(ctx, req.Tenant, req.RunID)
+		rec, _, err := q.Stores.Runs.GetFromLeader(ctx, req.Tenant, req.RunID)
 		if errors.Is(err, kv.ErrNotFound) {
 			return nil, fmt.Errorf("%w: run %s of tenant %s was submitted before (stream sequence %d) and left no run record; choose another run_id",
 				ErrRunIDTaken, req.RunID, req.Tenant, seq)

@@ -445,7 +445,10 @@ func (j *job) head(ctx context.Context) (headState, error) {
 	subject := w.names.RunSubject(j.req.Tenant, j.req.ThreadID)
 	var from uint64 // where to look: past the requests of runs finishing now
 	for range 100 {
-		m, err := w.runsStream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(subject))
+		m, err := bus.DirectGetNext(ctx, w.js, w.names.RunsStream(), subject, from)
+		if errors.Is(err, bus.ErrNoDirectGet) {
+			m, err = w.runsStream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(subject))
+		}
 		if errors.Is(err, jetstream.ErrMsgNotFound) || (err == nil && m.Sequence > j.seq) {
 			// Our own request looks gone from the stream. A direct get
 			// may be answered by a replica that has not stored it yet

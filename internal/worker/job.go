@@ -1157,9 +1157,10 @@ const lastRunSmall = 4 << 10
 // lastRunOf is the terminal summary of rec the release carries: what a
 // record written from it needs, without what only the request knows
 // (metadata, parent, webhook) and without an output or interrupt larger
-// than lastRunSmall. An output left out is named by the checkpoint the
-// run ended at (head), whose last assistant message it is: the record
-// written from the summary reads it there (kv.Stores.WithOutput).
+// than lastRunSmall. Either left out is named by the checkpoint the run
+// ended at (head, output_checkpoint): its last assistant message is the
+// output and its interrupt value the interrupt, which the record written
+// from the summary reads there (kv.Stores.WithOutput).
 func lastRunOf(rec *protocol.Run, head string) *protocol.Run {
 	last := *rec
 	last.Metadata, last.Parent, last.Webhook = nil, nil, nil
@@ -1168,7 +1169,7 @@ func lastRunOf(rec *protocol.Run, head string) *protocol.Run {
 	}
 	if last.Interrupt != nil {
 		if b, err := json.Marshal(last.Interrupt); err != nil || len(b) > lastRunSmall {
-			last.Interrupt = nil
+			last.Interrupt, last.OutputCheckpoint = nil, head
 		}
 	}
 	return &last

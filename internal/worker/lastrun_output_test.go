@@ -9,6 +9,7 @@ import (
 
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/model/openaitest"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -22,6 +23,18 @@ var bigOutput = strings.Repeat("0123456789abcdef", 640) // 10 KiB
 // It returns once the release is stored.
 func dieAfterRelease(t *testing.T, h *harness) {
 	t.Helper()
+	dieAfterReleaseOf(t, h, model.NewScripted(func(int, *model.Request) model.Reply {
+		return model.Reply{Text: bigOutput}
+	}), "write a lot")
+	th := h.threadRecord(protocol.DefaultTenant, "t1")
+	if th.LastRun.Output != nil || th.LastRun.OutputCheckpoint == "" {
+		t.Fatalf("last_run %+v: want r1's summary without its 10 KiB output, naming its checkpoint", th.LastRun)
+	}
+}
+
+// dieAfterReleaseOf is dieAfterRelease with m answering r1's input.
+func dieAfterReleaseOf(t *testing.T, h *harness, m model.Model, input string) {
+	t.Helper()
 	var wh *workerHandle
 	died := make(chan struct{})
 	var once atomic.Bool
@@ -32,18 +45,16 @@ func dieAfterRelease(t *testing.T, h *harness) {
 		}
 	}
 	t.Cleanup(func() { testHookReleased = nil })
-	wh = h.startWorker(model.NewScripted(func(int, *model.Request) model.Reply {
-		return model.Reply{Text: bigOutput}
-	}), nil)
-	h.submit(request("t1", "r1", "write a lot"))
+	wh = h.startWorker(m, nil)
+	h.submit(request("t1", "r1", input))
 	select {
 	case <-died:
 	case <-time.After(60 * time.Second):
 		t.Fatal("r1 never released its thread")
 	}
 	th := h.threadRecord(protocol.DefaultTenant, "t1")
-	if th.LastRun == nil || th.LastRun.RunID != "r1" || th.LastRun.Output != nil || th.LastRun.OutputCheckpoint == "" {
-		t.Fatalf("last_run %+v: want r1's summary without its 10 KiB output, naming its checkpoint", th.LastRun)
+	if th.LastRun == nil || th.LastRun.RunID != "r1" {
+		t.Fatalf("last_run %+v: want r1's summary", th.LastRun)
 	}
 	if _, _, err := h.stores.Runs.Get(context.Background(), protocol.DefaultTenant, "r1"); err == nil {
 		t.Fatal("r1 has a record: the worker died too late")
@@ -121,4 +132,72 @@ func TestSteerRecordsALargeOutputOfTheDeadRun(t *testing.T) {
 	}
 	checkFullOutput(t, "r1's run.finished", d.Output)
 	checkFullOutput(t, "r1's record", h.run(protocol.DefaultTenant, "r1").Output)
+}
+
+// TestRunFinishedFromLastRunKeepsALargeInterrupt: the same dead run,
+// interrupted for the approval of a call with 10 KiB of arguments. Its
+// last_run leaves the interrupt out (and the output, the message with
+// that call) and names its checkpoint; the view, the record and
+// run.finished written from last_run carry the whole interrupt, read
+// there, so a person can still decide on the call.
+func TestRunFinishedFromLastRunKeepsALargeInterrupt(t *testing.T) {
+	h := newHarness(t)
+	var writes recordingTool
+	writes.register(h, "write_file")
+	args := `{"path":"/big.txt","content":"` + bigOutput + `"}`
+	_, m := strictModel(t, func(req *openaitest.Request) openaitest.Reply {
+		return openaitest.Reply{ToolCalls: []openaitest.Call{{ID: "w1", Name: "write_file", Arguments: args}}}
+	})
+	w := h.watch(protocol.DefaultTenant, "t1", "r1")
+	dieAfterReleaseOf(t, h, m, "write a big file")
+	th := h.threadRecord(protocol.DefaultTenant, "t1")
+	if th.LastRun.Status != protocol.StatusInterrupted || th.LastRun.Interrupt != nil || th.LastRun.OutputCheckpoint == "" {
+		t.Fatalf("last_run %+v: want r1 interrupted, without its 10 KiB interrupt, naming its checkpoint", th.LastRun)
+	}
+	checkInterrupt := func(what string, intr *protocol.Interrupt) {
+		t.Helper()
+		if intr == nil || intr.Kind != protocol.InterruptApproval || len(intr.ActionRequests) != 1 ||
+			intr.ActionRequests[0].ToolCallID != "w1" || intr.ActionRequests[0].Arguments != args {
+			t.Fatalf("%s: interrupt %+v, want the approval of w1 with its %d bytes of arguments", what, intr, len(args))
+		}
+	}
+	v, _, err := h.stores.RunView(context.Background(), protocol.DefaultTenant, "t1", "r1")
+	if err != nil || v.Status != protocol.StatusInterrupted {
+		t.Fatalf("view %+v, %v", v, err)
+	}
+	checkInterrupt("the view from last_run", v.Interrupt)
+	if v, err = h.stores.RunOfThread(context.Background(), protocol.DefaultTenant, "t1", "r1"); err != nil {
+		t.Fatal(err)
+	}
+	checkInterrupt("the thread's view from last_run (the gateway's)", v.Interrupt)
+	checkFullArgs := func(what string, out *model.Message) {
+		t.Helper()
+		if out == nil || len(out.ToolCalls) != 1 || out.ToolCalls[0].Arguments != args {
+			t.Fatalf("%s: output %+v, want the message with the call", what, out)
+		}
+	}
+	checkFullArgs("the thread's view from last_run", v.Output)
+
+	var calls atomic.Int32
+	h.startWorker(model.NewScripted(func(int, *model.Request) model.Reply {
+		calls.Add(1)
+		return model.Reply{Text: "ran again"}
+	}), nil)
+	d := w.finished(t, 60*time.Second)
+	if d.Status != protocol.StatusInterrupted {
+		t.Fatalf("r1 ended %s: %s", d.Status, d.Error)
+	}
+	checkInterrupt("run.finished", d.Interrupt)
+	rec := h.run(protocol.DefaultTenant, "r1")
+	checkInterrupt("the record", rec.Interrupt)
+	checkFullArgs("the record", rec.Output)
+	if rec.OutputCheckpoint != "" {
+		t.Fatalf("the record keeps output_checkpoint %q", rec.OutputCheckpoint)
+	}
+	if n := calls.Load(); n != 0 {
+		t.Fatalf("the model was called %d times: r1 ran again", n)
+	}
+	if got := writes.calls(); len(got) != 0 {
+		t.Fatalf("write_file ran %d times before anyone approved it", len(got))
+	}
 }

@@ -14,8 +14,44 @@ import (
 // (gateway --dev runs several in one process), read at collection time so
 // the run path never updates a gauge.
 type workerCollector struct {
-	mu       sync.Mutex
-	trackers map[*func() metrics.WorkerStats]struct{}
+	trackers[metrics.WorkerStats]
+}
+
+// trackers is the set of stats functions a collector sums, each added by
+// track and removed by the function track returns.
+type trackers[T any] struct {
+	mu  sync.Mutex
+	fns map[*func() T]struct{}
+}
+
+func (c *trackers[T]) track(stats func() T) func() {
+	key := &stats
+	c.mu.Lock()
+	if c.fns == nil {
+		c.fns = map[*func() T]struct{}{}
+	}
+	c.fns[key] = struct{}{}
+	c.mu.Unlock()
+	return func() {
+		c.mu.Lock()
+		delete(c.fns, key)
+		c.mu.Unlock()
+	}
+}
+
+// read calls every tracked function, outside the lock.
+func (c *trackers[T]) read() []T {
+	c.mu.Lock()
+	fns := make([]func() T, 0, len(c.fns))
+	for f := range c.fns {
+		fns = append(fns, *f)
+	}
+	c.mu.Unlock()
+	out := make([]T, len(fns))
+	for i, f := range fns {
+		out[i] = f()
+	}
+	return out
 }
 
 var (
@@ -27,18 +63,6 @@ var (
 	descLagAge  = prometheus.NewDesc(Namespace+"_consumer_lag_age_seconds", "Age of the consumer lag reported.", []string{"consumer"}, nil)
 )
 
-func (c *workerCollector) track(stats func() metrics.WorkerStats) func() {
-	key := &stats
-	c.mu.Lock()
-	c.trackers[key] = struct{}{}
-	c.mu.Unlock()
-	return func() {
-		c.mu.Lock()
-		delete(c.trackers, key)
-		c.mu.Unlock()
-	}
-}
-
 func (c *workerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descSlots
 	ch <- descBusy
@@ -47,15 +71,8 @@ func (c *workerCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *workerCollector) Collect(ch chan<- prometheus.Metric) {
-	c.mu.Lock()
-	fns := make([]func() metrics.WorkerStats, 0, len(c.trackers))
-	for f := range c.trackers {
-		fns = append(fns, *f)
-	}
-	c.mu.Unlock()
 	var sum metrics.WorkerStats
-	for _, f := range fns {
-		s := f()
+	for _, s := range c.read() {
 		sum.Slots += s.Slots
 		sum.BusySlots += s.BusySlots
 		sum.ActiveLeases += s.ActiveLeases
@@ -140,8 +157,7 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 // storeIndexCollector reports the gateway's store search index, summed
 // over the indexes tracked (one a gateway), read at collection time.
 type storeIndexCollector struct {
-	mu       sync.Mutex
-	trackers map[*func() metrics.StoreIndexStats]struct{}
+	trackers[metrics.StoreIndexStats]
 }
 
 var (
@@ -154,18 +170,6 @@ var (
 	descIndexBucket    = prometheus.NewDesc(Namespace+"_store_index_bucket_searches_total", "Store searches and namespace listings of tenants larger than the budget, answered by reading the bucket.", nil, nil)
 )
 
-func (c *storeIndexCollector) track(stats func() metrics.StoreIndexStats) func() {
-	key := &stats
-	c.mu.Lock()
-	c.trackers[key] = struct{}{}
-	c.mu.Unlock()
-	return func() {
-		c.mu.Lock()
-		delete(c.trackers, key)
-		c.mu.Unlock()
-	}
-}
-
 func (c *storeIndexCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descIndexBytes, descIndexBudget, descIndexTenants, descIndexLoads, descIndexEvictions, descIndexOversized, descIndexBucket} {
 		ch <- d
@@ -173,18 +177,12 @@ func (c *storeIndexCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *storeIndexCollector) Collect(ch chan<- prometheus.Metric) {
-	c.mu.Lock()
-	fns := make([]func() metrics.StoreIndexStats, 0, len(c.trackers))
-	for f := range c.trackers {
-		fns = append(fns, *f)
-	}
-	c.mu.Unlock()
-	if len(fns) == 0 {
+	stats := c.read()
+	if len(stats) == 0 {
 		return // no gateway in this process: no figures
 	}
 	var sum metrics.StoreIndexStats
-	for _, f := range fns {
-		s := f()
+	for _, s := range stats {
 		sum.Bytes += s.Bytes
 		sum.Budget += s.Budget
 		sum.Tenants += s.Tenants

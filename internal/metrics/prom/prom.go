@@ -155,9 +155,9 @@ func New(o Options) (*Recorder, error) {
 		Help: "Gateway HTTP request latency by route pattern (a stream lasts as long as its run).", Buckets: httpBuckets}, []string{"route"})
 	submitted := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "gateway_runs_submitted_total",
 		Help: "Runs the gateway published, by multitask strategy."}, []string{"strategy"})
-	r.workers = &workerCollector{trackers: map[*func() metrics.WorkerStats]struct{}{}}
+	r.workers = &workerCollector{}
 	r.lag = &lagCollector{refresh: o.LagRefresh, sources: map[string]*lagSource{}}
-	r.storeIndex = &storeIndexCollector{trackers: map[*func() metrics.StoreIndexStats]struct{}{}}
+	r.storeIndex = &storeIndexCollector{}
 	// A registry that already holds natsagent's metrics (a gateway --dev
 	// and its in-process workers share the process's registry) gives its
 	// collectors: both recorders then count into the same series, and the
