@@ -71,7 +71,7 @@ func TestEveryScenario(t *testing.T) {
 
 	want := []string{
 		"burst.baseline", "burst.c1.throughput", "burst.c4.throughput", "burst.c4.p50",
-		"latency.baseline.p50", "latency.floor.p50", "latency.idle.p50_vs_floor", "latency.idle.p50", "latency.paced.p99", "latency.paced.rate",
+		"latency.baseline.p50", "latency.floor.p50", "latency.idle.p50_vs_floor", "latency.paced_floor.p99", "latency.paced.p99_vs_floor", "latency.idle.p50", "latency.paced.p99", "latency.paced.rate",
 		"steer.p50", "steer.p99", "cancel.p50", "cancel.p99",
 		"thread.h10.checkpoint_bytes", "thread.h40.checkpoint_bytes", "thread.h10.prepare_first", "thread.h40.prepare_next",
 		"scaling.p1.throughput", "scaling.p2.throughput", "scaling.p2.speedup",

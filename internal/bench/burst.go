@@ -126,7 +126,7 @@ func burstCeiling(ctx context.Context, e *env, s *scenarioRun, c int) (ceilingRe
 	if err != nil {
 		return ceilingResult{}, err
 	}
-	oc, done, err := ceil.run(ctx, reqs, c)
+	oc, done, err := ceil.run(ctx, reqs, c, 0)
 	if err != nil {
 		// A run the server failed (a timeout on a starved host) is the
 		// ceiling's loss, not the burst's: it is reported, and measured.

@@ -194,16 +194,21 @@ func (c *ceiling) requests(n int) []*nats.Msg {
 }
 
 // run executes the requests at concurrency slots and returns what the
-// observer saw, as the burst does for natsagent.
-func (c *ceiling) run(ctx context.Context, reqs []*nats.Msg, slots int) (outcome, bool, error) {
+// observer saw, as the burst does for natsagent; with interval > 0 the
+// requests are sent one every interval, as the paced runs are.
+func (c *ceiling) run(ctx context.Context, reqs []*nats.Msg, slots int, interval time.Duration) (outcome, bool, error) {
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	pulled := make(chan error, 1)
 	go func() { pulled <- c.pull(wctx, ctx, slots) }()
 	tracks := make([]*track, 0, len(reqs))
+	start := time.Now()
 	for i, m := range reqs {
 		if ctx.Err() != nil {
 			break
+		}
+		if wait := time.Until(start.Add(time.Duration(i) * interval)); interval > 0 && wait > 0 {
+			time.Sleep(wait)
 		}
 		tracks = append(tracks, c.obs.expect("r"+strconv.Itoa(i)))
 		if _, err := c.cjs.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)); err != nil {
