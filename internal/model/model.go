@@ -122,7 +122,9 @@ func CloneMessages(ms []Message) []Message {
 	return out
 }
 
-// ToolSpec describes a tool to the model. Parameters is a JSON Schema object.
+// ToolSpec describes a tool to the model. Parameters is a JSON Schema object;
+// it is never changed in place once a tool hands it out (token counts and
+// caches keep it by reference).
 type ToolSpec struct {
 	Name        string          `json:"name"`
 	Description string          `json:"description"`

@@ -3,6 +3,7 @@ package tokens
 import (
 	"bytes"
 	"sync"
+	"sync/atomic"
 
 	"github.com/natsagent/natsagent/internal/model"
 )
@@ -35,7 +36,6 @@ type Cache struct {
 	mu           sync.Mutex
 	cur, old     map[cacheKey]*cacheEntry
 	system       textEntry
-	tools        map[string]toolEntry
 	hits, misses uint64
 }
 
@@ -310,44 +310,44 @@ func (c *Cache) System(prompt string) int {
 	return n
 }
 
-// maxTools bounds the tool schemas a cache remembers.
+// maxTools bounds the tool schemas the process remembers.
 const maxTools = 1024
 
-// Tools counts tool schemas, remembering each by name.
+// toolCounts remembers each tool schema's count, process-wide, by encoding
+// and tool name (*toolEntry): the runs of a deployment offer the same
+// tools, so one entry serves them all and a run holds none of its own. An
+// entry keeps the spec it counted by reference (ToolSpec.Parameters is
+// never changed in place once a tool hands it out); a spec whose
+// description or parameters differ is counted again and replaces it.
+var (
+	toolCounts sync.Map
+	toolsHeld  atomic.Int64
+)
+
+type toolKey struct{ encoding, name string }
+
+// Tools counts tool schemas.
 func (c *Cache) Tools(specs []model.ToolSpec) int {
 	if len(specs) == 0 {
 		return 0
 	}
 	n := ToolsOverhead
-	// arena holds the copies of the schemas remembered by this call, one
-	// allocation for all of them (a run's first call remembers every
-	// tool it offers).
-	var arena []byte
+	enc := c.counter.Encoding()
 	for i := range specs {
 		s := &specs[i]
-		c.mu.Lock()
-		e, ok := c.tools[s.Name]
-		c.mu.Unlock()
-		if ok && e.spec.Description == s.Description && bytes.Equal(e.spec.Parameters, s.Parameters) {
-			n += e.n
-			continue
-		}
-		if arena == nil {
-			size := 0
-			for j := i; j < len(specs); j++ {
-				size += len(specs[j].Parameters)
+		k := toolKey{enc, s.Name}
+		if v, ok := toolCounts.Load(k); ok {
+			if e := v.(*toolEntry); e.spec.Description == s.Description && bytes.Equal(e.spec.Parameters, s.Parameters) {
+				n += e.n
+				continue
 			}
-			arena = make([]byte, 0, size)
 		}
-		from := len(arena)
-		arena = append(arena, s.Parameters...)
-		e = toolEntry{spec: model.ToolSpec{Name: s.Name, Description: s.Description, Parameters: arena[from:len(arena):len(arena)]}, n: c.tool(s)}
-		c.mu.Lock()
-		if c.tools == nil || len(c.tools) >= maxTools {
-			c.tools = make(map[string]toolEntry, len(specs))
+		e := &toolEntry{spec: *s, n: c.tool(s)}
+		if toolsHeld.Add(1) > maxTools {
+			toolCounts.Clear()
+			toolsHeld.Store(1)
 		}
-		c.tools[s.Name] = e
-		c.mu.Unlock()
+		toolCounts.Store(k, e)
 		n += e.n
 	}
 	return n

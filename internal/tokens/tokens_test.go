@@ -433,3 +433,32 @@ func BenchmarkTranscript(b *testing.B) {
 		})
 	}
 }
+
+// A tool schema is counted once per process, not once per run: a run's
+// cache holds nothing of the tools it offers (no copy of the schemas, no
+// map of its own), and a changed schema under the same name is counted
+// again.
+func TestToolCountsAreSharedByRuns(t *testing.T) {
+	cc := &countingCounter{name: "test-tools"}
+	specs := []model.ToolSpec{{Name: "shared_tool", Description: "first", Parameters: []byte(`{"type":"object","properties":{"a":{"type":"string"}}}`)}}
+	want := Tools(Approx, specs)
+	if got := NewCache(cc, 0).Tools(specs); got != want {
+		t.Fatalf("first run counts %d, want %d", got, want)
+	}
+	cacheOnly := testing.AllocsPerRun(50, func() { _ = NewCache(cc, 0) })
+	withTools := testing.AllocsPerRun(50, func() {
+		if NewCache(cc, 0).Tools(specs) != want {
+			t.Fatal("count changed")
+		}
+	})
+	if withTools != cacheOnly {
+		t.Errorf("a run's cache allocates %v times for tools the process counted already, want 0", withTools-cacheOnly)
+	}
+	changed := []model.ToolSpec{{Name: "shared_tool", Description: "first", Parameters: []byte(`{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"integer"}}}`)}}
+	if got, want := NewCache(cc, 0).Tools(changed), Tools(Approx, changed); got != want {
+		t.Errorf("a changed schema counts %d, want %d", got, want)
+	}
+	if got := NewCache(cc, 0).Tools(specs); got != want {
+		t.Errorf("the first schema again counts %d, want %d", got, want)
+	}
+}
