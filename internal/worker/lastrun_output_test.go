@@ -86,11 +86,7 @@ func TestRunFinishedFromLastRunKeepsALargeOutput(t *testing.T) {
 	}
 	checkFullOutput(t, "the view from last_run", v.Output)
 
-	var calls atomic.Int32
-	h.startWorker(model.NewScripted(func(int, *model.Request) model.Reply {
-		calls.Add(1)
-		return model.Reply{Text: "ran again"}
-	}), nil)
+	calls := startCountingWorker(h)
 	d := w.finished(t, 60*time.Second)
 	if d.Status != protocol.StatusSuccess {
 		t.Fatalf("r1 ended %s: %s", d.Status, d.Error)
@@ -178,11 +174,7 @@ func TestRunFinishedFromLastRunKeepsALargeInterrupt(t *testing.T) {
 	}
 	checkFullArgs("the thread's view from last_run", v.Output)
 
-	var calls atomic.Int32
-	h.startWorker(model.NewScripted(func(int, *model.Request) model.Reply {
-		calls.Add(1)
-		return model.Reply{Text: "ran again"}
-	}), nil)
+	calls := startCountingWorker(h)
 	d := w.finished(t, 60*time.Second)
 	if d.Status != protocol.StatusInterrupted {
 		t.Fatalf("r1 ended %s: %s", d.Status, d.Error)
@@ -200,4 +192,16 @@ func TestRunFinishedFromLastRunKeepsALargeInterrupt(t *testing.T) {
 	if got := writes.calls(); len(got) != 0 {
 		t.Fatalf("write_file ran %d times before anyone approved it", len(got))
 	}
+}
+
+// startCountingWorker starts the worker that takes the run over after the
+// first died; its model counts the calls a run settled from last_run must
+// not make.
+func startCountingWorker(h *harness) *atomic.Int32 {
+	var calls atomic.Int32
+	h.startWorker(model.NewScripted(func(int, *model.Request) model.Reply {
+		calls.Add(1)
+		return model.Reply{Text: "ran again"}
+	}), nil)
+	return &calls
 }
