@@ -115,12 +115,9 @@ func TestCancelRacingTheLeaseTakeStopsTheRun(t *testing.T) {
 	t.Cleanup(func() { testHookLooked = nil })
 	completed := make(chan struct{}, 1)
 	m := model.Func(func(ctx context.Context, req *model.Request, onDelta func(model.Delta)) (*model.Response, error) {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(20 * time.Second):
+		if err := callRunsOut(ctx, completed); err != nil {
+			return nil, err
 		}
-		completed <- struct{}{}
 		return &model.Response{Message: model.Message{Role: model.RoleAssistant, Content: "ran"}}, nil
 	})
 	wh = h.startWorker(m, nil)
@@ -175,12 +172,9 @@ func TestCancelRacingTheLeaseTakeOnAnExistingThread(t *testing.T) {
 	m := model.Func(func(ctx context.Context, req *model.Request, onDelta func(model.Delta)) (*model.Response, error) {
 		if req.LastUserContent() == "second" {
 			r1Calls.Add(1)
-			select {
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			case <-time.After(20 * time.Second):
+			if err := callRunsOut(ctx, completed); err != nil {
+				return nil, err
 			}
-			completed <- struct{}{}
 		}
 		return &model.Response{Message: model.Message{Role: model.RoleAssistant, Content: "ran"}}, nil
 	})
@@ -260,12 +254,9 @@ func TestCancelSignalledBeforeTheRunRegistersStopsIt(t *testing.T) {
 	t.Cleanup(func() { testHookLeased = nil })
 	completed := make(chan struct{}, 1)
 	m := model.Func(func(ctx context.Context, req *model.Request, onDelta func(model.Delta)) (*model.Response, error) {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(20 * time.Second):
+		if err := callRunsOut(ctx, completed); err != nil {
+			return nil, err
 		}
-		completed <- struct{}{}
 		return &model.Response{Message: model.Message{Role: model.RoleAssistant, Content: "ran"}}, nil
 	})
 	wh = h.startWorker(m, nil)
@@ -324,4 +315,17 @@ func TestCancelBeforeTheFirstRunOwnsTheNewThread(t *testing.T) {
 	if _, err := kvb.Get(ctx, kv.CreatedKey("default", "fresh", "alice")); err != nil {
 		t.Fatalf("the creation index key naming alice: %v", err)
 	}
+}
+
+// callRunsOut is a model call that answers after 20 s unless its run is
+// stopped first (ctx's error); one that ran to its end says so on
+// completed.
+func callRunsOut(ctx context.Context, completed chan<- struct{}) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(20 * time.Second):
+	}
+	completed <- struct{}{}
+	return nil
 }
