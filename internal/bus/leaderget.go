@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -49,13 +48,7 @@ func GetMsgFromLeader(ctx context.Context, js jetstream.JetStream, stream string
 	if err != nil {
 		return nil, err
 	}
-	prefix := js.Options().APIPrefix
-	if prefix == "" {
-		prefix = jetstream.DefaultAPIPrefix
-	}
-	if !strings.HasSuffix(prefix, ".") {
-		prefix += "."
-	}
+	prefix := apiPrefix(js)
 	// Bounded even under a longer deadline: a request lost with a node
 	// that went down is never answered.
 	timeout := js.Options().DefaultTimeout

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -686,49 +687,14 @@ func (ix *index) waitSeq(ctx context.Context, want uint64, until time.Time) (uin
 // answered by a replica that has not applied the latest writes yet, and
 // a "none" from it would let a search miss a write.
 func (s *Store) nextSeq(ctx context.Context, seq uint64) (uint64, error) {
-	req, err := json.Marshal(struct {
-		Seq  uint64 `json:"seq"`
-		Next string `json:"next_by_subj"`
-	}{seq, "$KV." + s.bucket + ".>"})
-	if err != nil {
-		return 0, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	msg, err := s.js.Conn().RequestWithContext(ctx, s.apiPrefix()+"STREAM.MSG.GET.KV_"+s.bucket, req)
-	if err != nil {
-		return 0, fmt.Errorf("store: look for the bucket's next message: %w", err)
-	}
-	var resp struct {
-		Error   *jetstream.APIError `json:"error"`
-		Message *struct {
-			Seq uint64 `json:"seq"`
-		} `json:"message"`
-	}
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return 0, fmt.Errorf("store: look for the bucket's next message: %w", err)
-	}
+	m, err := bus.GetMsgFromLeader(ctx, s.js, "KV_"+s.bucket, bus.MsgQuery{Seq: seq, NextBySubject: "$KV." + s.bucket + ".>"})
 	switch {
-	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return 0, nil
-	case resp.Error != nil:
-		return 0, fmt.Errorf("store: look for the bucket's next message: %w", resp.Error)
-	case resp.Message == nil:
-		return 0, errors.New("store: look for the bucket's next message: empty answer")
+	case err != nil:
+		return 0, fmt.Errorf("store: look for the bucket's next message: %w", err)
 	}
-	return resp.Message.Seq, nil
-}
-
-// apiPrefix is the JetStream API prefix of s's JetStream context.
-func (s *Store) apiPrefix() string {
-	o := s.js.Options()
-	switch {
-	case o.Domain != "":
-		return "$JS." + o.Domain + ".API."
-	case o.APIPrefix != "":
-		return strings.TrimSuffix(o.APIPrefix, ".") + "."
-	}
-	return jetstream.DefaultAPIPrefix
+	return m.Sequence, nil
 }
 
 // purge removes the keys under filter f with a stream purge, which
