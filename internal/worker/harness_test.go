@@ -77,10 +77,11 @@ type workerHandle struct {
 	done   chan error
 }
 
-// stop shuts the worker down gracefully and waits for it.
+// stop shuts the worker down gracefully and waits for it. What Run
+// returned goes back into done, for the test's cleanup to find.
 func (wh *workerHandle) stop() {
 	wh.cancel()
-	natstest.Recv(wh.t, wh.done, "the worker to stop")
+	wh.done <- natstest.Recv(wh.t, wh.done, "the worker to stop")
 }
 
 // startWorker starts a worker with m as its model. cfg may adjust the

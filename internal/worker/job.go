@@ -77,6 +77,9 @@ type job struct {
 // handle takes one delivered request to its end. It owns one slot on entry
 // and gives it back on return (or while it waits for its thread).
 func (w *Worker) handle(base context.Context, msg jetstream.Msg) {
+	if testHookHandling != nil {
+		testHookHandling()
+	}
 	meta, err := msg.Metadata()
 	if err != nil {
 		// Like every request natsagent terminates, it is copied to the

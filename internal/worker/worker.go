@@ -164,6 +164,9 @@ type Worker struct {
 	subagents *subagents.Service
 
 	slots chan struct{}
+	// next hands a delivered request to a goroutine waiting for one
+	// (dispatch).
+	next chan jetstream.Msg
 
 	// jobIDs numbers the deliveries this worker holds (job.id).
 	jobIDs atomic.Uint64
@@ -247,6 +250,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
 		subagents:   sa,
 		log:         cfg.Logger.With(zap.String("worker", cfg.ID)),
 		slots:       make(chan struct{}, cfg.Concurrency),
+		next:        make(chan jetstream.Msg),
 		held:        make(map[uint64]*job),
 		running:     make(map[string]*job),
 		cancelAsked: make(map[string]cancelAsk),
@@ -359,6 +363,10 @@ var ErrConnectionClosed = errors.New("worker: NATS connection closed")
 // pull fetches one request per free slot, so no request ages in a client
 // buffer while earlier runs execute.
 func (w *Worker) pull(ctx, base context.Context) error {
+	// Ends the goroutines waiting for a request (dispatch) once no more
+	// come.
+	stop := make(chan struct{})
+	defer close(stop)
 	for {
 		select {
 		case <-ctx.Done():
@@ -393,11 +401,7 @@ func (w *Worker) pull(ctx, base context.Context) error {
 		got := 0
 		for msg := range batch.Messages() {
 			got++
-			w.wg.Add(1)
-			go func() {
-				defer w.wg.Done()
-				w.handle(base, msg)
-			}()
+			w.dispatch(base, msg, stop)
 		}
 		cancelFetch()
 		w.releaseSlots(free - got)
