@@ -2,13 +2,17 @@ package worker
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"maps"
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -33,9 +37,9 @@ func alive(id string) bool {
 	}
 }
 
-// Requests delivered one after another are handled on the same goroutine,
-// whose stack the first run grew, and that goroutine ends with the worker.
-func TestRequestsReuseTheirGoroutine(t *testing.T) {
+// countHandlers counts the requests each goroutine handled (by goroutine
+// id) until the test ends; the function returns a copy of the counts.
+func countHandlers(t *testing.T) func() map[string]int {
 	var mu sync.Mutex
 	seen := map[string]int{}
 	testHookHandling = func() {
@@ -43,9 +47,21 @@ func TestRequestsReuseTheirGoroutine(t *testing.T) {
 		seen[goroutineID()]++
 		mu.Unlock()
 	}
+	t.Cleanup(func() { testHookHandling = nil })
+	return func() map[string]int {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(seen)
+	}
+}
+
+// Requests delivered one after another are handled on the same goroutine,
+// whose stack the first run grew, and that goroutine ends with the worker.
+func TestRequestsReuseTheirGoroutine(t *testing.T) {
+	handled := countHandlers(t)
 	idle := make(chan struct{}, 1)
 	testHookIdle = func() { idle <- struct{}{} }
-	t.Cleanup(func() { testHookHandling, testHookIdle = nil, nil })
+	t.Cleanup(func() { testHookIdle = nil })
 	h := newHarness(t)
 	wh := h.startWorker(textModel("ok", 1, 0), nil)
 	const runs = 5
@@ -61,8 +77,7 @@ func TestRequestsReuseTheirGoroutine(t *testing.T) {
 		natstest.Recv(t, idle, "the run's goroutine to wait for the next request")
 	}
 	wh.stop()
-	mu.Lock()
-	defer mu.Unlock()
+	seen := handled()
 	if len(seen) != 1 {
 		t.Fatalf("%d runs, one at a time, were handled on %d goroutines (%v); want 1, kept from the first", runs, len(seen), seen)
 	}
@@ -79,17 +94,23 @@ func TestRequestsReuseTheirGoroutine(t *testing.T) {
 // Requests delivered while others run get goroutines of their own: a
 // goroutine busy with a run is never handed another.
 func TestConcurrentRequestsGetTheirOwnGoroutines(t *testing.T) {
-	var mu sync.Mutex
-	seen := map[string]int{}
-	testHookHandling = func() {
-		mu.Lock()
-		seen[goroutineID()]++
-		mu.Unlock()
-	}
-	t.Cleanup(func() { testHookHandling = nil })
+	handled := countHandlers(t)
 	h := newHarness(t)
-	// Each answer takes long enough that the four runs overlap.
-	h.startWorker(textModel("ok", 1, 500*time.Millisecond), func(c *Config) { c.Concurrency = 4 })
+	// No run answers before all four called the model: they overlap.
+	var called atomic.Int32
+	all := make(chan struct{})
+	m := model.Func(func(ctx context.Context, req *model.Request, onDelta func(model.Delta)) (*model.Response, error) {
+		if called.Add(1) == 4 {
+			close(all)
+		}
+		select {
+		case <-all:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return model.NewFixed(model.Reply{Text: "ok"}).Generate(ctx, req, onDelta)
+	})
+	h.startWorker(m, func(c *Config) { c.Concurrency = 4 })
 	var ws []*watcher
 	for i := range 4 {
 		id := fmt.Sprintf("c%d", i)
@@ -101,9 +122,7 @@ func TestConcurrentRequestsGetTheirOwnGoroutines(t *testing.T) {
 			t.Fatalf("run ended %s: %s", fd.Status, fd.Error)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(seen) != 4 {
+	if seen := handled(); len(seen) != 4 {
 		t.Fatalf("4 overlapping runs were handled on %d goroutines (%v); want 4", len(seen), seen)
 	}
 }
