@@ -143,7 +143,7 @@ func (v *ViewImage) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelRe
 	vr.mu.Unlock()
 	r := *req
 	if rt.Files != nil && !slices.ContainsFunc(req.Tools, func(s model.ToolSpec) bool { return s.Name == ViewImageTool }) {
-		r.Tools = append(slices.Clip(req.Tools), viewImageSpec)
+		r.Tools = withTools(req.Tools, viewImageSpec)
 	}
 	if shown := batchImages(req.Messages); len(shown) > 0 {
 		msg := v.imageMessage(ctx, rt.Files, shown, v.vision(rt, req.ModelName))
