@@ -226,7 +226,9 @@ func Scratch[T any](rt *Runtime, key string, init func() T) T {
 		}
 	}
 	if rt.scratch == nil {
-		rt.scratch = make([]scratchEntry, 0, 16)
+		// The lead profile's run keeps about eight; a run that keeps
+		// more grows the slice once.
+		rt.scratch = make([]scratchEntry, 0, 8)
 	}
 	v := init()
 	rt.scratch = append(rt.scratch, scratchEntry{key: key, v: v})
