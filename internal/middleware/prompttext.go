@@ -28,9 +28,11 @@ func appendSection(system, section string) string {
 }
 
 // maxSharedPrompts bounds the prompts kept for sharing: a deployment has
-// a few profiles, each with a few variants (the date, the skills listed);
-// when more are built, the cache starts over.
-const maxSharedPrompts = 256
+// a few profiles, each with a few variants (the date, the skills listed).
+// A prompt a thread's memory extended before makes an entry no other run
+// finds; when such entries fill the cache, it starts over, so it holds at
+// most this many prompts whatever the runs build.
+const maxSharedPrompts = 64
 
 // sharedPrompts maps a system prompt and the section appended to it to
 // the one copy of the result the runs share.
@@ -100,7 +102,7 @@ func joinTools(tools, add []model.ToolSpec) []model.ToolSpec {
 // maxSharedTools bounds the tool lists kept for sharing; a run whose
 // list is its own (filtered by a policy) adds one that no other run
 // finds, and when they fill the cache it starts over.
-const maxSharedTools = 256
+const maxSharedTools = 64
 
 // toolsKey names a tool list by the array it was built from: nobody
 // writes into a request's tool list, and the entry holds that array
