@@ -89,7 +89,11 @@ type ModelRequest struct {
 	// system message.
 	System   string
 	Messages []model.Message
-	Tools    []model.ToolSpec
+	// Tools is shared by the runs of a profile (tools.Set.Specs, and the
+	// lists withTools made from it, known by their array): a wrapper that
+	// changes the tools builds a new slice, never writes into this one or
+	// reuses an array of its own for another call's list.
+	Tools []model.ToolSpec
 	// Context holds the sections of the trailing context message: what
 	// changes during a run (the todo list, notes saved to memory), sent
 	// after every other message so the request's prefix stays the same
