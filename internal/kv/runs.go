@@ -167,18 +167,52 @@ func (s *Stores) RunView(ctx context.Context, tenant, thread, run string) (*prot
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, 0, err
 	}
-	v := protocol.RunView(run, rec, th)
+	v := s.view(ctx, run, rec, th)
 	if v == nil {
 		return nil, 0, ErrNotFound
 	}
-	if v != rec && v.OutputCheckpoint != "" {
-		// Read from a last_run that left the output or interrupt out for
-		// size.
+	return v, rev, nil
+}
+
+// view is protocol.RunView with what a last_run left out for size read
+// back (WithOutput), so that every reader shows a run whole. A checkpoint
+// that cannot be read leaves the view as last_run has it, naming
+// output_checkpoint.
+func (s *Stores) view(ctx context.Context, run string, rec *protocol.Run, th *protocol.Thread) *protocol.Run {
+	v := protocol.RunView(run, rec, th)
+	if v != nil && v != rec && v.OutputCheckpoint != "" {
 		if full, err := s.WithOutput(ctx, v); err == nil {
 			v = full
 		}
 	}
-	return v, rev, nil
+	return v
+}
+
+// ThreadRuns lists the runs thread's index names, as clients see them
+// (RunView), oldest first as the thread indexed them. th is the thread's
+// record, nil when it has none; runs whose records are gone, and ids the
+// index shares with a run of another thread, are skipped.
+func (s *Stores) ThreadRuns(ctx context.Context, tenant, thread string, th *protocol.Thread) ([]*protocol.Run, error) {
+	ids, err := s.Threads.RunIDs(ctx, tenant, thread)
+	if err != nil {
+		return nil, err
+	}
+	var out []*protocol.Run
+	for _, id := range ids {
+		rec, _, err := s.Runs.Get(ctx, tenant, id)
+		if errors.Is(err, ErrNotFound) {
+			rec, err = nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		// A running run may have no record yet: its thread's lease says it.
+		// A run id is unique per tenant; the index is the thread's.
+		if v := s.view(ctx, id, rec, th); v != nil && v.ThreadID == thread {
+			out = append(out, v)
+		}
+	}
+	return out, nil
 }
 
 // WithOutput completes a run made from its thread's last_run, which
@@ -251,16 +285,9 @@ func (s *Stores) RunOfThread(ctx context.Context, tenant, thread, run string) (*
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, err
 	}
-	v := protocol.RunView(run, rec, th)
+	v := s.view(ctx, run, rec, th)
 	if v == nil {
 		return nil, ErrNotFound
-	}
-	if v != rec && v.OutputCheckpoint != "" {
-		// Read from a last_run that left the output or interrupt out for
-		// size.
-		if full, err := s.WithOutput(ctx, v); err == nil {
-			v = full
-		}
 	}
 	return v, nil
 }
@@ -282,7 +309,7 @@ func (s *Stores) FindRunView(ctx context.Context, tenant, run string) (*protocol
 		return nil, err
 	}
 	for _, th := range ths {
-		if v := protocol.RunView(run, nil, th); v != nil {
+		if v := s.view(ctx, run, nil, th); v != nil {
 			return v, nil
 		}
 	}
