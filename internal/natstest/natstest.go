@@ -96,3 +96,27 @@ func RefusingListener(t testing.TB) (url string, accepted *atomic.Int32) {
 	}()
 	return "nats://" + ln.Addr().String(), accepted
 }
+
+// MinWait is the shortest WaitFor: a condition that holds in the end
+// passes sooner or later, and only a broken one waits this long.
+const MinWait = time.Minute
+
+// WaitFor polls cond until it holds, failing the test after timeout with
+// what it was waiting for. It is for states nothing announces (a publish
+// sitting in a connection's buffer, a record written by another process);
+// wait on the event where there is one.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	// The timeout says when waiting has gone on too long, not how fast
+	// the code must be: under -race on a machine shared with stress-ng a
+	// run's first answer took 7 s. No wait gives up before MinWait.
+	timeout = max(timeout, MinWait)
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s", timeout, what)
+}
