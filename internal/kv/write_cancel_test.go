@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -28,20 +27,9 @@ func newCancelWriteEnv(t *testing.T) *cancelWriteEnv {
 	srv := natstest.Start(t)
 	natstest.Provision(t, srv.Connect(), bus.Settings{})
 	proxy := natstest.NewLockstep(t, srv.Server.Addr().String())
-	nc, err := nats.Connect(proxy.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := Open(context.Background(), js, bus.DefaultNames())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &cancelWriteEnv{srv: srv, proxy: proxy, nc: nc, js: js, kv: s.Runs.kv}
+	nc := natstest.Dial(t, proxy.URL())
+	s := storesOn(t, nc)
+	return &cancelWriteEnv{srv: srv, proxy: proxy, nc: nc, js: s.Runs.js, kv: s.Runs.kv}
 }
 
 type writeResult struct {

@@ -49,11 +49,19 @@ func (s *Server) URL() string { return s.Server.ClientURL() }
 // Connect opens a TCP connection closed at the end of the test.
 func (s *Server) Connect() *nats.Conn {
 	s.t.Helper()
-	nc, err := nats.Connect(s.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	return Dial(s.t, s.URL())
+}
+
+// Dial connects to url (a server's, or a proxy's in front of it) as
+// Connect does: reconnecting forever, 50 ms apart, closed at the end of
+// the test.
+func Dial(t testing.TB, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
-		s.t.Fatal(err)
+		t.Fatal(err)
 	}
-	s.t.Cleanup(nc.Close)
+	t.Cleanup(nc.Close)
 	return nc
 }
 
