@@ -2,9 +2,11 @@ package middleware_test
 
 import (
 	"context"
+	"fmt"
 	"image/color"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"go.uber.org/zap"
@@ -14,6 +16,16 @@ import (
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/model/openaitest"
 )
+
+// models counts the model names fresh made.
+var models atomic.Int64
+
+// fresh is a model name the process has not seen: what view_image
+// remembers of a model (a refusal, a logged guess) lasts the process, and
+// go test -count=N runs a test N times in one.
+func fresh(name string) string {
+	return fmt.Sprintf("%s-%d", name, models.Add(1))
+}
 
 // hasImage reports whether a request carries an image part.
 func hasImage(req *openaitest.Request) bool {
@@ -43,7 +55,7 @@ func TestViewImageRetriesWithoutImagesTheProviderRefuses(t *testing.T) {
 		}
 		return view(req)
 	})
-	const name = "gpt-4o-text-only-proxy" // guessed to see images
+	name := fresh("gpt-4o-text-only-proxy") // guessed to see images
 	core, logs := observer.New(zapcore.InfoLevel)
 	chain := viChain(t, `{"enabled": true}`)
 	for run := 1; run <= 2; run++ {
@@ -84,7 +96,7 @@ func TestViewImageLogsItsGuessOncePerModel(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		sees bool
-	}{{"gpt-4o-guess-log", true}, {"local-llama-guess-log", false}} {
+	}{{fresh("gpt-4o-guess-log"), true}, {fresh("local-llama-guess-log"), false}} {
 		for range 2 {
 			srv := openaitest.NewServer(t, viewOnce(`{"path":"/red.png"}`))
 			viRunLogged(t, chain, openAIModel(t, srv), tc.name, wd, zap.New(core))
