@@ -86,6 +86,16 @@ func get[T any](ctx context.Context, js jetstream.JetStream, kv jetstream.KeyVal
 // A direct get (what kv.Get does) may be answered by a follower that has
 // not applied the latest write yet (bus.GetMsgFromLeader).
 func getLatest[T any](ctx context.Context, js jetstream.JetStream, bucket, key string) (*T, uint64, error) {
+	v, rev, err := readLatest[T](ctx, js, bucket, key)
+	if err != nil {
+		return nil, 0, err
+	}
+	return v, rev, nil
+}
+
+// readLatest is getLatest, but a delete or purge marker answers
+// ErrNotFound with the marker's revision (0 when the key has no message).
+func readLatest[T any](ctx context.Context, js jetstream.JetStream, bucket, key string) (*T, uint64, error) {
 	ctx, cancel := bound(ctx)
 	defer cancel()
 	m, err := bus.GetMsgFromLeader(ctx, js, "KV_"+bucket, bus.MsgQuery{LastBySubject: "$KV." + bucket + "." + key})
@@ -97,7 +107,7 @@ func getLatest[T any](ctx context.Context, js jetstream.JetStream, bucket, key s
 	}
 	switch m.Header.Get("KV-Operation") {
 	case "DEL", "PURGE":
-		return nil, 0, ErrNotFound
+		return nil, m.Sequence, ErrNotFound
 	}
 	v := new(T)
 	if err := decodeExact(m.Data, v); err != nil {
@@ -117,7 +127,9 @@ var settleWait = 2 * time.Second
 // the same key is still being replicated, before the leader has stored it
 // (error 10164), so reading at once could miss the very write that
 // refused ours. If the leader holds nothing newer after settleWait (the
-// other write failed), what it holds is returned.
+// other write failed), what it holds is returned. A delete or purge
+// marker above after is newer: the key was removed since, and the read
+// answers ErrNotFound at once.
 //
 // Only a refused write says a write is in flight: a plain read of a key
 // that may be missing (a deleted run, a thread not created yet) asks the
@@ -127,9 +139,12 @@ func getAfter[T any](ctx context.Context, js jetstream.JetStream, bucket, key st
 	deadline := time.Now().Add(settleWait)
 	pause := 2 * time.Millisecond
 	for {
-		v, rev, err := getLatest[T](ctx, js, bucket, key)
-		if (err != nil && !errors.Is(err, ErrNotFound)) || rev > after || time.Now().After(deadline) {
-			return v, rev, err
+		v, rev, err := readLatest[T](ctx, js, bucket, key)
+		if rev > after || (err != nil && !errors.Is(err, ErrNotFound)) || time.Now().After(deadline) {
+			if err != nil {
+				return nil, 0, err // a marker's revision is no record's
+			}
+			return v, rev, nil
 		}
 		t := time.NewTimer(pause)
 		select {
