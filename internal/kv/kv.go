@@ -181,10 +181,18 @@ func put(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, key
 }
 
 // List reads the values of a bucket whose keys match filter, decoded as T
-// (decodeExact; a value that does not decode is skipped), and returns
-// those keep accepts (nil keeps all). It reads them through a watch, so it
-// serves listings and sweeps, not hot paths.
+// (a value that does not decode is skipped, unreported), and returns
+// those keep accepts (nil keeps all): list for another package's bucket.
 func List[T any](ctx context.Context, kv jetstream.KeyValue, filter string, keep func(*T) bool) ([]*T, error) {
+	return list(ctx, kv, filter, nil, keep, nil)
+}
+
+// list reads the values of a bucket whose keys match filter, decoded as T
+// (decodeExact, then check unless nil; a value that does not decode or
+// fails the check is skipped and reported to sk), and returns those keep
+// accepts (nil keeps all). It reads them through a watch, so it serves
+// listings and sweeps, not hot paths.
+func list[T any](ctx context.Context, kv jetstream.KeyValue, filter string, check func(*T) error, keep func(*T) bool, sk *skips) ([]*T, error) {
 	w, err := kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, err
@@ -200,7 +208,15 @@ func List[T any](ctx context.Context, kv jetstream.KeyValue, filter string, keep
 				return out, nil
 			}
 			var v T
-			if decodeExact(e.Value(), &v) == nil && (keep == nil || keep(&v)) {
+			err := decodeExact(e.Value(), &v)
+			if err == nil && check != nil {
+				err = check(&v)
+			}
+			if err != nil {
+				sk.skip(e.Key(), err)
+				continue
+			}
+			if keep == nil || keep(&v) {
 				out = append(out, &v)
 			}
 		}
