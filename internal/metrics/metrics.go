@@ -99,6 +99,9 @@ type StoreIndexStats struct {
 	// stay within the budget, Oversized tenants found larger than the
 	// budget, BucketSearches searches of those, read from the bucket.
 	Loads, Evictions, Oversized, BucketSearches uint64
+	// MissedRemovals are tenants dropped because a removal's notice was
+	// missed (it came through the bucket only).
+	MissedRemovals uint64
 }
 
 // Model call outcomes.
