@@ -21,6 +21,8 @@ type Runs struct {
 	bucket string
 	// ttl is the key TTL of a tenant's finished runs (SetTTLs).
 	ttl func(tenant string) time.Duration
+	// skips reports the records that do not decode (Stores.Observe).
+	skips *skips
 }
 
 // Get reads a run record.
@@ -102,7 +104,7 @@ const maxCASAttempts = 100
 // all), newest first. It reads every run of the tenant; use ListThread for
 // one thread.
 func (s *Runs) List(ctx context.Context, tenant string, keep func(*protocol.Run) bool) ([]*protocol.Run, error) {
-	out, err := List(ctx, s.kv, tenant+".*", keep)
+	out, err := list(ctx, s.kv, tenant+".*", nil, keep, s.skips)
 	if err != nil {
 		return nil, err
 	}
@@ -302,9 +304,9 @@ func (s *Stores) FindRunView(ctx context.Context, tenant, run string) (*protocol
 	if !errors.Is(err, ErrNotFound) {
 		return rec, err
 	}
-	ths, err := List(ctx, s.Threads.kv, tenant+".*", func(t *protocol.Thread) bool {
+	ths, err := list(ctx, s.Threads.kv, tenant+".*", threadRecord, func(t *protocol.Thread) bool {
 		return (t.Lease != nil && t.Lease.RunID == run) || (t.LastRun != nil && t.LastRun.RunID == run)
-	})
+	}, s.Threads.skips)
 	if err != nil {
 		return nil, err
 	}

@@ -222,6 +222,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	stores.SetTTLs(cfg.KeyTTLs)
+	stores.Observe(cfg.Logger, cfg.Metrics)
 	pub, err := events.NewPublisher(ctx, js, names, cfg.Logger.With(zap.String("worker", cfg.ID)))
 	if err != nil {
 		return nil, err
