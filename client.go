@@ -358,31 +358,11 @@ func (c *Client) Runs(ctx context.Context, thread string) ([]*Run, error) {
 	if err := protocol.CheckToken("thread id", thread); err != nil {
 		return nil, err
 	}
-	ids, err := c.stores.Threads.RunIDs(ctx, c.tenant, thread)
-	if err != nil {
-		return nil, err
-	}
 	th, _, err := c.stores.Threads.Get(ctx, c.tenant, thread)
 	if err != nil && !errors.Is(err, kv.ErrNotFound) {
 		return nil, err
 	}
-	var out []*Run
-	for _, id := range ids {
-		rec, _, err := c.stores.Runs.Get(ctx, c.tenant, id)
-		if errors.Is(err, kv.ErrNotFound) {
-			rec, err = nil, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		// A running run may have no record yet: its thread's lease says it.
-		rec = protocol.RunView(id, rec, th)
-		// A run id is unique per tenant; the index is the thread's.
-		if rec != nil && rec.ThreadID == thread {
-			out = append(out, rec)
-		}
-	}
-	return out, nil
+	return c.stores.ThreadRuns(ctx, c.tenant, thread, th)
 }
 
 // State reads a thread's current state: its messages and the values the

@@ -301,18 +301,58 @@ func (a *Agents) Prepare(req *protocol.RunRequest) (*Prepared, error) {
 // the model: the profile's vision, else the configured model's (as
 // written, then without a provider/ prefix), else true.
 func (a *Agents) sees(p Profile, name string) bool {
+	if v, said := a.saysVision(p, name); said {
+		return v
+	}
+	return true
+}
+
+// saysVision is what the profile p, else the models entry of the model
+// name, says of whether the model sees images; said is false when neither
+// says.
+func (a *Agents) saysVision(p Profile, name string) (sees, said bool) {
 	if p.Vision != nil {
-		return *p.Vision
+		return *p.Vision, true
 	}
 	if v, ok := a.vision[name]; ok {
-		return v
+		return v, true
 	}
 	if i := strings.LastIndexByte(name, '/'); i >= 0 {
 		if v, ok := a.vision[name[i+1:]]; ok {
-			return v
+			return v, true
 		}
 	}
-	return true
+	return false, false
+}
+
+// VisionGuesses are the models of the profiles whose view_image decides
+// by the model's name whether it sees images, since nothing says it (not
+// the profile's vision, its model's models entry, nor view_image's own),
+// each with the guess (middleware.VisionModel). The worker logs them when
+// it starts, so a wrong guess can be seen and corrected.
+func (a *Agents) VisionGuesses() map[string]bool {
+	var out map[string]bool
+	for profile, p := range a.profiles {
+		name := model.NameOf(a.model, p.Model)
+		if _, said := a.saysVision(p, name); said || name == "" || !guessesVision(a.chains[profile]) {
+			continue
+		}
+		if out == nil {
+			out = make(map[string]bool)
+		}
+		out[name] = middleware.VisionModel(name)
+	}
+	return out
+}
+
+// guessesVision reports whether c has a view_image whose vision is unset.
+func guessesVision(c *middleware.Chain) bool {
+	for _, mw := range c.Middlewares() {
+		if v, ok := mw.(*middleware.ViewImage); ok && v.VisionUnset() {
+			return true
+		}
+	}
+	return false
 }
 
 // filterTools returns the tools of set that allow keeps, in order.

@@ -78,6 +78,7 @@ func TestEveryScenario(t *testing.T) {
 		"memory.heap_per_run", "memory.goroutines_per_run",
 		"burst.c1.stored_per_run", "burst.c4.stored_per_run", "burst.ceiling.throughput", "burst.ceiling.stored_per_run", "burst.c4.vs_ceiling",
 		"latency.idle.stored_per_run", "latency.paced.stored_per_run", "stream.throughput", "stream.events_per_sec", "stream.stored_per_run",
+		"stream.stored.throughput", "stream.stored.stored_per_run",
 		"steer.stored_per_sample", "cancel.stored_per_sample", "scaling.p1.stored_per_run", "scaling.p2.stored_per_run",
 	}
 	if runtime.GOOS == "linux" {
@@ -85,7 +86,7 @@ func TestEveryScenario(t *testing.T) {
 	}
 	if _, ok := processCPU(); ok {
 		want = append(want, "burst.baseline.cpu_per_msg", "burst.c1.cpu_per_run", "burst.c4.cpu_per_run", "burst.ceiling.cpu_per_run", "burst.c4.cpu_vs_ceiling",
-			"latency.idle.cpu_per_run", "latency.paced.cpu_per_run", "stream.cpu_per_delta", "stream.cpu_per_run", "steer.cpu_per_sample", "cancel.cpu_per_sample")
+			"latency.idle.cpu_per_run", "latency.paced.cpu_per_run", "stream.cpu_per_delta", "stream.cpu_per_run", "stream.stored.cpu_per_run", "stream.live_vs_stored", "steer.cpu_per_sample", "cancel.cpu_per_sample")
 	}
 	rows := byKey(rep)
 	for _, k := range want {
@@ -127,6 +128,14 @@ func TestEveryScenario(t *testing.T) {
 	// run does.
 	if r := rows["stream.stored_per_run"]; r.Breakdown["events"] > 6 {
 		t.Errorf("stream: %v events stored a run for 50 deltas, want the few stored ones", r.Breakdown["events"])
+	}
+	// The comparison pass stores every delta (stream_resumable), so the
+	// live pass's CPU is set against what a v1 run cost.
+	if r := rows["stream.stored.stored_per_run"]; r.Breakdown["events"] < 50 {
+		t.Errorf("stream_resumable: %v events stored a run for 50 deltas, want every delta stored", r.Breakdown["events"])
+	}
+	if r, ok := rows["stream.live_vs_stored"]; ok && (r.Baseline == nil || *r.Baseline <= 0 || r.OK == nil) {
+		t.Errorf("live against stored deltas without its baseline or target: %+v", r)
 	}
 	// The burst's throughput sits next to the raw baseline.
 	if r := rows["burst.c4.throughput"]; r.Baseline == nil || r.Ratio == nil || *r.Baseline <= 0 {

@@ -295,14 +295,20 @@ func (d *deployment) modelURL(p policy) (string, error) {
 
 // request encodes a run request with one user message.
 func request(thread, run, content, strategy string) []byte {
+	data, _ := json.Marshal(newRequest(thread, run, content, strategy))
+	return data
+}
+
+// newRequest is the run request request encodes, for a caller that sets
+// more of it.
+func newRequest(thread, run, content, strategy string) *protocol.RunRequest {
 	req := &protocol.RunRequest{
 		RunID: run, ThreadID: thread, Tenant: protocol.DefaultTenant, Agent: protocol.DefaultAgent,
 		Input:             &protocol.Input{Messages: []model.Message{{Role: model.RoleUser, Content: content}}},
 		MultitaskStrategy: strategy,
 	}
 	req.Normalize()
-	data, _ := json.Marshal(req)
-	return data
+	return req
 }
 
 // submit publishes a run request the way any client does (async JetStream

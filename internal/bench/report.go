@@ -60,6 +60,14 @@ func (r Row) atMost(limit float64, text string) Row {
 	return r
 }
 
+// ratioAtMost marks the row ok when its ratio to the baseline is ≤
+// limit (withBaseline first).
+func (r Row) ratioAtMost(limit float64, text string) Row {
+	ok := r.Ratio != nil && *r.Ratio <= limit
+	r.OK, r.Target = &ok, text
+	return r
+}
+
 // atLeast marks the row ok when its value is ≥ limit.
 func (r Row) atLeast(limit float64, text string) Row {
 	ok := r.Value >= limit

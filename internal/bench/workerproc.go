@@ -18,6 +18,7 @@ import (
 	"github.com/natsagent/natsagent/internal/agent"
 	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/model"
+	"github.com/natsagent/natsagent/internal/tokens"
 	"github.com/natsagent/natsagent/internal/tools"
 	"github.com/natsagent/natsagent/internal/worker"
 )
@@ -87,6 +88,12 @@ func WorkerMain(ctx context.Context, args []string, stdin io.Reader, stdout io.W
 		ShutdownGrace: *grace,
 	})
 	if err != nil {
+		return err
+	}
+	// The chain builds its tokenizer in the background (tokens.Preload):
+	// waiting for it here keeps the loader's temporary tables, several
+	// MB, out of the idle figures the memory scenario subtracts.
+	if _, err := tokens.ForEncoding(tokens.DefaultEncoding); err != nil {
 		return err
 	}
 	runCtx, stop := context.WithCancel(ctx)

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -33,8 +35,14 @@ var errTimedOut = fmt.Errorf("%w: %w", nats.ErrTimeout, context.DeadlineExceeded
 // and a successful ack ({"stream":..,"seq":..}) is read without
 // encoding/json. The wait is RequestTimeout at most, shorter if ctx's
 // deadline comes first. A request already sent is not abandoned when ctx
-// is cancelled: it is answered or times out within that bound, so a
-// compare-and-set's outcome is known more often, not less.
+// is cancelled while the connection is up: it is answered or times out
+// within that bound, so a compare-and-set's outcome is known more often,
+// not less. While the connection is down (reconnecting: the request sits
+// in nats.go's reconnect buffer, or went out before the connection
+// dropped) no answer can come before it is back, and a cancelled request
+// returns at once with ctx's error, as one that timed out after its
+// cancel does: whether it is stored is unknown (the buffer is sent when
+// the connection is back).
 func RequestAck(ctx context.Context, nc *nats.Conn, m *nats.Msg) (jetstream.PubAck, error) {
 	var resp *nats.Msg
 	var err error
@@ -58,9 +66,9 @@ func RequestAck(ctx context.Context, nc *nats.Conn, m *nats.Msg) (jetstream.PubA
 }
 
 // request sends m and waits for one answer, RequestTimeout at most and no
-// longer than ctx's deadline, with nats.go's pooled timer. A request is not
-// sent once ctx has ended; one already sent is not abandoned when ctx is
-// cancelled (see RequestAck).
+// longer than ctx's deadline. A request is not sent once ctx has ended;
+// one already sent is abandoned on ctx's cancel only while the connection
+// is down (see RequestAck).
 func request(ctx context.Context, nc *nats.Conn, m *nats.Msg) (*nats.Msg, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -72,14 +80,114 @@ func request(ctx context.Context, nc *nats.Conn, m *nats.Msg) (*nats.Msg, error)
 			return nil, context.DeadlineExceeded
 		}
 	}
-	resp, err := nc.RequestMsg(m, limit)
-	if errors.Is(err, nats.ErrTimeout) {
+	if ctx.Done() == nil {
+		// Never cancelled: nats.go's wait, with its pooled timer.
+		resp, err := nc.RequestMsg(m, limit)
+		if errors.Is(err, nats.ErrTimeout) {
+			return nil, errTimedOut
+		}
+		return resp, err
+	}
+	w := newAckWait(nc, limit)
+	stop := context.AfterFunc(ctx, w.cancelled)
+	resp, err := nc.RequestMsgWithContext(w, m)
+	waitEnded := err != nil && w.ended()
+	w.release(stop())
+	if waitEnded {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
 		return nil, errTimedOut
 	}
 	return resp, err
+}
+
+// ackWait is what nats.go waits on for the answer to one request under a
+// context that can be cancelled: its Done closes when the request's time
+// is up, or when its caller cancelled it while the connection was down (no
+// answer comes over a connection that is down, and the caller has stopped
+// waiting for one). It is a context for nats.go's wait only (no deadline,
+// no values). Waits are pooled: a request costs the registration on its
+// caller's context, not a context and a timer of its own.
+type ackWait struct {
+	nc        *nats.Conn
+	done      chan struct{}
+	closed    atomic.Bool
+	err       error       // why done closed, written before it closes
+	timer     *time.Timer // ends the wait when its time is up
+	cancelled func()      // w.watch, bound once: the caller's cancel
+}
+
+var ackWaits = sync.Pool{New: func() any {
+	w := &ackWait{done: make(chan struct{})}
+	w.cancelled = w.watch
+	return w
+}}
+
+func newAckWait(nc *nats.Conn, limit time.Duration) *ackWait {
+	w := ackWaits.Get().(*ackWait)
+	w.nc = nc
+	if w.timer == nil {
+		w.timer = time.AfterFunc(limit, w.timeUp)
+	} else {
+		w.timer.Reset(limit)
+	}
+	return w
+}
+
+func (w *ackWait) timeUp() { w.end(context.DeadlineExceeded) }
+
+// end closes the wait once, with why.
+func (w *ackWait) end(why error) {
+	if w.closed.CompareAndSwap(false, true) {
+		w.err = why
+		close(w.done)
+	}
+}
+
+func (w *ackWait) ended() bool { return w.closed.Load() }
+
+// watch runs when the caller cancels: it ends the wait once the
+// connection is not connected (at once when it is not), and returns when
+// the wait ends.
+func (w *ackWait) watch() {
+	changed := w.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CLOSED)
+	defer w.nc.RemoveStatusListener(changed)
+	for w.nc.IsConnected() {
+		select {
+		case <-changed:
+		case <-w.done:
+			return
+		}
+	}
+	w.end(context.Canceled)
+}
+
+// release ends the use of w once its request returned; unwatched says the
+// caller's cancel never ran watch (context.AfterFunc's stop). A wait that
+// ended, or that watch may still use, is not used again.
+func (w *ackWait) release(unwatched bool) {
+	stopped := w.timer.Stop()
+	if !unwatched {
+		w.end(context.Canceled) // lets watch return
+		return
+	}
+	if stopped && !w.ended() {
+		w.nc = nil
+		ackWaits.Put(w)
+	}
+}
+
+func (w *ackWait) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (w *ackWait) Done() <-chan struct{}       { return w.done }
+func (w *ackWait) Value(any) any               { return nil }
+
+func (w *ackWait) Err() error {
+	if !w.closed.Load() {
+		return nil
+	}
+	<-w.done // err is written before done closes
+	return w.err
 }
 
 // ParsePubAck reads a stream's answer to a publish. The answer of a stored

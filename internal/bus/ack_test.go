@@ -177,3 +177,21 @@ func TestDirectGetReadsWhatTheStreamAPIReads(t *testing.T) {
 		t.Fatalf("stream without direct gets: %v, want ErrNoDirectGet", err)
 	}
 }
+
+// BenchmarkRequestAck publishes to a stream under a run's kind of context
+// (cancellable, with a deadline).
+func BenchmarkRequestAck(b *testing.B) {
+	js := startSmall(b, 64<<20)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "B", Subjects: []string{"b.>"}}); err != nil {
+		b.Fatal(err)
+	}
+	m := &nats.Msg{Subject: "b.x", Data: []byte("x")}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := bus.RequestAck(ctx, js.Conn(), m); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

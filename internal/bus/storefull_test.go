@@ -14,7 +14,7 @@ import (
 )
 
 // startSmall runs a server whose JetStream file store holds maxStore bytes.
-func startSmall(t *testing.T, maxStore int64) jetstream.JetStream {
+func startSmall(t testing.TB, maxStore int64) jetstream.JetStream {
 	t.Helper()
 	s, err := server.NewServer(&server.Options{JetStream: true, StoreDir: t.TempDir(), JetStreamMaxStore: maxStore,
 		Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})

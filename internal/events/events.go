@@ -315,8 +315,13 @@ type Stream struct {
 	index     uint64
 	// Reused by emitLive: the envelope, a delta's data, the subjects.
 	liveBuf, liveData []byte
-	liveSubjects      map[string]string
+	// liveSubjects holds the run's live subjects built so far, one per
+	// kind: a run publishes live events of a kind or two.
+	liveSubjects []liveSubject
 }
+
+// liveSubject is a run's live subject of one event kind.
+type liveSubject struct{ kind, subject string }
 
 // SetResumable makes the stream store the events that otherwise go out
 // live (protocol.LiveEvent), for a run that asked for a resumable stream
@@ -478,14 +483,13 @@ func (s *Stream) emitLive(eventType string, data any) {
 
 // liveSubject is the run's live subject of kind, built once per kind.
 func (s *Stream) liveSubject(kind string) string {
-	if subject, ok := s.liveSubjects[kind]; ok {
-		return subject
-	}
-	if s.liveSubjects == nil {
-		s.liveSubjects = map[string]string{}
+	for _, l := range s.liveSubjects {
+		if l.kind == kind {
+			return l.subject
+		}
 	}
 	subject := s.p.names.LiveSubject(s.tenant, s.thread, s.run, kind)
-	s.liveSubjects[kind] = subject
+	s.liveSubjects = append(s.liveSubjects, liveSubject{kind: kind, subject: subject})
 	return subject
 }
 

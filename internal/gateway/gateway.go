@@ -195,6 +195,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	stores.Observe(cfg.Logger, cfg.Metrics)
 	pub, err := events.NewPublisher(ctx, js, names, cfg.Logger)
 	if err != nil {
 		return nil, err

@@ -373,32 +373,15 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, tenant string)
 	if status != "" && !knownStatus(status) {
 		return errInvalid("status", fmt.Sprintf("%q is not a run status", clip(string(status))))
 	}
-	ids, err := s.stores.Threads.RunIDs(r.Context(), tenant, th.ThreadID)
+	all, err := s.stores.ThreadRuns(r.Context(), tenant, th.ThreadID, th)
 	if err != nil {
 		return err
 	}
 	runs := []*protocol.Run{}
-	for _, id := range ids {
-		rec, _, err := s.stores.Runs.Get(r.Context(), tenant, id)
-		if errors.Is(err, kv.ErrNotFound) {
-			rec, err = nil, nil
+	for _, rec := range all {
+		if status == "" || rec.Status == status {
+			runs = append(runs, rec)
 		}
-		if err != nil {
-			return err
-		}
-		if rec = protocol.RunView(id, rec, th); rec == nil {
-			continue
-		}
-		if rec.OutputCheckpoint != "" {
-			// Read from a last_run that left the output out for size.
-			if full, err := s.stores.WithOutput(r.Context(), rec); err == nil {
-				rec = full
-			}
-		}
-		if rec.ThreadID != th.ThreadID || (status != "" && rec.Status != status) {
-			continue
-		}
-		runs = append(runs, rec)
 	}
 	sort.SliceStable(runs, func(i, j int) bool {
 		if !runs[i].CreatedAt.Equal(runs[j].CreatedAt) {

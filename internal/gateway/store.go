@@ -54,7 +54,7 @@ func (s *Server) openStore(ctx context.Context) error {
 	s.cfg.Metrics.TrackStoreIndex(func() metrics.StoreIndexStats {
 		x := st.IndexStats()
 		return metrics.StoreIndexStats{Bytes: x.Bytes, Budget: x.Budget, Tenants: x.Tenants, Loads: x.Loads,
-			Evictions: x.Evictions, Oversized: x.Oversized, BucketSearches: x.BucketSearches}
+			Evictions: x.Evictions, Oversized: x.Oversized, BucketSearches: x.BucketSearches, MissedRemovals: x.MissedRemovals}
 	})
 	s.items = st
 	return nil

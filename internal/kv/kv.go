@@ -86,6 +86,16 @@ func get[T any](ctx context.Context, js jetstream.JetStream, kv jetstream.KeyVal
 // A direct get (what kv.Get does) may be answered by a follower that has
 // not applied the latest write yet (bus.GetMsgFromLeader).
 func getLatest[T any](ctx context.Context, js jetstream.JetStream, bucket, key string) (*T, uint64, error) {
+	v, rev, err := readLatest[T](ctx, js, bucket, key)
+	if err != nil {
+		return nil, 0, err
+	}
+	return v, rev, nil
+}
+
+// readLatest is getLatest, but a delete or purge marker answers
+// ErrNotFound with the marker's revision (0 when the key has no message).
+func readLatest[T any](ctx context.Context, js jetstream.JetStream, bucket, key string) (*T, uint64, error) {
 	ctx, cancel := bound(ctx)
 	defer cancel()
 	m, err := bus.GetMsgFromLeader(ctx, js, "KV_"+bucket, bus.MsgQuery{LastBySubject: "$KV." + bucket + "." + key})
@@ -97,7 +107,7 @@ func getLatest[T any](ctx context.Context, js jetstream.JetStream, bucket, key s
 	}
 	switch m.Header.Get("KV-Operation") {
 	case "DEL", "PURGE":
-		return nil, 0, ErrNotFound
+		return nil, m.Sequence, ErrNotFound
 	}
 	v := new(T)
 	if err := decodeExact(m.Data, v); err != nil {
@@ -117,7 +127,9 @@ var settleWait = 2 * time.Second
 // the same key is still being replicated, before the leader has stored it
 // (error 10164), so reading at once could miss the very write that
 // refused ours. If the leader holds nothing newer after settleWait (the
-// other write failed), what it holds is returned.
+// other write failed), what it holds is returned. A delete or purge
+// marker above after is newer: the key was removed since, and the read
+// answers ErrNotFound at once.
 //
 // Only a refused write says a write is in flight: a plain read of a key
 // that may be missing (a deleted run, a thread not created yet) asks the
@@ -127,9 +139,12 @@ func getAfter[T any](ctx context.Context, js jetstream.JetStream, bucket, key st
 	deadline := time.Now().Add(settleWait)
 	pause := 2 * time.Millisecond
 	for {
-		v, rev, err := getLatest[T](ctx, js, bucket, key)
-		if (err != nil && !errors.Is(err, ErrNotFound)) || rev > after || time.Now().After(deadline) {
-			return v, rev, err
+		v, rev, err := readLatest[T](ctx, js, bucket, key)
+		if rev > after || (err != nil && !errors.Is(err, ErrNotFound)) || time.Now().After(deadline) {
+			if err != nil {
+				return nil, 0, err // a marker's revision is no record's
+			}
+			return v, rev, nil
 		}
 		t := time.NewTimer(pause)
 		select {
@@ -166,10 +181,18 @@ func put(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, key
 }
 
 // List reads the values of a bucket whose keys match filter, decoded as T
-// (decodeExact; a value that does not decode is skipped), and returns
-// those keep accepts (nil keeps all). It reads them through a watch, so it
-// serves listings and sweeps, not hot paths.
+// (a value that does not decode is skipped, unreported), and returns
+// those keep accepts (nil keeps all): list for another package's bucket.
 func List[T any](ctx context.Context, kv jetstream.KeyValue, filter string, keep func(*T) bool) ([]*T, error) {
+	return list(ctx, kv, filter, nil, keep, nil)
+}
+
+// list reads the values of a bucket whose keys match filter, decoded as T
+// (decodeExact, then check unless nil; a value that does not decode or
+// fails the check is skipped and reported to sk), and returns those keep
+// accepts (nil keeps all). It reads them through a watch, so it serves
+// listings and sweeps, not hot paths.
+func list[T any](ctx context.Context, kv jetstream.KeyValue, filter string, check func(*T) error, keep func(*T) bool, sk *skips) ([]*T, error) {
 	w, err := kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, err
@@ -185,7 +208,15 @@ func List[T any](ctx context.Context, kv jetstream.KeyValue, filter string, keep
 				return out, nil
 			}
 			var v T
-			if decodeExact(e.Value(), &v) == nil && (keep == nil || keep(&v)) {
+			err := decodeExact(e.Value(), &v)
+			if err == nil && check != nil {
+				err = check(&v)
+			}
+			if err != nil {
+				sk.skip(e.Key(), err)
+				continue
+			}
+			if keep == nil || keep(&v) {
 				out = append(out, &v)
 			}
 		}

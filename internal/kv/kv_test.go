@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsagent/natsagent/internal/bus"
@@ -21,6 +22,12 @@ func openStores(t *testing.T) *Stores {
 	srv := natstest.Start(t)
 	nc := srv.Connect()
 	natstest.Provision(t, nc, bus.Settings{})
+	return storesOn(t, nc)
+}
+
+// storesOn opens the stores of a provisioned server on nc.
+func storesOn(t *testing.T, nc *nats.Conn) *Stores {
+	t.Helper()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)

@@ -131,3 +131,34 @@ func TestGetLatestWaitsForAWriteInFlight(t *testing.T) {
 		t.Fatalf("GetLatest answered %+v, %v: want the record written while it waited", res.rec, res.err)
 	}
 }
+
+// A refused create's read that finds a delete or purge marker above the
+// revision it waits to pass has its answer: the key was deleted (or is
+// free). It returns ErrNotFound after one leader read instead of asking
+// again until settleWait ends.
+func TestGetLatestAnswersADeleteMarkerAtOnce(t *testing.T) {
+	defer func(d time.Duration) { settleWait = d }(settleWait)
+	settleWait = 10 * time.Minute // a read that waits the settle outlives ctx
+	s := openStores(t)
+	ctx, cancel := context.WithTimeout(context.Background(), natstest.Patience)
+	defer cancel()
+	for i, remove := range []func(string) error{
+		func(k string) error { return s.Runs.kv.Delete(ctx, k) },
+		func(k string) error { return s.Runs.kv.Purge(ctx, k) },
+	} {
+		id := []string{"deleted", "purged"}[i]
+		if _, err := s.Runs.Create(ctx, &protocol.Run{RunID: id, ThreadID: "t1", Tenant: "default", Status: protocol.StatusSuccess, CreatedAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+		if err := remove("default." + id); err != nil {
+			t.Fatal(err)
+		}
+		runs := countLeaderGets(t, s.Runs.js.Conn(), s.Runs.bucket)
+		if _, _, err := s.Runs.GetLatest(ctx, "default", id); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("GetLatest of a %s run: %v, want ErrNotFound at once", id, err)
+		}
+		if n := runs.take(); n != 1 {
+			t.Fatalf("GetLatest of a %s run: %d leader reads, want 1", id, n)
+		}
+	}
+}

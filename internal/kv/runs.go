@@ -21,6 +21,8 @@ type Runs struct {
 	bucket string
 	// ttl is the key TTL of a tenant's finished runs (SetTTLs).
 	ttl func(tenant string) time.Duration
+	// skips reports the records that do not decode (Stores.Observe).
+	skips *skips
 }
 
 // Get reads a run record.
@@ -102,7 +104,7 @@ const maxCASAttempts = 100
 // all), newest first. It reads every run of the tenant; use ListThread for
 // one thread.
 func (s *Runs) List(ctx context.Context, tenant string, keep func(*protocol.Run) bool) ([]*protocol.Run, error) {
-	out, err := List(ctx, s.kv, tenant+".*", keep)
+	out, err := list(ctx, s.kv, tenant+".*", nil, keep, s.skips)
 	if err != nil {
 		return nil, err
 	}
@@ -167,18 +169,52 @@ func (s *Stores) RunView(ctx context.Context, tenant, thread, run string) (*prot
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, 0, err
 	}
-	v := protocol.RunView(run, rec, th)
+	v := s.view(ctx, run, rec, th)
 	if v == nil {
 		return nil, 0, ErrNotFound
 	}
-	if v != rec && v.OutputCheckpoint != "" {
-		// Read from a last_run that left the output or interrupt out for
-		// size.
+	return v, rev, nil
+}
+
+// view is protocol.RunView with what a last_run left out for size read
+// back (WithOutput), so that every reader shows a run whole. A checkpoint
+// that cannot be read leaves the view as last_run has it, naming
+// output_checkpoint.
+func (s *Stores) view(ctx context.Context, run string, rec *protocol.Run, th *protocol.Thread) *protocol.Run {
+	v := protocol.RunView(run, rec, th)
+	if v != nil && v != rec && v.OutputCheckpoint != "" {
 		if full, err := s.WithOutput(ctx, v); err == nil {
 			v = full
 		}
 	}
-	return v, rev, nil
+	return v
+}
+
+// ThreadRuns lists the runs thread's index names, as clients see them
+// (RunView), oldest first as the thread indexed them. th is the thread's
+// record, nil when it has none; runs whose records are gone, and ids the
+// index shares with a run of another thread, are skipped.
+func (s *Stores) ThreadRuns(ctx context.Context, tenant, thread string, th *protocol.Thread) ([]*protocol.Run, error) {
+	ids, err := s.Threads.RunIDs(ctx, tenant, thread)
+	if err != nil {
+		return nil, err
+	}
+	var out []*protocol.Run
+	for _, id := range ids {
+		rec, _, err := s.Runs.Get(ctx, tenant, id)
+		if errors.Is(err, ErrNotFound) {
+			rec, err = nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		// A running run may have no record yet: its thread's lease says it.
+		// A run id is unique per tenant; the index is the thread's.
+		if v := s.view(ctx, id, rec, th); v != nil && v.ThreadID == thread {
+			out = append(out, v)
+		}
+	}
+	return out, nil
 }
 
 // WithOutput completes a run made from its thread's last_run, which
@@ -251,16 +287,9 @@ func (s *Stores) RunOfThread(ctx context.Context, tenant, thread, run string) (*
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, err
 	}
-	v := protocol.RunView(run, rec, th)
+	v := s.view(ctx, run, rec, th)
 	if v == nil {
 		return nil, ErrNotFound
-	}
-	if v != rec && v.OutputCheckpoint != "" {
-		// Read from a last_run that left the output or interrupt out for
-		// size.
-		if full, err := s.WithOutput(ctx, v); err == nil {
-			v = full
-		}
 	}
 	return v, nil
 }
@@ -275,14 +304,14 @@ func (s *Stores) FindRunView(ctx context.Context, tenant, run string) (*protocol
 	if !errors.Is(err, ErrNotFound) {
 		return rec, err
 	}
-	ths, err := List(ctx, s.Threads.kv, tenant+".*", func(t *protocol.Thread) bool {
+	ths, err := list(ctx, s.Threads.kv, tenant+".*", threadRecord, func(t *protocol.Thread) bool {
 		return (t.Lease != nil && t.Lease.RunID == run) || (t.LastRun != nil && t.LastRun.RunID == run)
-	})
+	}, s.Threads.skips)
 	if err != nil {
 		return nil, err
 	}
 	for _, th := range ths {
-		if v := protocol.RunView(run, nil, th); v != nil {
+		if v := s.view(ctx, run, nil, th); v != nil {
 			return v, nil
 		}
 	}

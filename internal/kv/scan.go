@@ -74,6 +74,18 @@ func (s *Threads) Updated(ctx context.Context, tenant string, desc bool, want in
 	}, enough)
 }
 
+// errNoThreadID is a value of a thread record's key that decodes into no
+// thread.
+var errNoThreadID = errors.New("no thread_id")
+
+// threadRecord refuses a decoded value that is no thread record.
+func threadRecord(t *protocol.Thread) error {
+	if t.ThreadID == "" {
+		return errNoThreadID
+	}
+	return nil
+}
+
 // decodeRecord decodes a thread record read from the stream, counting it
 // read; nil for a deletion or what is no thread record.
 func (s *Threads) decodeRecord(m scannedMsg) *protocol.Thread {
@@ -82,7 +94,12 @@ func (s *Threads) decodeRecord(m scannedMsg) *protocol.Thread {
 	}
 	s.read.Add(1)
 	var t protocol.Thread
-	if decodeExact(m.data, &t) != nil || t.ThreadID == "" {
+	err := decodeExact(m.data, &t)
+	if err == nil {
+		err = threadRecord(&t)
+	}
+	if err != nil {
+		s.skips.skip(strings.TrimPrefix(m.subject, "$KV."+s.bucket+"."), err)
 		return nil
 	}
 	return &t

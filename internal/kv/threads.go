@@ -24,6 +24,8 @@ type Threads struct {
 	bucket string
 	// read counts the thread records this store read (RecordsRead).
 	read atomic.Uint64
+	// skips reports the records that do not decode (Stores.Observe).
+	skips *skips
 }
 
 // RecordsRead returns how many thread records this store has read: by
@@ -251,7 +253,7 @@ func (s *Threads) RunIDs(ctx context.Context, tenant, thread string) ([]string, 
 
 // List returns a tenant's thread records.
 func (s *Threads) List(ctx context.Context, tenant string) ([]*protocol.Thread, error) {
-	all, err := List[protocol.Thread](ctx, s.kv, tenant+".*", nil)
+	all, err := list(ctx, s.kv, tenant+".*", threadRecord, nil, s.skips)
 	s.read.Add(uint64(len(all)))
 	return all, err
 }
@@ -260,5 +262,5 @@ func (s *Threads) List(ctx context.Context, tenant string) ([]*protocol.Thread, 
 // last renewed before cutoff. It reads every thread record (not the run
 // index), so it serves a periodic sweep, not a hot path.
 func (s *Threads) StaleLeases(ctx context.Context, cutoff time.Time) ([]*protocol.Thread, error) {
-	return List(ctx, s.kv, "*.*", func(t *protocol.Thread) bool { return t.Lease != nil && t.Lease.RenewedAt.Before(cutoff) })
+	return list(ctx, s.kv, "*.*", threadRecord, func(t *protocol.Thread) bool { return t.Lease != nil && t.Lease.RenewedAt.Before(cutoff) }, s.skips)
 }

@@ -43,6 +43,10 @@ type Recorder interface {
 	// StoreFull counts a write JetStream refused for lack of room, by the
 	// stream or bucket it went to.
 	StoreFull(store string)
+	// RecordUndecodable counts a stored record a listing or search skipped
+	// because it does not decode (corrupted, or written by a newer
+	// version), by the bucket it is in.
+	RecordUndecodable(bucket string)
 	// JobProcessed counts a run request a worker took to its end, and
 	// whether it was a redelivery.
 	JobProcessed(redelivered bool)
@@ -95,6 +99,9 @@ type StoreIndexStats struct {
 	// stay within the budget, Oversized tenants found larger than the
 	// budget, BucketSearches searches of those, read from the bucket.
 	Loads, Evictions, Oversized, BucketSearches uint64
+	// MissedRemovals are tenants dropped because a removal's notice was
+	// missed (it came through the bucket only).
+	MissedRemovals uint64
 }
 
 // Model call outcomes.
@@ -134,6 +141,7 @@ func (Nop) ModelRetry(string)                                 {}
 func (Nop) CancelRequest(string)                              {}
 func (Nop) DeadLettered(string)                               {}
 func (Nop) StoreFull(string)                                  {}
+func (Nop) RecordUndecodable(string)                          {}
 func (Nop) JobProcessed(bool)                                 {}
 func (Nop) ToolCall(string, string, time.Duration)            {}
 func (Nop) FencePause()                                       {}

@@ -89,7 +89,11 @@ type ModelRequest struct {
 	// system message.
 	System   string
 	Messages []model.Message
-	Tools    []model.ToolSpec
+	// Tools is shared by the runs of a profile (tools.Set.Specs, and the
+	// lists withTools made from it, known by their array): a wrapper that
+	// changes the tools builds a new slice, never writes into this one or
+	// reuses an array of its own for another call's list.
+	Tools []model.ToolSpec
 	// Context holds the sections of the trailing context message: what
 	// changes during a run (the todo list, notes saved to memory), sent
 	// after every other message so the request's prefix stays the same
@@ -226,7 +230,9 @@ func Scratch[T any](rt *Runtime, key string, init func() T) T {
 		}
 	}
 	if rt.scratch == nil {
-		rt.scratch = make([]scratchEntry, 0, 16)
+		// The lead profile's run keeps about eight; a run that keeps
+		// more grows the slice once.
+		rt.scratch = make([]scratchEntry, 0, 8)
 	}
 	v := init()
 	rt.scratch = append(rt.scratch, scratchEntry{key: key, v: v})

@@ -55,7 +55,7 @@ func (c *Clarification) WrapModelCall(ctx context.Context, rt *Runtime, req *Mod
 		return next(ctx, req)
 	}
 	r := *req
-	r.Tools = append(append([]model.ToolSpec(nil), req.Tools...), clarificationSpec)
+	r.Tools = withTools(req.Tools, clarificationSpec)
 	return next(ctx, &r)
 }
 

@@ -264,7 +264,7 @@ type ccRun struct {
 
 func ccRunOf(rt *Runtime) *ccRun {
 	return Scratch(rt, "context_compression", func() *ccRun {
-		return &ccRun{byID: make(map[compKey]*compEntry), known: make(map[string]bool)}
+		return &ccRun{} // its maps are made when a compaction first fills them
 	})
 }
 

@@ -86,6 +86,9 @@ func (c *ContextCompression) compactMessage(ctx context.Context, rt *Runtime, ru
 		e = c.compute(ctx, rt, run, rc, m)
 		fresh = e.changed
 		if m.ID != "" {
+			if run.byID == nil {
+				run.byID = make(map[compKey]*compEntry)
+			}
 			run.byID[k] = e
 		}
 	}
@@ -174,6 +177,9 @@ func (c *ContextCompression) save(ctx context.Context, rt *Runtime, run *ccRun, 
 	}
 	if !run.listed {
 		run.listed = true
+		if run.known == nil {
+			run.known = make(map[string]bool)
+		}
 		if infos, err := w.List(ctx, ToolResultsDir); err == nil {
 			for _, info := range infos {
 				p := info.Path

@@ -292,7 +292,7 @@ func (m *Memory) request(rt *Runtime, req *ModelRequest) *ModelRequest {
 	c := *req
 	c.System = appendSection(c.System, block)
 	if m.writes {
-		c.Tools = append(slices.Clip(req.Tools), rememberSpec)
+		c.Tools = withTools(req.Tools, rememberSpec)
 	}
 	if len(saved) == 0 {
 		return &c

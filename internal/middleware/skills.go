@@ -367,18 +367,8 @@ func (s *Skills) request(ctx context.Context, rt *Runtime, req *ModelRequest) (*
 	// the provider's cached prefix, as it was (promptcontext.go); the
 	// tools it unlocks are offered from the next call all the same.
 	listed := Scratch(rt, "skills:listed", func() []string { return active })
-	c.System = appendSection(c.System, s.prompt(v, listed))
+	c.System = appendSharedSection(c.System, s.prompt(v, listed))
 	return &c, nil
-}
-
-func appendSection(system, section string) string {
-	if section == "" {
-		return system
-	}
-	if system == "" {
-		return section
-	}
-	return system + "\n\n" + section
 }
 
 // prompt is the skills section of the system prompt.

@@ -144,13 +144,15 @@ func (s *Subagents) request(rt *Runtime, req *ModelRequest) *ModelRequest {
 		return req
 	}
 	c := *req
-	c.Tools = slices.Clip(req.Tools)
-	for _, spec := range s.tools {
-		if !slices.ContainsFunc(req.Tools, func(t model.ToolSpec) bool { return t.Name == spec.Name }) {
-			c.Tools = append(c.Tools, spec)
-		}
+	offered := func(spec model.ToolSpec) bool {
+		return slices.ContainsFunc(req.Tools, func(t model.ToolSpec) bool { return t.Name == spec.Name })
 	}
-	c.System = appendSection(c.System, s.prompt)
+	add := s.tools
+	if slices.ContainsFunc(add, offered) {
+		add = slices.DeleteFunc(slices.Clone(add), offered)
+	}
+	c.Tools = withTools(req.Tools, add...)
+	c.System = appendSharedSection(c.System, s.prompt)
 	if req.State != nil {
 		return withContextSection(&c, ledgerSection(RunningSubagents(rt, req.State)))
 	}

@@ -137,9 +137,9 @@ func (t *Todos) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelReques
 func todosRequest(req *ModelRequest) *ModelRequest {
 	c := *req
 	if !slices.ContainsFunc(req.Tools, func(s model.ToolSpec) bool { return s.Name == WriteTodosTool }) {
-		c.Tools = append(slices.Clip(req.Tools), writeTodosSpec)
+		c.Tools = withTools(req.Tools, writeTodosSpec)
 	}
-	c.System = appendSection(c.System, todosGuide)
+	c.System = appendSharedSection(c.System, todosGuide)
 	if list := todosOf(req.State); len(list) > 0 {
 		var b strings.Builder
 		b.WriteString("<todo_list>\nYour current todo list:\n")

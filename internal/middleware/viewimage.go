@@ -10,7 +10,11 @@ package middleware
 // parts (data URLs) when the model sees images, or a text placeholder
 // when it does not (a model configured without vision never does). The bytes are read again for the request and never
 // enter state, so no checkpoint holds an image (deer-flow #4138); a file
-// that changed since it was viewed is skipped with a note. Emits nothing.
+// that changed since it was viewed is skipped with a note. A provider
+// that refuses the images (400 or 422) gets the call once more with the
+// placeholder, and the model the placeholder for the rest of the process.
+// Emits nothing; logs, once per model, a guess by the model's name and a
+// refusal.
 
 import (
 	"context"
@@ -20,9 +24,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
+
+	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/model"
@@ -100,16 +107,56 @@ func VisionModel(name string) bool {
 
 // vision says whether the run's model is shown images: never when the
 // run's model takes no image input (Runtime.NoImages: the profile's or
-// models[].vision false, which the loop enforces anyway), else as the
-// middleware's vision says, else by the model's name.
+// models[].vision false, which the loop enforces anyway) or its provider
+// refused an image in this process, else as the middleware's vision says,
+// else by the model's name (logged once per model: LogVisionGuess).
 func (v *ViewImage) vision(rt *Runtime, modelName string) bool {
 	if rt.NoImages {
+		return false
+	}
+	if _, refused := refusedImages.Load(modelName); refused {
 		return false
 	}
 	if v.Vision != nil {
 		return *v.Vision
 	}
-	return VisionModel(modelName)
+	sees := VisionModel(modelName)
+	LogVisionGuess(rt.Logger, modelName, sees)
+	return sees
+}
+
+// VisionUnset reports whether view_image decides by the model's name
+// whether it sees images (its vision is not set).
+func (v *ViewImage) VisionUnset() bool { return v.Vision == nil }
+
+// refusedImages holds the models (by name) whose provider refused an
+// image view_image sent, in this process: they get the placeholder from
+// then on. guessLogged holds the models whose guess was logged.
+var refusedImages, guessLogged sync.Map
+
+// LogVisionGuess logs, once per model and process, that view_image
+// decides by modelName whether the model sees images, and how to say it
+// instead: a wrong guess either way is otherwise silent (a model shown no
+// image, or a provider refusing one). The worker logs the guesses of its
+// profiles' models when it starts; a run on another model logs its own.
+func LogVisionGuess(log *zap.Logger, modelName string, sees bool) {
+	if log == nil || modelName == "" {
+		return
+	}
+	if _, logged := guessLogged.LoadOrStore(modelName, struct{}{}); logged {
+		return
+	}
+	log.Info("view_image guessed from the model's name whether it sees images; "+
+		"say it with vision: true or false on the model's models entry (or view_image's vision)",
+		zap.String("model", modelName), zap.Bool("sees_images", sees))
+}
+
+// refusedImageInput reports a provider's refusal of a request as invalid
+// (400, or 422 as some providers say it): of a request with images, most
+// likely because its model takes no image input.
+func refusedImageInput(err error) bool {
+	var apiErr *model.APIError
+	return errors.As(err, &apiErr) && (apiErr.StatusCode == http.StatusBadRequest || apiErr.StatusCode == http.StatusUnprocessableEntity)
 }
 
 var viewImageSpec = model.ToolSpec{
@@ -143,13 +190,33 @@ func (v *ViewImage) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelRe
 	vr.mu.Unlock()
 	r := *req
 	if rt.Files != nil && !slices.ContainsFunc(req.Tools, func(s model.ToolSpec) bool { return s.Name == ViewImageTool }) {
-		r.Tools = append(slices.Clip(req.Tools), viewImageSpec)
+		r.Tools = withTools(req.Tools, viewImageSpec)
 	}
-	if shown := batchImages(req.Messages); len(shown) > 0 {
-		msg := v.imageMessage(ctx, rt.Files, shown, v.vision(rt, req.ModelName))
-		r.Messages = append(slices.Clip(req.Messages), msg)
+	shown := batchImages(req.Messages)
+	if len(shown) == 0 {
+		return next(ctx, &r)
 	}
-	return next(ctx, &r)
+	msg := v.imageMessage(ctx, rt.Files, shown, v.vision(rt, req.ModelName))
+	r.Messages = append(slices.Clip(req.Messages), msg)
+	resp, err := next(ctx, &r)
+	if len(msg.Parts) == 0 || !refusedImageInput(err) {
+		return resp, err
+	}
+	// The provider refused the request with the images: once more with
+	// the placeholder. Remembered for the process only when that one is
+	// taken, so a request refused for another reason changes nothing.
+	retry := r
+	retry.Messages = append(slices.Clip(req.Messages), v.imageMessage(ctx, rt.Files, shown, false))
+	resp, err2 := next(ctx, &retry)
+	if err2 != nil {
+		return nil, err2
+	}
+	if _, known := refusedImages.LoadOrStore(req.ModelName, struct{}{}); !known && rt.Logger != nil {
+		rt.Logger.Warn("the model's provider refused image input: view_image sends it a placeholder from now on; "+
+			"say vision: false on the model's models entry (or view_image's vision) to skip the refused call",
+			zap.String("model", req.ModelName), zap.Error(err))
+	}
+	return resp, nil
 }
 
 // batchImages returns the images viewed by the tool results after the

@@ -57,9 +57,15 @@ func viChain(t *testing.T, settings string, extra ...middleware.Middleware) *mid
 // viRun runs the loop with a workdir and a model name.
 func viRun(t *testing.T, chain *middleware.Chain, m model.Model, modelName string, wd files.Workdir) runResult {
 	t.Helper()
+	return viRunLogged(t, chain, m, modelName, wd, zap.NewNop())
+}
+
+// viRunLogged is viRun logging to log.
+func viRunLogged(t *testing.T, chain *middleware.Chain, m model.Model, modelName string, wd files.Workdir, log *zap.Logger) runResult {
+	t.Helper()
 	st := &state.State{}
 	host := &memHost{base: st.Clone()}
-	rt := &middleware.Runtime{RunID: "r1", ThreadID: "h1", Tenant: "default", Agent: "test", Files: wd, Logger: zap.NewNop(), Emit: host.Emit}
+	rt := &middleware.Runtime{RunID: "r1", ThreadID: "h1", Tenant: "default", Agent: "test", Files: wd, Logger: log, Emit: host.Emit}
 	out := agent.Execute(context.Background(), &agent.Run{
 		Runtime: rt, Chain: chain, Model: m, ModelName: modelName, System: "sys",
 		MaxSteps: 10, State: st, Host: host, ToolEnv: tools.Env{Files: wd},

@@ -49,11 +49,19 @@ func (s *Server) URL() string { return s.Server.ClientURL() }
 // Connect opens a TCP connection closed at the end of the test.
 func (s *Server) Connect() *nats.Conn {
 	s.t.Helper()
-	nc, err := nats.Connect(s.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	return Dial(s.t, s.URL())
+}
+
+// Dial connects to url (a server's, or a proxy's in front of it) as
+// Connect does: reconnecting forever, 50 ms apart, closed at the end of
+// the test.
+func Dial(t testing.TB, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
-		s.t.Fatal(err)
+		t.Fatal(err)
 	}
-	s.t.Cleanup(nc.Close)
+	t.Cleanup(nc.Close)
 	return nc
 }
 
@@ -95,4 +103,28 @@ func RefusingListener(t testing.TB) (url string, accepted *atomic.Int32) {
 		}
 	}()
 	return "nats://" + ln.Addr().String(), accepted
+}
+
+// MinWait is the shortest WaitFor: a condition that holds in the end
+// passes sooner or later, and only a broken one waits this long.
+const MinWait = time.Minute
+
+// WaitFor polls cond until it holds, failing the test after timeout with
+// what it was waiting for. It is for states nothing announces (a publish
+// sitting in a connection's buffer, a record written by another process);
+// wait on the event where there is one.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	// The timeout says when waiting has gone on too long, not how fast
+	// the code must be: under -race on a machine shared with stress-ng a
+	// run's first answer took 7 s. No wait gives up before MinWait.
+	timeout = max(timeout, MinWait)
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s", timeout, what)
 }

@@ -44,11 +44,24 @@ func (s *State) Clone() *State {
 	return c
 }
 
+// scanned is the length up to which Index looks through the transcript
+// instead of building its map: a few comparisons cost less than the map,
+// which a run on a new thread would hold while it waits on its model.
+const scanned = 8
+
 // Index returns the position of the message with the given id, or -1. It
-// does not scan the transcript: the cost of a step stays flat in the
+// does not scan a long transcript: the cost of a step stays flat in the
 // thread's length.
 func (s *State) Index(id string) int {
 	if id == "" {
+		return -1
+	}
+	if s.index == nil && len(s.Messages) <= scanned {
+		for i := len(s.Messages) - 1; i >= 0; i-- {
+			if s.Messages[i].ID == id {
+				return i // the last, as the map keeps a later duplicate
+			}
+		}
 		return -1
 	}
 	if s.index == nil || s.indexLen != len(s.Messages) {

@@ -88,3 +88,33 @@ func TestIndex(t *testing.T) {
 		t.Fatal("a message appended directly was not found")
 	}
 }
+
+// A short transcript is searched, not mapped (a run on a new thread holds
+// no map while it waits); past the limit the map takes over, and both
+// find the last of two messages with one id, as an upsert does.
+func TestIndex_ShortTranscriptHasNoMap(t *testing.T) {
+	st := &State{Messages: []model.Message{msg("a", "1"), msg("b", "2"), msg("a", "3")}}
+	if st.Index("a") != 2 || st.Index("b") != 1 || st.Index("x") != -1 {
+		t.Fatalf("short: a=%d b=%d x=%d", st.Index("a"), st.Index("b"), st.Index("x"))
+	}
+	st.Apply(Update{Messages: []model.Message{msg("b", "2 edited"), msg("c", "4")}})
+	if st.index != nil {
+		t.Error("a transcript of 4 messages built the index map")
+	}
+	if st.Messages[1].Content != "2 edited" || len(st.Messages) != 4 {
+		t.Fatalf("upsert on a short transcript: %+v", st.Messages)
+	}
+	for i := range scanned {
+		st.Apply(Update{Messages: []model.Message{msg(string(rune('k'+i)), "n")}})
+	}
+	if got := st.Index(string(rune('k' + scanned - 1))); got != len(st.Messages)-1 || st.index == nil {
+		t.Errorf("long: index %d of %d, map built %v", got, len(st.Messages), st.index != nil)
+	}
+	if st.Index("a") != 2 {
+		t.Errorf("long: a=%d, want the later duplicate 2", st.Index("a"))
+	}
+	st.Apply(Update{Remove: []string{"k", "l", "m", "n", "o", "p", "q", "r"}})
+	if st.Index("c") != 3 || st.Index("k") != -1 {
+		t.Errorf("after removals: c=%d k=%d", st.Index("c"), st.Index("k"))
+	}
+}

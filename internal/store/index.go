@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/bus"
@@ -32,9 +33,24 @@ import (
 // (purge markers); entries of tenants not held are dropped before they
 // are decoded. Delete and PurgePrefix remove with a stream purge, which
 // leaves nothing a watch would see, and say so on core NATS (the removal
-// notice). Before answering, a search waits until the watch applied every
-// write the bucket had when the search arrived, so a client reads its own
-// writes.
+// notice: which keys, up to which revision). Before answering, a search
+// waits until the watch applied every write the bucket had when the
+// search arrived, so a client reads its own writes.
+//
+// A core NATS message can be missed (the index's connection down when it
+// was sent, a slow consumer's dropped messages, a route between servers
+// down), so a removal is also written to the bucket, after the purge, as
+// a removal mark: the key <tenant>./removed (no item's key: EncodeLabel
+// never writes a '/'), its value the notice's id, not its filter (a
+// user's erasure must not leave the user's name in the bucket). The watch
+// delivers every mark in order; an index that holds or loads the tenant
+// and did not receive the notice of that id drops the tenant, which its
+// next search reads from the bucket again, after the purge. A notice
+// usually arrives before its mark; when it does not, the tenant is
+// dropped once for nothing. And a search that waits for the watch to
+// reach the bucket's end waits for the mark of every removal before it,
+// so a removal by another process is seen by the searches that follow
+// it, as a write is.
 //
 // A tenant loaded while the watch runs: the load registers the tenant at
 // the watch's revision W, then reads the bucket, which holds every write
@@ -64,10 +80,20 @@ type index struct {
 	oversized map[string]time.Time
 	stats     IndexStats
 	err       error
+	// notices is the subscription to the removal notices.
+	notices *nats.Subscription
+	// noticed holds the ids of the notices received whose mark the
+	// watch has not delivered yet, noticedOrder the same ids oldest first,
+	// to bound them (a purger that stopped between its notice and its
+	// mark leaves an id no mark will take).
+	noticed      map[string]struct{}
+	noticedOrder []string
 	// hook, set by tests, is called as a tenant loads ("registered"
 	// before its read of the bucket, "read" after it, before the merge,
-	// with the tenant) and as the watch delivers an entry ("apply", with
-	// its key).
+	// with the tenant), as the watch delivers an entry ("apply", with
+	// its key), as a notice arrives ("notice", with its filter) and as a
+	// removal mark without its notice drops a tenant ("missed", with the
+	// tenant, under ix.mu).
 	hook atomic.Pointer[func(stage, name string)]
 }
 
@@ -90,6 +116,9 @@ type tenantIndex struct {
 type loadState struct {
 	changes []change
 	purges  []tombstone
+	// missed: the mark of a removal whose notice did not arrive came
+	// while the tenant was read; the read may hold what it removed.
+	missed bool
 }
 
 // change is a put (ent set) or a removal (ent nil) of a key at a
@@ -112,10 +141,24 @@ type tombstone struct {
 	seq    uint64
 }
 
-// removal is the notice of a stream purge of the bucket.
+// removal is the notice of a stream purge of the bucket. ID names its
+// removal mark (empty from a version that writes none).
 type removal struct {
 	Filter string `json:"filter"`
 	Seq    uint64 `json:"seq"`
+	ID     string `json:"id,omitempty"`
+}
+
+// removedToken is the last token of a tenant's removal mark.
+const removedToken = "/removed"
+
+// maxNoticed bounds the notice ids an index remembers.
+const maxNoticed = 4096
+
+// removalMark returns the tenant whose removal mark key is.
+func removalMark(key string) (tenant string, ok bool) {
+	tenant, rest, _ := strings.Cut(key, ".")
+	return tenant, rest == removedToken
 }
 
 // IndexStats describes the index for metrics.
@@ -130,6 +173,9 @@ type IndexStats struct {
 	// whole budget, BucketSearches searches and listings of such tenants,
 	// answered from the bucket.
 	Loads, Evictions, Oversized, BucketSearches uint64
+	// MissedRemovals counts tenants dropped (or read again) because a
+	// removal's mark came without its notice.
+	MissedRemovals uint64
 }
 
 // IndexOptions configure Index. Zero values take defaults.
@@ -175,7 +221,7 @@ func (s *Store) Index(ctx context.Context, opts IndexOptions) error {
 	// a load reads that.
 	start := info.State.LastSeq
 	ix := &index{log: opts.Log, stream: s.stream, st: s, budget: opts.MemoryBytes, seq: start,
-		tenants: map[string]*tenantIndex{}, oversized: map[string]time.Time{}}
+		tenants: map[string]*tenantIndex{}, oversized: map[string]time.Time{}, noticed: map[string]struct{}{}}
 	ix.stats.Budget = opts.MemoryBytes
 	ix.changed = sync.NewCond(&ix.mu)
 	nc := s.js.Conn()
@@ -206,6 +252,7 @@ func (s *Store) Index(ctx context.Context, opts IndexOptions) error {
 		ix.follow(w)
 		_ = sub.Unsubscribe()
 	}()
+	ix.notices = sub
 	s.ix = ix
 	return nil
 }
@@ -240,8 +287,12 @@ func (ix *index) follow(w jetstream.KeyWatcher) {
 func (ix *index) apply(e jetstream.KeyValueEntry) {
 	key, rev := e.Key(), e.Revision()
 	ix.called("apply", key)
-	tenant, _, _ := strings.Cut(key, ".")
 	put := e.Operation() == jetstream.KeyValuePut
+	if tenant, ok := removalMark(key); ok {
+		ix.mark(tenant, string(e.Value()), put, rev)
+		return
+	}
+	tenant, _, _ := strings.Cut(key, ".")
 	var ent *entry
 	decoded := !put
 	for {
@@ -268,11 +319,57 @@ func (ix *index) apply(e jetstream.KeyValueEntry) {
 			ix.fit(t)
 		}
 	}
+	ix.passed(rev)
+}
+
+// passed moves the watch's position to rev, with ix.mu held.
+func (ix *index) passed(rev uint64) {
 	if rev > ix.seq {
 		ix.seq = rev
 		ix.removed = slices.DeleteFunc(ix.removed, func(t tombstone) bool { return t.seq <= rev })
 	}
 	ix.changed.Broadcast()
+}
+
+// mark takes a tenant's removal mark from the watch: the notice of id
+// arrived, or the tenant, held or loading, may hold what the removal
+// took, and is dropped (a load is read again).
+func (ix *index) mark(tenant, id string, put bool, rev uint64) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	defer ix.passed(rev)
+	if !put {
+		return // the mark's own removal (a purge of the whole tenant)
+	}
+	if _, ok := ix.noticed[id]; ok {
+		delete(ix.noticed, id)
+		return
+	}
+	t := ix.tenants[tenant]
+	if t == nil {
+		return
+	}
+	ix.stats.MissedRemovals++
+	ix.called("missed", tenant) // with ix.mu held
+	ix.log.Info("store index: a removal's notice did not arrive; the tenant is read again from the bucket", zap.String("tenant", tenant))
+	if t.load != nil {
+		t.load.missed = true
+		return
+	}
+	ix.drop(t)
+}
+
+// noticedID remembers the id of a notice received, with ix.mu held.
+func (ix *index) noticedID(id string) {
+	if _, ok := ix.noticed[id]; ok || id == "" {
+		return
+	}
+	ix.noticed[id] = struct{}{}
+	ix.noticedOrder = append(ix.noticedOrder, id)
+	if len(ix.noticedOrder) > maxNoticed {
+		delete(ix.noticed, ix.noticedOrder[0])
+		ix.noticedOrder = slices.Delete(ix.noticedOrder, 0, 1)
+	}
 }
 
 func (ix *index) called(stage, name string) {
@@ -327,8 +424,10 @@ func (ix *index) purgeHeld(t *tenantIndex, p tombstone) {
 func (ix *index) remove(r removal) {
 	tenant, _, _ := strings.Cut(r.Filter, ".")
 	p := tombstone{filter: r.Filter, seq: r.Seq}
+	ix.called("notice", r.Filter)
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	ix.noticedID(r.ID)
 	if r.Seq > ix.seq {
 		ix.removed = append(ix.removed, p)
 	}
@@ -499,9 +598,17 @@ func (ix *index) acquire(ctx context.Context, tenant string) (*tenantIndex, erro
 		t = &tenantIndex{name: tenant, load: &loadState{}}
 		ix.tenants[tenant] = t
 		ix.mu.Unlock()
-		return ix.load(ctx, t)
+		t, err := ix.load(ctx, t)
+		if !errors.Is(err, errReadAgain) {
+			return t, err
+		}
+		ix.mu.Lock()
 	}
 }
+
+// errReadAgain is load's answer when a removal it did not hear of came
+// while it read the bucket: the tenant is read again.
+var errReadAgain = errors.New("store: a removal came while the tenant was read")
 
 // load reads a registered tenant from the bucket and merges what the
 // watch and the notices queued meanwhile.
@@ -512,12 +619,16 @@ func (ix *index) load(ctx context.Context, t *tenantIndex) (*tenantIndex, error)
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	defer ix.changed.Broadcast()
-	if err != nil || entries == nil {
+	if err != nil || entries == nil || t.load.missed {
 		delete(ix.tenants, t.name)
-		if err == nil {
+		switch {
+		case err != nil:
+			return nil, err
+		case entries == nil:
 			ix.markOversized(t.name, size)
+			return nil, nil
 		}
-		return nil, err
+		return nil, errReadAgain
 	}
 	t.entries, t.bytes = entries, size
 	ix.bytes += size
@@ -721,10 +832,16 @@ func (s *Store) purge(ctx context.Context, f string) error {
 	if err := s.stream.Purge(ctx, jetstream.WithPurgeSubject("$KV."+s.bucket+"."+f), jetstream.WithPurgeSequence(last+1)); err != nil {
 		return err
 	}
-	r := removal{Filter: f, Seq: last}
+	r := removal{Filter: f, Seq: last, ID: nuid.Next()}
 	if s.ix != nil {
 		s.ix.remove(r)
 	}
 	data, _ := json.Marshal(r)
-	return s.js.Conn().Publish(s.removedSubject(), data)
+	if err := s.js.Conn().Publish(s.removedSubject(), data); err != nil {
+		return err
+	}
+	// After the notice, so that it usually arrives first (see index).
+	tenant, _, _ := strings.Cut(f, ".")
+	_, err = s.kv.Put(ctx, tenant+"."+removedToken, []byte(r.ID))
+	return bus.MarkStoreFull(s.bucket, err)
 }

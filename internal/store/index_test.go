@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/natsagent/natsagent/internal/bus"
+	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/store"
 )
 
@@ -686,5 +687,92 @@ func TestIndexRefusesRemovalNoticesOutsideOneTenant(t *testing.T) {
 		if got := render(t, res); !strings.Contains(got, "docs/b:after ") || (tenant == "u" && !strings.Contains(got, "docs/b:after2 ")) {
 			t.Fatalf("%s: a put after the refused notices is hidden:\n%s", tenant, got)
 		}
+	}
+}
+
+// A gateway that misses another process's removal notice (disconnected
+// when it was sent, or dropping it as a slow consumer) does not keep the
+// removed items: neither those of a tenant it holds, nor those of one it
+// is reading from the bucket as the removal happens. Search and the
+// namespace listing answer as the bucket does.
+func TestIndexMissedRemovalNoticeLeavesNoStaleItems(t *testing.T) {
+	s, plain := openBudget(t, store.Config{}, 1<<20)
+	ctx := context.Background()
+	putItems(t, plain, "p", 6)
+	putItems(t, plain, "q", 6)
+	sameAsBucket(t, s, plain, "p", all)
+	store.MissNotices(t, s)
+
+	// Held: a namespace purged, then one item deleted.
+	if err := plain.PurgePrefix(ctx, "p", []string{"docs", "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := sameAsBucket(t, s, plain, "p", all); strings.Contains(got, "docs/a:") {
+		t.Fatalf("purged items came back:\n%s", got)
+	}
+	if got := namespaces(t, s, "p"); got != "docs/b" {
+		t.Fatalf("namespaces of p: %q, want docs/b", got)
+	}
+	if err := plain.Delete(ctx, "p", []string{"docs", "b"}, "k1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := sameAsBucket(t, s, plain, "p", all); strings.Contains(got, "docs/b:k1 ") {
+		t.Fatalf("the deleted item came back:\n%s", got)
+	}
+
+	// Loading: the purge lands after the tenant's read of the bucket, and
+	// its mark reaches the index before the read is merged.
+	missed := make(chan struct{}, 1)
+	var once sync.Once
+	store.SetHook(s, func(stage, tenant string) {
+		switch {
+		case stage == "missed" && tenant == "q":
+			missed <- struct{}{}
+		case stage == "read" && tenant == "q":
+			once.Do(func() {
+				if err := plain.PurgePrefix(ctx, "q", nil); err != nil {
+					t.Error(err)
+				}
+				natstest.Recv(t, missed, "the removal mark of q")
+			})
+		}
+	})
+	if got := sameAsBucket(t, s, plain, "q", all); got != "" {
+		t.Fatalf("q's items came back after the purge of the whole tenant:\n%s", got)
+	}
+	if st := s.IndexStats(); st.MissedRemovals != 3 {
+		t.Fatalf("%d missed removals counted, want 3 (two of p, one of q)", st.MissedRemovals)
+	}
+}
+
+// A removal whose notice arrives before its mark (the usual order) is
+// applied from the notice: the tenant stays held, nothing is read again.
+func TestIndexHeardRemovalKeepsTheTenant(t *testing.T) {
+	s, plain := openBudget(t, store.Config{}, 1<<20)
+	ctx := context.Background()
+	putItems(t, plain, "p", 6)
+	sameAsBucket(t, s, plain, "p", all)
+	heard := make(chan struct{}, 1)
+	store.SetHook(s, func(stage, name string) {
+		switch {
+		case stage == "notice":
+			heard <- struct{}{}
+		case stage == "apply" && strings.HasSuffix(name, "/removed"):
+			select { // the watch waits for the notice
+			case <-heard:
+			case <-time.After(natstest.Patience):
+				t.Error("the removal notice never came")
+			}
+		}
+	})
+	loads := s.IndexStats().Loads
+	if err := plain.PurgePrefix(ctx, "p", []string{"docs", "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := sameAsBucket(t, s, plain, "p", all); strings.Contains(got, "docs/a:") {
+		t.Fatalf("purged items came back:\n%s", got)
+	}
+	if st := s.IndexStats(); st.MissedRemovals != 0 || st.Loads != loads {
+		t.Fatalf("after a heard removal: %d missed, %d loads (want 0, %d)", st.MissedRemovals, st.Loads, loads)
 	}
 }

@@ -284,7 +284,8 @@ func (s *Store) scan(ctx context.Context, tenant, f string, fn func(candidate)) 
 }
 
 // each calls fn with every item under the key filter f (with opts, only
-// what they ask for: jetstream.MetaOnly for keys).
+// what they ask for: jetstream.MetaOnly for keys); removal marks are no
+// items.
 func (s *Store) each(ctx context.Context, f string, fn func(jetstream.KeyValueEntry), opts ...jetstream.WatchOpt) error {
 	w, err := s.kv.Watch(ctx, f, append([]jetstream.WatchOpt{jetstream.IgnoreDeletes()}, opts...)...)
 	if err != nil {
@@ -302,7 +303,9 @@ func (s *Store) each(ctx context.Context, f string, fn func(jetstream.KeyValueEn
 			if e == nil {
 				return nil
 			}
-			fn(e)
+			if _, mark := removalMark(e.Key()); !mark {
+				fn(e)
+			}
 		}
 	}
 }

@@ -51,24 +51,11 @@ func StartOn(t testing.TB, srv *natstest.Server, settings bus.Settings) *Deploym
 	return &Deployment{Server: srv, NC: nc, JS: js, Settings: settings, Stores: stores}
 }
 
-// MinWait is the shortest WaitFor: a condition that holds in the end
-// passes sooner or later, and only a broken one waits this long.
-const MinWait = time.Minute
+// MinWait is the shortest WaitFor (natstest.MinWait).
+const MinWait = natstest.MinWait
 
-// WaitFor polls cond until it holds, failing the test after timeout with
-// what it was waiting for.
+// WaitFor is natstest.WaitFor.
 func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	// The timeout says when waiting has gone on too long, not how fast
-	// the code must be: under -race on a machine shared with stress-ng a
-	// run's first answer took 7 s. No wait gives up before MinWait.
-	timeout = max(timeout, MinWait)
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %s waiting for %s", timeout, what)
+	natstest.WaitFor(t, timeout, what, cond)
 }

@@ -310,21 +310,51 @@ func (c *Cache) System(prompt string) int {
 	return n
 }
 
-// maxTools bounds the tool schemas the process remembers.
-const maxTools = 1024
+// maxTools bounds the tool schema counts the process keeps, and
+// maxToolVariants those it keeps under one name.
+const (
+	maxTools        = 1024
+	maxToolVariants = 8
+)
 
 // toolCounts remembers each tool schema's count, process-wide, by encoding
-// and tool name (*toolEntry): the runs of a deployment offer the same
-// tools, so one entry serves them all and a run holds none of its own. An
-// entry keeps the spec it counted by reference (ToolSpec.Parameters is
-// never changed in place once a tool hands it out); a spec whose
-// description or parameters differ is counted again and replaces it.
+// and tool name (*toolVariants): the runs of a deployment offer the same
+// tools, so one entry serves them all and a run holds none of its own.
+// One name may carry several schemas (an MCP server's tool and a local one
+// under the same name, two MCP servers): each keeps its own entry, so
+// profiles offering them in turn count neither again. An entry keeps the
+// spec it counted by reference (ToolSpec.Parameters is never changed in
+// place once a tool hands it out), so a hit compares the schema without
+// scanning it while the bytes are the ones counted.
+//
+// Bounded: a name keeps its maxToolVariants latest schemas, and the
+// process about maxTools entries in all (runs racing to add one may pass
+// it by one each); past that every count is dropped (MCP
+// schemas come and go, and a count is cheap to make again).
 var (
 	toolCounts sync.Map
 	toolsHeld  atomic.Int64
 )
 
 type toolKey struct{ encoding, name string }
+
+// toolVariants are the schemas counted under one name, newest last. A
+// value is never changed once stored: a new schema stores a new one.
+type toolVariants struct {
+	entries []*toolEntry
+}
+
+func (v *toolVariants) find(s *model.ToolSpec) (int, bool) {
+	if v == nil {
+		return 0, false
+	}
+	for _, e := range v.entries {
+		if e.spec.Description == s.Description && bytes.Equal(e.spec.Parameters, s.Parameters) {
+			return e.n, true
+		}
+	}
+	return 0, false
+}
 
 // Tools counts tool schemas.
 func (c *Cache) Tools(specs []model.ToolSpec) int {
@@ -334,23 +364,53 @@ func (c *Cache) Tools(specs []model.ToolSpec) int {
 	n := ToolsOverhead
 	enc := c.counter.Encoding()
 	for i := range specs {
-		s := &specs[i]
-		k := toolKey{enc, s.Name}
-		if v, ok := toolCounts.Load(k); ok {
-			if e := v.(*toolEntry); e.spec.Description == s.Description && bytes.Equal(e.spec.Parameters, s.Parameters) {
-				n += e.n
-				continue
-			}
-		}
-		e := &toolEntry{spec: *s, n: c.tool(s)}
-		if toolsHeld.Add(1) > maxTools {
-			toolCounts.Clear()
-			toolsHeld.Store(1)
-		}
-		toolCounts.Store(k, e)
-		n += e.n
+		n += c.toolCount(toolKey{enc, specs[i].Name}, &specs[i])
 	}
 	return n
+}
+
+// toolCount is the count of s, kept under k.
+func (c *Cache) toolCount(k toolKey, s *model.ToolSpec) int {
+	v, _ := toolCounts.Load(k)
+	old, _ := v.(*toolVariants)
+	if n, ok := old.find(s); ok {
+		return n
+	}
+	e := &toolEntry{spec: *s, n: c.tool(s)}
+	for {
+		next := &toolVariants{entries: []*toolEntry{e}}
+		added := int64(1)
+		if old != nil {
+			kept := old.entries
+			if len(kept) >= maxToolVariants {
+				kept, added = kept[len(kept)-maxToolVariants+1:], 0
+			}
+			next.entries = append(append(make([]*toolEntry, 0, len(kept)+1), kept...), e)
+		}
+		var stored bool
+		if old == nil {
+			_, loaded := toolCounts.LoadOrStore(k, next)
+			stored = !loaded
+		} else {
+			stored = toolCounts.CompareAndSwap(k, old, next)
+		}
+		if stored {
+			if toolsHeld.Add(added) > maxTools {
+				// Dropped all at once: what is counted again is what runs
+				// still offer.
+				toolCounts.Clear()
+				toolsHeld.Store(0)
+			}
+			return e.n
+		}
+		// Another run stored a schema under this name first.
+		v, _ = toolCounts.Load(k)
+		if old, _ = v.(*toolVariants); old != nil {
+			if _, ok := old.find(s); ok {
+				return e.n
+			}
+		}
+	}
 }
 
 // systemCount counts a system prompt, through the process-wide level

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 	// Embed the time zone database: current_time must not depend on the
 	// host having one.
@@ -88,16 +89,19 @@ func (t funcTool) Call(ctx context.Context, call *Call) (*Result, error) {
 	return Text(out), nil
 }
 
-// Set is the tools one run may use, by name. It is built once per run and
-// never changes during it.
+// Set is the tools a run may use, by name. It never changes once built,
+// so the runs of a profile share one (Registry.Select).
 type Set struct {
 	byName map[string]Tool
 	order  []string
+	// specs is what Specs returns: built once, shared by every model
+	// call of every run that holds the set.
+	specs []model.ToolSpec
 }
 
 // NewSet builds a set; two tools with one name is an error.
 func NewSet(ts ...Tool) (*Set, error) {
-	s := &Set{byName: make(map[string]Tool, len(ts)), order: make([]string, 0, len(ts))}
+	s := &Set{byName: make(map[string]Tool, len(ts)), order: make([]string, 0, len(ts)), specs: make([]model.ToolSpec, 0, len(ts))}
 	for _, t := range ts {
 		name := t.Spec().Name
 		if name == "" {
@@ -108,6 +112,7 @@ func NewSet(ts ...Tool) (*Set, error) {
 		}
 		s.byName[name] = t
 		s.order = append(s.order, name)
+		s.specs = append(s.specs, t.Spec())
 	}
 	return s, nil
 }
@@ -128,22 +133,25 @@ func (s *Set) Names() []string {
 	return append([]string(nil), s.order...)
 }
 
-// Specs lists the tool specs in order.
+// Specs lists the tool specs in order. The slice is the set's own,
+// shared by everyone who holds the set: read it, never write into it (an
+// append copies it, as its capacity is its length).
 func (s *Set) Specs() []model.ToolSpec {
 	if s == nil {
 		return nil
 	}
-	specs := make([]model.ToolSpec, len(s.order))
-	for i, n := range s.order {
-		specs[i] = s.byName[n].Spec()
-	}
-	return specs
+	return s.specs
 }
 
 // Registry holds every tool a deployment knows, from which agent profiles
 // pick theirs.
 type Registry struct {
 	tools map[string]Tool
+	// sets holds the sets Select built, by the names asked for: every run
+	// of a profile asks for the same names, and shares one set. Register
+	// forgets them.
+	mu   sync.Mutex
+	sets map[string]*Set
 }
 
 // NewRegistry returns a registry holding the built-in tools.
@@ -157,7 +165,12 @@ func NewRegistry() *Registry {
 }
 
 // Register adds or replaces a tool.
-func (r *Registry) Register(t Tool) { r.tools[t.Spec().Name] = t }
+func (r *Registry) Register(t Tool) {
+	r.tools[t.Spec().Name] = t
+	r.mu.Lock()
+	r.sets = nil
+	r.mu.Unlock()
+}
 
 // Get returns the named tool or nil.
 func (r *Registry) Get(name string) Tool { return r.tools[name] }
@@ -172,9 +185,32 @@ func (r *Registry) Names() []string {
 	return names
 }
 
-// Select builds the set of the named tools; an unknown name is an error
-// that lists what exists.
+// Select returns the set of the named tools, built on the first call for
+// these names and shared after; an unknown name is an error that lists
+// what exists.
 func (r *Registry) Select(names []string) (*Set, error) {
+	key := strings.Join(names, "\x00")
+	r.mu.Lock()
+	s := r.sets[key]
+	r.mu.Unlock()
+	if s != nil {
+		return s, nil
+	}
+	s, err := r.build(names)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	if r.sets == nil {
+		r.sets = make(map[string]*Set)
+	}
+	r.sets[key] = s
+	r.mu.Unlock()
+	return s, nil
+}
+
+// build makes the set of the named tools.
+func (r *Registry) build(names []string) (*Set, error) {
 	ts := make([]Tool, 0, len(names))
 	for _, n := range names {
 		t := r.tools[n]

@@ -59,3 +59,39 @@ func TestRegistryAndSet(t *testing.T) {
 		t.Fatal("a nil set has no tools")
 	}
 }
+
+// The runs of a profile ask the registry for the same names and share
+// one set and one spec list; a tool registered later is in the next set.
+func TestRegistrySelect_SharesUntilRegister(t *testing.T) {
+	r := NewRegistry()
+	a, err := r.Select([]string{"current_time", "ls"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := r.Select([]string{"current_time", "ls"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a != b {
+		t.Error("two selections of the same names built two sets")
+	}
+	specs := a.Specs()
+	if len(specs) != 2 || specs[0].Name != "current_time" || specs[1].Name != "ls" {
+		t.Fatalf("specs %v", specs)
+	}
+	if &b.Specs()[0] != &specs[0] || cap(specs) != len(specs) {
+		t.Errorf("Specs is not the set's one list with no room to append into (len %d, cap %d)", len(specs), cap(specs))
+	}
+	if _, err := r.Select([]string{"nope"}); err == nil {
+		t.Error("an unknown tool was selected")
+	}
+
+	r.Register(Func(model.ToolSpec{Name: "ls", Description: "replaced"}, func(context.Context, json.RawMessage) (string, error) { return "", nil }))
+	c, err := r.Select([]string{"current_time", "ls"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c == a || c.Specs()[1].Description != "replaced" {
+		t.Errorf("a selection after Register kept the old set: %q", c.Specs()[1].Description)
+	}
+}

@@ -658,7 +658,9 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	stream.Emit(protocol.EventRunStarted, started, events.StartedID(req.RunID, attempt))
 	j.hold.Unlock()
 	j.rec, j.recRev = rec, rev
-	j.log = j.log.WithLazy(zap.Int("attempt", attempt))
+	// Built again from the worker's logger rather than on top of the
+	// one above: a waiting run holds one logger, not a chain of two.
+	j.log = w.log.WithLazy(zap.String("tenant", req.Tenant), zap.String("thread_id", req.ThreadID), zap.String("run_id", req.RunID), zap.Int("attempt", attempt))
 	ctx = j.started(ctx, meta, protocol.RunView(req.RunID, rec, th))
 	defer j.endSpan()
 	j.log.Info("run started", zap.String("agent", req.Agent), zap.Uint64("epoch", th.Epoch), zap.Uint64("deliveries", meta.NumDelivered))

@@ -9,7 +9,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +30,7 @@ import (
 	"github.com/natsagent/natsagent/internal/kv"
 	"github.com/natsagent/natsagent/internal/limits"
 	"github.com/natsagent/natsagent/internal/metrics"
+	"github.com/natsagent/natsagent/internal/middleware"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/subagents"
 )
@@ -222,6 +225,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	stores.SetTTLs(cfg.KeyTTLs)
+	stores.Observe(cfg.Logger, cfg.Metrics)
 	pub, err := events.NewPublisher(ctx, js, names, cfg.Logger.With(zap.String("worker", cfg.ID)))
 	if err != nil {
 		return nil, err
@@ -321,6 +325,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 
 	w.log.Info("worker started", zap.Int("concurrency", w.cfg.Concurrency))
+	guesses := w.cfg.Agents.VisionGuesses()
+	for _, name := range slices.Sorted(maps.Keys(guesses)) {
+		middleware.LogVisionGuess(w.log, name, guesses[name])
+	}
 	err := w.pull(ctx, base)
 
 	grace := w.cfg.ShutdownGrace

@@ -167,11 +167,12 @@ var (
 	descIndexLoads     = prometheus.NewDesc(Namespace+"_store_index_loads_total", "Tenants read from the store bucket into the search index (a first search, or one after an eviction).", nil, nil)
 	descIndexEvictions = prometheus.NewDesc(Namespace+"_store_index_evictions_total", "Tenants the search index dropped, least recently searched first, to stay within its budget.", nil, nil)
 	descIndexOversized = prometheus.NewDesc(Namespace+"_store_index_oversized_total", "Times a tenant was found larger than the whole index budget (its searches then read the bucket).", nil, nil)
+	descIndexMissed    = prometheus.NewDesc(Namespace+"_store_index_missed_removals_total", "Tenants the search index dropped, to read them from the bucket again, because another process's removal reached it only through the bucket (its core NATS notice was missed).", nil, nil)
 	descIndexBucket    = prometheus.NewDesc(Namespace+"_store_index_bucket_searches_total", "Store searches and namespace listings of tenants larger than the budget, answered by reading the bucket.", nil, nil)
 )
 
 func (c *storeIndexCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descIndexBytes, descIndexBudget, descIndexTenants, descIndexLoads, descIndexEvictions, descIndexOversized, descIndexBucket} {
+	for _, d := range []*prometheus.Desc{descIndexBytes, descIndexBudget, descIndexTenants, descIndexLoads, descIndexEvictions, descIndexOversized, descIndexBucket, descIndexMissed} {
 		ch <- d
 	}
 }
@@ -190,6 +191,7 @@ func (c *storeIndexCollector) Collect(ch chan<- prometheus.Metric) {
 		sum.Evictions += s.Evictions
 		sum.Oversized += s.Oversized
 		sum.BucketSearches += s.BucketSearches
+		sum.MissedRemovals += s.MissedRemovals
 	}
 	ch <- prometheus.MustNewConstMetric(descIndexBytes, prometheus.GaugeValue, float64(sum.Bytes))
 	ch <- prometheus.MustNewConstMetric(descIndexBudget, prometheus.GaugeValue, float64(sum.Budget))
@@ -198,4 +200,5 @@ func (c *storeIndexCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descIndexEvictions, prometheus.CounterValue, float64(sum.Evictions))
 	ch <- prometheus.MustNewConstMetric(descIndexOversized, prometheus.CounterValue, float64(sum.Oversized))
 	ch <- prometheus.MustNewConstMetric(descIndexBucket, prometheus.CounterValue, float64(sum.BucketSearches))
+	ch <- prometheus.MustNewConstMetric(descIndexMissed, prometheus.CounterValue, float64(sum.MissedRemovals))
 }

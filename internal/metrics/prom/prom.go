@@ -69,6 +69,7 @@ type Recorder struct {
 	cancels      *series[string, prometheus.Counter]
 	dlq          *series[string, prometheus.Counter]
 	storeFull    *series[string, prometheus.Counter]
+	undecodable  *series[string, prometheus.Counter]
 	jobs         [2]prometheus.Counter
 	toolCalls    *series[[2]string, prometheus.Observer]
 	fencePauses  prometheus.Counter
@@ -141,6 +142,8 @@ func New(o Options) (*Recorder, error) {
 		Help: "Run requests copied to the dead-letter stream, by reason (invalid, conflict, max_deliveries)."}, []string{"reason"})
 	storeFull := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "store_full_total",
 		Help: "Writes JetStream refused for lack of room (a full server or account store, or a stream or bucket at its max bytes), by the stream or bucket written to."}, []string{"store"})
+	undecodable := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "records_undecodable_total",
+		Help: "Stored records a listing or search skipped because they do not decode (corrupted, or written by a newer version), by bucket; each skip counts."}, []string{"bucket"})
 	jobs := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "worker_jobs_processed_total",
 		Help: "Run requests a worker took to their end (finished, handed back or dropped), by delivery (first, redelivery)."}, []string{"delivery"})
 	toolCalls := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Name: "tool_call_duration_seconds",
@@ -164,7 +167,7 @@ func New(o Options) (*Recorder, error) {
 	// worker gauges sum over every tracked worker.
 	if err := errors.Join(register(reg, &started), register(reg, &wait), register(reg, &finished), register(reg, &duration),
 		register(reg, &calls), register(reg, &tokens), register(reg, &retries), register(reg, &cancels), register(reg, &dlq),
-		register(reg, &storeFull), register(reg, &jobs), register(reg, &toolCalls), register(reg, &fencePauses),
+		register(reg, &storeFull), register(reg, &undecodable), register(reg, &jobs), register(reg, &toolCalls), register(reg, &fencePauses),
 		register(reg, &fenceStops), register(reg, &httpCount), register(reg, &httpDuration), register(reg, &submitted),
 		register(reg, &r.workers), register(reg, &r.lag), register(reg, &r.storeIndex)); err != nil {
 		return nil, err
@@ -190,6 +193,7 @@ func New(o Options) (*Recorder, error) {
 	r.cancels = newSeries(func(k string) prometheus.Counter { return cancels.WithLabelValues(k) })
 	r.dlq = newSeries(func(k string) prometheus.Counter { return dlq.WithLabelValues(k) })
 	r.storeFull = newSeries(func(k string) prometheus.Counter { return storeFull.WithLabelValues(k) })
+	r.undecodable = newSeries(func(k string) prometheus.Counter { return undecodable.WithLabelValues(k) })
 	r.jobs = [2]prometheus.Counter{jobs.WithLabelValues("first"), jobs.WithLabelValues("redelivery")}
 	r.toolCalls = newSeries(func(k [2]string) prometheus.Observer { return toolCalls.WithLabelValues(k[0], k[1]) })
 	r.fencePauses = fencePauses
@@ -272,6 +276,9 @@ func (r *Recorder) DeadLettered(reason string) { r.dlq.get(reason).Inc() }
 
 // StoreFull implements metrics.Recorder.
 func (r *Recorder) StoreFull(store string) { r.storeFull.get(store).Inc() }
+
+// RecordUndecodable implements metrics.Recorder.
+func (r *Recorder) RecordUndecodable(bucket string) { r.undecodable.get(bucket).Inc() }
 
 // JobProcessed implements metrics.Recorder.
 func (r *Recorder) JobProcessed(redelivered bool) {

@@ -141,11 +141,11 @@ func TestStoreIndexMetrics(t *testing.T) {
 	r := newTest(t, Options{})
 	names := []string{"natsagent_store_index_bytes", "natsagent_store_index_budget_bytes", "natsagent_store_index_tenants",
 		"natsagent_store_index_loads_total", "natsagent_store_index_evictions_total", "natsagent_store_index_oversized_total",
-		"natsagent_store_index_bucket_searches_total"}
+		"natsagent_store_index_bucket_searches_total", "natsagent_store_index_missed_removals_total"}
 	if n := testutil.CollectAndCount(r.Registry(), names...); n != 0 {
 		t.Fatalf("%d store index series without an index", n)
 	}
-	stats := metrics.StoreIndexStats{Bytes: 1000, Budget: 4096, Tenants: 2, Loads: 5, Evictions: 3, Oversized: 1, BucketSearches: 7}
+	stats := metrics.StoreIndexStats{Bytes: 1000, Budget: 4096, Tenants: 2, Loads: 5, Evictions: 3, Oversized: 1, BucketSearches: 7, MissedRemovals: 2}
 	untrack := r.TrackStoreIndex(func() metrics.StoreIndexStats { return stats })
 	want := `
 # HELP natsagent_store_index_bucket_searches_total Store searches and namespace listings of tenants larger than the budget, answered by reading the bucket.
@@ -163,6 +163,9 @@ natsagent_store_index_evictions_total 3
 # HELP natsagent_store_index_loads_total Tenants read from the store bucket into the search index (a first search, or one after an eviction).
 # TYPE natsagent_store_index_loads_total counter
 natsagent_store_index_loads_total 5
+# HELP natsagent_store_index_missed_removals_total Tenants the search index dropped, to read them from the bucket again, because another process's removal reached it only through the bucket (its core NATS notice was missed).
+# TYPE natsagent_store_index_missed_removals_total counter
+natsagent_store_index_missed_removals_total 2
 # HELP natsagent_store_index_oversized_total Times a tenant was found larger than the whole index budget (its searches then read the bucket).
 # TYPE natsagent_store_index_oversized_total counter
 natsagent_store_index_oversized_total 1
