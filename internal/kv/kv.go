@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -160,19 +161,56 @@ func getAfter[T any](ctx context.Context, js jetstream.JetStream, bucket, key st
 // encode writes a record as JSON. Run and thread records, written
 // several times a run, are encoded by hand into the same bytes
 // encoding/json writes (protocol.AppendRunJSON); anything else by
-// encoding/json.
+// encoding/json. The buffer starts at the size the last record of its
+// kind took, so a record costs one allocation instead of a guess and
+// its growths (a thread's release, with last_run, is well over 1 KiB).
 func encode(v any) ([]byte, error) {
 	switch v := v.(type) {
 	case *protocol.Run:
-		size := 512
+		hint := &pendingRunSize
 		if v.Output != nil || v.Usage != nil {
-			size = 2048 // a finished run's answer and usage
+			hint = &endedRunSize // a finished run's answer and usage
 		}
-		return protocol.AppendRunJSON(make([]byte, 0, size), v)
+		return encodeSized(hint, v, protocol.AppendRunJSON)
 	case *protocol.Thread:
-		return protocol.AppendThreadJSON(make([]byte, 0, 512), v)
+		return encodeSized(&threadSize, v, protocol.AppendThreadJSON)
 	}
 	return json.Marshal(v)
+}
+
+// recordSize remembers the size of the last record of one kind encoded.
+type recordSize struct{ last atomic.Int64 }
+
+var pendingRunSize, endedRunSize, threadSize recordSize
+
+// Records of a kind vary by a few bytes from write to write (ids,
+// times, counts): the slack keeps the next one within its buffer. A
+// record over maxRecordHint (a large answer) is not taken as the next
+// one's size.
+const (
+	minRecordHint = 512
+	recordSlack   = 128
+	maxRecordHint = 16 << 10
+)
+
+func encodeSized[T any](h *recordSize, v T, appendJSON func([]byte, T) ([]byte, error)) ([]byte, error) {
+	b, err := appendJSON(make([]byte, 0, max(minRecordHint, int(h.last.Load())+recordSlack)), v)
+	if err == nil && len(b) <= maxRecordHint {
+		h.last.Store(int64(len(b)))
+	}
+	return b, err
+}
+
+// timeEntry encodes an index entry whose one field is a time ({"at":…}),
+// head being its opening up to the colon, as encoding/json encodes the
+// entry's struct: nil for a time encoding/json refuses.
+func timeEntry(head string, t time.Time) []byte {
+	b := append(make([]byte, 0, len(head)+len(`"2006-01-02T15:04:05.999999999-07:00"}`)), head...)
+	b, ok := protocol.AppendTimeJSON(b, t)
+	if !ok {
+		return nil
+	}
+	return append(b, '}')
 }
 
 // put creates (rev 0) or compare-and-sets (rev > 0) one key.

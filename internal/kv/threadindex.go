@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -74,7 +73,7 @@ func (s *Threads) indexCreated(ctx context.Context, t *protocol.Thread) (bool, e
 // oneTrip it is refused, in one round trip, also when the key's last
 // entry is a delete (kv.Create reads the key again to see that).
 func (s *Threads) writeCreated(ctx context.Context, t *protocol.Thread, oneTrip bool) (bool, error) {
-	data, _ := json.Marshal(CreatedEntry{CreatedAt: t.CreatedAt})
+	data := timeEntry(`{"created_at":`, t.CreatedAt) // as json.Marshal(CreatedEntry{...})
 	key := CreatedKey(t.Tenant, t.ThreadID, t.Owner)
 	var err error
 	if oneTrip {

@@ -2,7 +2,6 @@ package kv
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -198,6 +197,8 @@ func cloneThread(t *protocol.Thread) protocol.Thread {
 	return c
 }
 
+// runIndexEntry is the value of a run index key (IndexRun writes it by
+// hand with timeEntry; readers decode it).
 type runIndexEntry struct {
 	CreatedAt time.Time `json:"created_at"`
 }
@@ -206,7 +207,7 @@ type runIndexEntry struct {
 // server: the index only serves listings, and a lost entry is rewritten by
 // the next writer of the run.
 func (s *Threads) IndexRun(ctx context.Context, tenant, thread, run string, created time.Time) error {
-	data, _ := json.Marshal(runIndexEntry{CreatedAt: created})
+	data := timeEntry(`{"created_at":`, created) // as json.Marshal(runIndexEntry{...})
 	_, err := s.js.PublishAsync("$KV."+s.bucket+"."+bus.Key(tenant, thread, "run", run), data)
 	return err
 }

@@ -2,7 +2,6 @@ package kv
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -54,6 +53,8 @@ func statusMarkerKey(tenant string) string {
 	return bus.Key(tenant, "=index", statusToken)
 }
 
+// statusEntry is the value of a status index key (written by hand with
+// timeEntry).
 type statusEntry struct {
 	At time.Time `json:"at"`
 }
@@ -65,7 +66,7 @@ func (s *Threads) markStatus(ctx context.Context, prev, t *protocol.Thread) erro
 	if !IndexedStatus(t.Status) || (prev != nil && prev.Status == t.Status && prev.Owner == t.Owner) {
 		return nil
 	}
-	data, _ := json.Marshal(statusEntry{At: time.Now().UTC()})
+	data := timeEntry(`{"at":`, time.Now().UTC()) // as json.Marshal(statusEntry{...})
 	ctx, cancel := bound(ctx)
 	defer cancel()
 	if _, err := s.kv.Put(ctx, StatusKey(t.Tenant, t.ThreadID, t.Status, t.Owner), data); err != nil {
@@ -229,7 +230,7 @@ func (s *Threads) ReindexStatus(ctx context.Context, tenant string) (added, remo
 		return nil
 	}
 	add := func(k string) error {
-		data, _ := json.Marshal(statusEntry{At: time.Now().UTC()})
+		data := timeEntry(`{"at":`, time.Now().UTC()) // as json.Marshal(statusEntry{...})
 		a, err := s.js.PublishAsync("$KV."+s.bucket+"."+k, data)
 		if err != nil {
 			return err
@@ -274,7 +275,7 @@ func (s *Threads) ReindexStatus(ctx context.Context, tenant string) (added, remo
 	if err != nil {
 		return added, removed, err
 	}
-	data, _ := json.Marshal(statusEntry{At: time.Now().UTC()})
+	data := timeEntry(`{"at":`, time.Now().UTC()) // as json.Marshal(statusEntry{...})
 	pctx, cancel := bound(ctx)
 	defer cancel()
 	if _, err := s.kv.Put(pctx, statusMarkerKey(tenant), data); err != nil {
