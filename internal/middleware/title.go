@@ -12,6 +12,7 @@ package middleware
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"strings"
@@ -85,8 +86,7 @@ type titleJob struct {
 
 // BeforeAgent sets the fallback title on a thread that has none.
 func (t *Title) BeforeAgent(ctx context.Context, rt *Runtime, st *state.State) (Result, error) {
-	var cur string
-	if ok, _ := st.Value(TitleValue, &cur); ok && cur != "" {
+	if hasTitle(st) {
 		return Result{}, nil
 	}
 	for _, m := range st.Messages {
@@ -95,6 +95,20 @@ func (t *Title) BeforeAgent(ctx context.Context, rt *Runtime, st *state.State) (
 		}
 	}
 	return Result{}, nil
+}
+
+// hasTitle reports whether st's title is a non-empty string. Every run
+// of a titled thread asks, so the stored value is decoded only when a
+// look cannot tell: valid JSON that opens and closes with a quote is one
+// string, and one with anything between its quotes is not empty.
+func hasTitle(st *state.State) bool {
+	raw := st.Values[TitleValue]
+	if n := len(raw); n > len(`""`) && raw[0] == '"' && raw[n-1] == '"' && json.Valid(raw) {
+		return true
+	}
+	var cur string
+	ok, _ := st.Value(TitleValue, &cur)
+	return ok && cur != ""
 }
 
 func (t *Title) set(rt *Runtime, title string) (Result, error) {

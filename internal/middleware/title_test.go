@@ -268,3 +268,37 @@ func TestTitledDataJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestTitle_TitledThreadCostsNothing: the run of a thread that has its
+// title reads the stored value without decoding it (no allocation),
+// and every stored value that does not decode to a non-empty string
+// still gets the fallback title, as it did when the value was decoded.
+func TestTitle_TitledThreadCostsNothing(t *testing.T) {
+	tm := newTitleMW(t, Title{}, nil)
+	for raw, keeps := range map[string]bool{
+		`"Chosen"`: true, `" "`: true, `"\u0000"`: true, `"日本"`: true, `"a\"b"`: true,
+		`""`: false, `"`: false, `"abc`: false, `123`: false, `{"a":1}`: false, `"a"b"`: false, `["x"]`: false, `"\x"`: false,
+		`"" `: false, ` "x"`: true, "\"x\"\n": true, `"a" "b"`: false,
+	} {
+		rt, ev := newRuntime("r1")
+		st := stateOf(user("u1", "Plan a trip"))
+		st.Apply(state.Update{Values: map[string]json.RawMessage{TitleValue: json.RawMessage(raw)}})
+		var cur string
+		decoded, _ := st.Value(TitleValue, &cur)
+		if want := decoded && cur != ""; want != keeps {
+			t.Fatalf("%s: the case table is wrong: decodes to %q", raw, cur)
+		}
+		res := runHook(t, tm.BeforeAgent, rt, st)
+		if set := !res.Update.Empty(); set == keeps || len(ev.ofType(EventTitled)) == 0 == set {
+			t.Errorf("stored title %s: update %+v, events %+v; want a new title: %v", raw, res.Update, ev.all, !keeps)
+		}
+	}
+	rt, _ := newRuntime("r2")
+	st := stateOf(user("u1", "Plan a trip"))
+	u, _ := state.SetValue(TitleValue, "Chosen by the user")
+	st.Apply(u)
+	ctx := context.Background()
+	if n := testing.AllocsPerRun(100, func() { _, _ = tm.BeforeAgent(ctx, rt, st) }); n != 0 {
+		t.Errorf("a titled thread's run: %v allocations, want 0", n)
+	}
+}
