@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/state"
+	"github.com/natsagent/natsagent/internal/tokens"
 )
 
 // stepHook is a middleware whose before-model, after-model and
@@ -201,5 +203,32 @@ func TestScratch_PerRuntime(t *testing.T) {
 	}
 	if got := pendingGuidance(rt2, "owner"); len(got) != maxGuidancePerRun {
 		t.Errorf("%d notes queued, want at most %d", len(got), maxGuidancePerRun)
+	}
+}
+
+// TestScratch_KeyBuiltPerCall: the middlewares that find their scratch
+// value on every call by a key made of a prefix and a name (a guidance
+// owner, a token encoding) find it without allocating.
+func TestScratch_KeyBuiltPerCall(t *testing.T) {
+	rt, _ := newRuntime("r1")
+	owner := "loop_warning"
+	queueGuidance(rt, owner, "note")
+	counter := tokens.ForModel("gpt-4o", "")
+	rc := runCounterOf(rt, counter)
+	if n := testing.AllocsPerRun(100, func() { clearGuidance(rt, owner); runCounterOf(rt, counter) }); n != 0 {
+		t.Errorf("%v allocations to find two scratch values, want 0", n)
+	}
+	if runCounterOf(rt, counter) != rc || len(pendingGuidance(rt, owner)) != 0 {
+		t.Error("the scratch values are not the ones stored")
+	}
+	var many keyCache
+	many.prefix = "p:"
+	for i := range 2 * maxCachedKeys {
+		if k := many.key(strconv.Itoa(i)); k != "p:"+strconv.Itoa(i) {
+			t.Fatalf("key %q", k)
+		}
+	}
+	if len(many.keys) != maxCachedKeys {
+		t.Errorf("%d keys cached, want at most %d", len(many.keys), maxCachedKeys)
 	}
 }

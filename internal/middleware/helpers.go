@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"strings"
+	"sync"
 
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/protocol"
@@ -89,7 +90,7 @@ const maxGuidancePerRun = 4
 // queueGuidance adds a note for the next model call of this run, keyed by
 // the middleware that owns it.
 func queueGuidance(rt *Runtime, owner, note string) {
-	g := Scratch(rt, "guidance:"+owner, func() *guidance { return &guidance{} })
+	g := guidanceOf(rt, owner)
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	for _, n := range g.notes {
@@ -106,7 +107,7 @@ func queueGuidance(rt *Runtime, owner, note string) {
 // trailing user message named after the owner. The queue is kept until
 // clearGuidance, so a retried call carries the notes again.
 func withGuidance(rt *Runtime, owner string, req *ModelRequest) *ModelRequest {
-	g := Scratch(rt, "guidance:"+owner, func() *guidance { return &guidance{} })
+	g := guidanceOf(rt, owner)
 	rt.mu.Lock()
 	notes := append([]string(nil), g.notes...)
 	rt.mu.Unlock()
@@ -124,7 +125,7 @@ func withGuidance(rt *Runtime, owner string, req *ModelRequest) *ModelRequest {
 
 // clearGuidance empties the owner's queue once a model call carried it.
 func clearGuidance(rt *Runtime, owner string) {
-	g := Scratch(rt, "guidance:"+owner, func() *guidance { return &guidance{} })
+	g := guidanceOf(rt, owner)
 	rt.mu.Lock()
 	g.notes = nil
 	rt.mu.Unlock()
@@ -132,7 +133,7 @@ func clearGuidance(rt *Runtime, owner string) {
 
 // pendingGuidance returns the owner's queued notes.
 func pendingGuidance(rt *Runtime, owner string) []string {
-	g := Scratch(rt, "guidance:"+owner, func() *guidance { return &guidance{} })
+	g := guidanceOf(rt, owner)
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	return append([]string(nil), g.notes...)
@@ -141,3 +142,42 @@ func pendingGuidance(rt *Runtime, owner string) []string {
 // ToolCallsWaiting reports whether the last assistant message has tool
 // calls without a result (state.ToolCallsWaiting).
 func ToolCallsWaiting(st *state.State) bool { return st.ToolCallsWaiting() }
+
+// guidanceKeys names each owner's guidance queue in the run's scratch.
+var guidanceKeys = keyCache{prefix: "guidance:"}
+
+func guidanceOf(rt *Runtime, owner string) *guidance {
+	return Scratch(rt, guidanceKeys.key(owner), func() *guidance { return &guidance{} })
+}
+
+// keyCache keeps the scratch keys built from a prefix and a name, so a
+// middleware that finds its scratch value on every call builds the key
+// once per process instead of once per call. The names are the code's
+// (owners, token encodings): maxCachedKeys bounds the cache against any
+// other use, beyond which a key is built per call again.
+type keyCache struct {
+	prefix string
+	mu     sync.RWMutex
+	keys   map[string]string
+}
+
+const maxCachedKeys = 64
+
+func (c *keyCache) key(name string) string {
+	c.mu.RLock()
+	k, ok := c.keys[name]
+	c.mu.RUnlock()
+	if ok {
+		return k
+	}
+	k = c.prefix + name
+	c.mu.Lock()
+	if c.keys == nil {
+		c.keys = make(map[string]string)
+	}
+	if len(c.keys) < maxCachedKeys {
+		c.keys[name] = k
+	}
+	c.mu.Unlock()
+	return k
+}

@@ -384,8 +384,11 @@ type runCounter struct {
 	tally tokens.Tally
 }
 
+// counterKeys names a run's token counter of each encoding in its scratch.
+var counterKeys = keyCache{prefix: "tokens:"}
+
 func runCounterOf(rt *Runtime, counter tokens.Counter) *runCounter {
-	return Scratch(rt, "tokens:"+counter.Encoding(), func() *runCounter {
+	return Scratch(rt, counterKeys.key(counter.Encoding()), func() *runCounter {
 		return &runCounter{cache: tokens.NewCache(counter, 0)}
 	})
 }
