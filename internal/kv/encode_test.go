@@ -63,8 +63,15 @@ func TestEncodeAllocatesOnce(t *testing.T) {
 			t.Fatalf("encode = %s, %v; want %s", got, err, want)
 		}
 	}
-	// A small record after a large one still encodes to the same bytes.
-	small := &protocol.Thread{ThreadID: "t2", Tenant: "default", CreatedAt: now, UpdatedAt: now, Status: protocol.ThreadIdle}
+	// A run writes its thread leased (no last_run on a new thread) and
+	// released (with last_run), in turn: each still costs one allocation,
+	// and a small record after a large one encodes to the same bytes.
+	small := &protocol.Thread{ThreadID: "t2", Tenant: "default", CreatedAt: now, UpdatedAt: now, Status: protocol.ThreadBusy,
+		Lease: &protocol.Lease{RunID: "r1", Worker: "w1", Epoch: 1, AcquiredAt: now, RenewedAt: now, Attempt: 1, Agent: "chatbot"}}
+	large := finishedThread(now, "ok")
+	if n := testing.AllocsPerRun(50, func() { _, _ = encode(small); _, _ = encode(large) }); n != 2 {
+		t.Errorf("a leased and a released thread record: %v allocations, want 2", n)
+	}
 	want, _ := json.Marshal(small)
 	if got, err := encode(small); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("encode = %s, %v; want %s", got, err, want)

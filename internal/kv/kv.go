@@ -163,7 +163,9 @@ func getAfter[T any](ctx context.Context, js jetstream.JetStream, bucket, key st
 // encoding/json writes (protocol.AppendRunJSON); anything else by
 // encoding/json. The buffer starts at the size the last record of its
 // kind took, so a record costs one allocation instead of a guess and
-// its growths (a thread's release, with last_run, is well over 1 KiB).
+// its growths (a thread's release, with last_run, is well over 1 KiB);
+// the kinds are those whose sizes differ by far: a run record with or
+// without its answer and usage, a thread record with or without last_run.
 func encode(v any) ([]byte, error) {
 	switch v := v.(type) {
 	case *protocol.Run:
@@ -173,7 +175,11 @@ func encode(v any) ([]byte, error) {
 		}
 		return encodeSized(hint, v, protocol.AppendRunJSON)
 	case *protocol.Thread:
-		return encodeSized(&threadSize, v, protocol.AppendThreadJSON)
+		hint := &threadSize
+		if v.LastRun != nil {
+			hint = &endedThreadSize // with the last run's summary
+		}
+		return encodeSized(hint, v, protocol.AppendThreadJSON)
 	}
 	return json.Marshal(v)
 }
@@ -181,7 +187,7 @@ func encode(v any) ([]byte, error) {
 // recordSize remembers the size of the last record of one kind encoded.
 type recordSize struct{ last atomic.Int64 }
 
-var pendingRunSize, endedRunSize, threadSize recordSize
+var pendingRunSize, endedRunSize, threadSize, endedThreadSize recordSize
 
 // Records of a kind vary by a few bytes from write to write (ids,
 // times, counts): the slack keeps the next one within its buffer. A
