@@ -56,10 +56,21 @@ type clusterNode struct {
 	srv  *server.Server  // nil while the node is down
 }
 
+// errNodeNotReady: a node's server did not take connections in time,
+// usually because one of its ports was taken.
+var errNodeNotReady = errors.New("not ready")
+
+// nodeReadyWait bounds a node's start; a variable for tests.
+var nodeReadyWait = 15 * time.Second
+
 // StartCluster starts the nodes and waits until JetStream has a meta
 // leader that sees every node. Route and client ports are chosen up front:
 // a clustered JetStream server refuses to start without its routes, and a
-// restarted node must come back on the same addresses.
+// restarted node must come back on the same addresses. A port can be
+// taken by another process between its choice and its node's start (on a
+// test machine that starts many servers at once); a node that does not
+// come up then has the cluster started again on new ports, up to three
+// times.
 func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	if cfg.Dir == "" {
 		return nil, errors.New("cluster: a directory for the nodes' stores is required")
@@ -70,6 +81,16 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	if cfg.Name == "" {
 		cfg.Name = "natsagent"
 	}
+	for attempt := 1; ; attempt++ {
+		c, err := startCluster(ctx, cfg)
+		if err == nil || !errors.Is(err, errNodeNotReady) || attempt == 3 || ctx.Err() != nil {
+			return c, err
+		}
+	}
+}
+
+// startCluster is one attempt of StartCluster, on ports chosen for it.
+func startCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	c := &Cluster{cfg: cfg}
 	routes := make([]*url.URL, cfg.Nodes)
 	clusterPorts := make([]int, cfg.Nodes)
@@ -141,9 +162,9 @@ func (c *Cluster) start(n *clusterNode) error {
 		s.SetLogger(c.cfg.Logger, false, false)
 	}
 	go s.Start()
-	if !s.ReadyForConnections(15 * time.Second) {
+	if !s.ReadyForConnections(nodeReadyWait) {
 		s.Shutdown()
-		return fmt.Errorf("cluster node %s: not ready after 15s (is %s taken?)", n.name, n.url)
+		return fmt.Errorf("cluster node %s: %w after %s (is %s taken?)", n.name, errNodeNotReady, nodeReadyWait, n.url)
 	}
 	c.mu.Lock()
 	n.srv = s
@@ -376,9 +397,9 @@ func (c *Cluster) Close() {
 }
 
 // freePort asks the kernel for a free loopback port. Another process may
-// take it before the server binds it; on a test machine that is rare
-// enough, and the start then fails with the port named.
-func freePort() (int, error) {
+// take it before the server binds it (StartCluster then starts again on
+// new ports). A variable for tests.
+var freePort = func() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("cluster: find a free port: %w", err)

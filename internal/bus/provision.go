@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -161,14 +162,64 @@ func (e *MismatchError) removal() string {
 	return "nats stream rm " + e.Name
 }
 
+// errCodeNoSuitablePeers is JetStream's refusal to place a replicated
+// asset: fewer servers than its replicas are up (or counted up).
+const errCodeNoSuitablePeers jetstream.ErrorCode = 10005
+
+// onProvisionRetry, set by tests, is called with the error of each
+// attempt Provision makes again.
+var onProvisionRetry func(error)
+
 // Provision creates the streams, consumer, buckets and object store, or
 // checks that existing ones match. It is safe to call from every process at
 // start, concurrently.
+//
+// What a cluster answers while one of its servers is away (a rolling
+// restart, a server slow to answer its peers under load) is tried again
+// until ctx ends: a refused placement ("no suitable peers"), no leader yet,
+// no answer. A process started meanwhile waits for the server instead of
+// exiting. The same refusal also comes from a cluster with fewer servers
+// than nats.replicas, so the error at ctx's end says both.
 func Provision(ctx context.Context, js jetstream.JetStream, s Settings) error {
 	s = s.WithDefaults()
 	if err := s.Validate(); err != nil {
 		return err
 	}
+	pause := 100 * time.Millisecond
+	for {
+		err := provision(ctx, js, s)
+		if err == nil || !provisionRetryable(err) {
+			return err
+		}
+		if onProvisionRetry != nil {
+			onProvisionRetry(err)
+		}
+		if !sleepCtx(ctx, pause) {
+			return fmt.Errorf("%w (tried again until the deadline: a NATS server may be away, or the cluster has fewer servers than nats.replicas, %d)", err, s.Replicas)
+		}
+		pause = min(2*pause, 2*time.Second)
+	}
+}
+
+// provisionRetryable reports an error of Provision that a cluster whose
+// servers are all back would not give: a refused placement, no meta
+// leader, a request that timed out, a connection reconnecting. Not "no
+// responders": a server without JetStream answers that for good, and
+// should be told at once.
+func provisionRetryable(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case errCodeNoSuitablePeers, errCodeClusterNotAvailable, errCodeClusterIncomplete:
+			return true
+		}
+		return false
+	}
+	return errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected)
+}
+
+// provision is one attempt of Provision, with s validated.
+func provision(ctx context.Context, js jetstream.JetStream, s Settings) error {
 	n := s.Names
 	streams := []jetstream.StreamConfig{
 		{

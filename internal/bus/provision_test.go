@@ -3,6 +3,7 @@ package bus
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -290,5 +291,136 @@ func TestProvisionAllowsKeyTTLsOnExistingBuckets(t *testing.T) {
 	}
 	if _, err := kv.Get(ctx, "default.kept"); err != nil {
 		t.Fatalf("the key written before lost: %v", err)
+	}
+}
+
+// TestProvisionWaitsForAbsentClusterPeers: a process that starts while
+// its cluster cannot place a replicated asset (two of three servers away
+// in a rolling restart: "no suitable peers for placement", or no meta
+// leader) keeps trying within its deadline and provisions once the
+// servers are back, rather than exiting.
+func TestProvisionWaitsForAbsentClusterPeers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := StartCluster(ctx, ClusterConfig{Dir: t.TempDir(), Nodes: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	var leader *server.Server
+	for leader == nil && ctx.Err() == nil {
+		if leader = c.Leader(); leader == nil {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	nc, err := Connect(leader.ClientURL(), "provision-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var away []string
+	for _, name := range c.Names() {
+		if name != leader.Name() {
+			if err := c.Shutdown(name); err != nil {
+				t.Fatal(err)
+			}
+			away = append(away, name)
+		}
+	}
+	// Wait until the cluster refuses a replicated stream, as Provision
+	// will be refused.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := js.CreateStream(pctx, jetstream.StreamConfig{Name: "PROBE", Subjects: []string{"probe.>"}, Replicas: 3})
+		cancel()
+		if err != nil {
+			t.Logf("with %v away: %v", away, err)
+			break
+		}
+		_ = js.DeleteStream(ctx, "PROBE")
+		if time.Now().After(deadline) {
+			t.Fatalf("a replicated stream is still placed with %v away", away)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	prov, err := NewNames("prov")
+	if err != nil {
+		t.Fatal(err)
+	}
+	retried := make(chan error, 1)
+	onProvisionRetry = func(err error) {
+		select {
+		case retried <- err:
+		default:
+		}
+	}
+	t.Cleanup(func() { onProvisionRetry = nil })
+	done := make(chan error, 1)
+	go func() {
+		pctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		done <- Provision(pctx, js, Settings{Names: prov, Replicas: 3})
+	}()
+	select {
+	case err := <-retried:
+		t.Logf("Provision tries again after: %v", err)
+	case err := <-done:
+		t.Fatalf("Provision returned %v with two servers away, want it to wait for them", err)
+	case <-ctx.Done():
+		t.Fatal("Provision neither tried again nor returned")
+	}
+	for _, name := range away {
+		if _, err := c.Restart(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Provision after the servers came back: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("Provision did not finish after the servers came back")
+	}
+	if _, err := js.Stream(ctx, prov.RunsStream()); err != nil {
+		t.Errorf("runs stream after Provision: %v", err)
+	}
+}
+
+// TestProvisionRetriesOnlyWhatAClusterOutgrows: a refusal a cluster gives
+// while servers are away is tried again; a server without JetStream (no
+// responders), a refused configuration and the caller's own deadline are
+// not.
+func TestProvisionRetriesOnlyWhatAClusterOutgrows(t *testing.T) {
+	api := func(code jetstream.ErrorCode) error {
+		return fmt.Errorf("create stream X: %w", &jetstream.APIError{Code: 503, ErrorCode: code})
+	}
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{api(errCodeNoSuitablePeers), true},
+		{api(errCodeClusterNotAvailable), true},
+		{api(errCodeClusterIncomplete), true},
+		{fmt.Errorf("read stream: %w", nats.ErrTimeout), true},
+		{nats.ErrConnectionReconnecting, true},
+		{fmt.Errorf("create stream X: %w", nats.ErrNoResponders), false},
+		{api(10074), false}, // replicas > 1 not supported in non-clustered mode
+		{api(10058), false}, // stream name already in use with a different configuration
+		{context.DeadlineExceeded, false},
+		{context.Canceled, false},
+	} {
+		if got := provisionRetryable(c.err); got != c.want {
+			t.Errorf("provisionRetryable(%v) = %v, want %v", c.err, got, c.want)
+		}
 	}
 }

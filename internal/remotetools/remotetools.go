@@ -183,6 +183,15 @@ func (c *Catalog) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Once Start returns, a refresh request is heard: the server has the
+	// subscription.
+	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err = c.nc.FlushWithContext(fctx)
+	cancel()
+	if err != nil {
+		_ = sub.Unsubscribe()
+		return err
+	}
 	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.sub, c.stop, c.done = sub, cancel, make(chan struct{})
 	go c.loop(loopCtx)
