@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/natsagent/natsagent/internal/agent"
 	"github.com/natsagent/natsagent/internal/bus"
@@ -74,6 +75,26 @@ type job struct {
 	pre *statePrefetch
 }
 
+// runFields are the fields on every line a run logs: tenant, thread_id,
+// run_id and, once the run started, attempt. They are read from the
+// request when a line is written, so a run's logger keeps one field (zap
+// keeps a field of 64 bytes for each, for the whole run) and most runs,
+// which log nothing, never format them.
+type runFields struct {
+	req     *protocol.RunRequest
+	attempt int
+}
+
+func (f runFields) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	enc.AddString("tenant", f.req.Tenant)
+	enc.AddString("thread_id", f.req.ThreadID)
+	enc.AddString("run_id", f.req.RunID)
+	if f.attempt > 0 {
+		enc.AddInt64("attempt", int64(f.attempt))
+	}
+	return nil
+}
+
 // handle takes one delivered request to its end. It owns one slot on entry
 // and gives it back on return (or while it waits for its thread).
 func (w *Worker) handle(base context.Context, msg jetstream.Msg) {
@@ -129,7 +150,7 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 	defer func() { j.pre.drop() }()
 	// Lazy: most runs log nothing, and With copies the encoder with the
 	// fields encoded, kept for the whole run.
-	j.log = w.log.WithLazy(zap.String("tenant", req.Tenant), zap.String("thread_id", req.ThreadID), zap.String("run_id", req.RunID))
+	j.log = w.log.WithLazy(zap.Inline(runFields{req: req}))
 
 	var d decision
 	first := meta.NumDelivered == 1
@@ -660,7 +681,7 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	j.rec, j.recRev = rec, rev
 	// Built again from the worker's logger rather than on top of the
 	// one above: a waiting run holds one logger, not a chain of two.
-	j.log = w.log.WithLazy(zap.String("tenant", req.Tenant), zap.String("thread_id", req.ThreadID), zap.String("run_id", req.RunID), zap.Int("attempt", attempt))
+	j.log = w.log.WithLazy(zap.Inline(runFields{req: req, attempt: attempt}))
 	ctx = j.started(ctx, meta, protocol.RunView(req.RunID, rec, th))
 	defer j.endSpan()
 	j.log.Info("run started", zap.String("agent", req.Agent), zap.Uint64("epoch", th.Epoch), zap.Uint64("deliveries", meta.NumDelivered))
