@@ -21,6 +21,13 @@ func startServer(t *testing.T) jetstream.JetStream {
 	}
 	t.Cleanup(e.Shutdown)
 	nc, err := e.Connect("test")
+	return jsOn(t, nc, err)
+}
+
+// jsOn is JetStream on a connection just dialled (failing the test on
+// err), closed when the test ends.
+func jsOn(t *testing.T, nc *nats.Conn, err error) jetstream.JetStream {
+	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,14 +324,7 @@ func TestProvisionWaitsForAbsentClusterPeers(t *testing.T) {
 		}
 	}
 	nc, err := Connect(leader.ClientURL(), "provision-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := jsOn(t, nc, err)
 	var away []string
 	for _, name := range c.Names() {
 		if name != leader.Name() {
