@@ -97,17 +97,26 @@ func TestSIGKILLWorkersMidRun(t *testing.T) {
 	for len(deaths) < kills && !d.finished(ids) {
 		time.Sleep(time.Duration(250+rng.IntN(350)) * time.Millisecond)
 		// Prefer a process with an execution in flight: that is where a
-		// kill hurts.
-		busy := map[string]bool{}
-		for _, iv := range openExecutions(readLog(t, d.logPath)) {
-			busy[iv] = true
-		}
+		// kill hurts. On a starved machine most of a run's time is spent
+		// starting processes and waiting on NATS, so wait a moment for
+		// one rather than kill whatever is there.
 		var candidates, all []string
-		for id := range live {
-			all = append(all, id)
-			if busy[id] {
-				candidates = append(candidates, id)
+		for look := time.Now().Add(2 * time.Second); ; {
+			busy := map[string]bool{}
+			for _, iv := range openExecutions(readLog(t, d.logPath)) {
+				busy[iv] = true
 			}
+			candidates, all = candidates[:0], all[:0]
+			for id := range live {
+				all = append(all, id)
+				if busy[id] {
+					candidates = append(candidates, id)
+				}
+			}
+			if len(candidates) > 0 || time.Now().After(look) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 		if len(candidates) == 0 {
 			candidates = all
