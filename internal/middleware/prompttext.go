@@ -27,19 +27,39 @@ func appendSection(system, section string) string {
 	return system + "\n\n" + section
 }
 
-// maxSharedPrompts bounds the prompts kept for sharing: a deployment has
-// a few profiles, each with a few variants (the date, the skills listed).
-// A prompt a thread's memory extended before makes an entry no other run
-// finds; when such entries fill the cache, it starts over, so it holds at
-// most this many prompts whatever the runs build.
-const maxSharedPrompts = 64
+// sharedCache maps a key to the one value the runs that build it share.
+// It holds at most maxShared entries: one that no other run will find (a
+// prompt a thread's memory extended, a tool list a policy filtered for
+// one run) still takes a place, and when such entries fill it, it starts
+// over, so it stays small whatever the runs build.
+type sharedCache[K comparable, V any] struct {
+	mu sync.Mutex
+	m  map[K]V
+}
+
+// maxShared bounds each shared cache: a deployment has a few profiles,
+// each with a few variants (the date, the skills listed, the switches).
+const maxShared = 64
+
+func (c *sharedCache[K, V]) get(k K) (V, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, ok := c.m[k]
+	return v, ok
+}
+
+func (c *sharedCache[K, V]) put(k K, v V) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= maxShared {
+		c.m = make(map[K]V)
+	}
+	c.m[k] = v
+}
 
 // sharedPrompts maps a system prompt and the section appended to it to
 // the one copy of the result the runs share.
-var sharedPrompts struct {
-	mu sync.Mutex
-	m  map[[2]string]string
-}
+var sharedPrompts sharedCache[[2]string, string]
 
 // appendSharedSection is appendSection for a section that is the same
 // for many runs (a guide, the date, the skills listed, the delegation
@@ -51,19 +71,11 @@ func appendSharedSection(system, section string) string {
 		return appendSection(system, section)
 	}
 	k := [2]string{system, section}
-	sharedPrompts.mu.Lock()
-	p, ok := sharedPrompts.m[k]
-	sharedPrompts.mu.Unlock()
-	if ok {
+	if p, ok := sharedPrompts.get(k); ok {
 		return p
 	}
-	p = appendSection(system, section)
-	sharedPrompts.mu.Lock()
-	if sharedPrompts.m == nil || len(sharedPrompts.m) >= maxSharedPrompts {
-		sharedPrompts.m = make(map[[2]string]string)
-	}
-	sharedPrompts.m[k] = p
-	sharedPrompts.mu.Unlock()
+	p := appendSection(system, section)
+	sharedPrompts.put(k, p)
 	return p
 }
 
@@ -77,19 +89,11 @@ func withTools(tools []model.ToolSpec, add ...model.ToolSpec) []model.ToolSpec {
 		return joinTools(tools, add)
 	}
 	k := toolsKey{first: &tools[0], n: len(tools), name: add[0].Name}
-	sharedTools.mu.Lock()
-	l, ok := sharedTools.m[k]
-	sharedTools.mu.Unlock()
-	if ok && sameSpec(l.out[len(l.out)-1], add[0]) {
+	if l, ok := sharedTools.get(k); ok && sameSpec(l.out[len(l.out)-1], add[0]) {
 		return l.out
 	}
 	out := joinTools(tools, add)
-	sharedTools.mu.Lock()
-	if sharedTools.m == nil || len(sharedTools.m) >= maxSharedTools {
-		sharedTools.m = make(map[toolsKey]toolList)
-	}
-	sharedTools.m[k] = toolList{in: tools, out: out}
-	sharedTools.mu.Unlock()
+	sharedTools.put(k, toolList{in: tools, out: out})
 	return out
 }
 
@@ -98,11 +102,6 @@ func joinTools(tools, add []model.ToolSpec) []model.ToolSpec {
 	copy(out[copy(out, tools):], add)
 	return out
 }
-
-// maxSharedTools bounds the tool lists kept for sharing; a run whose
-// list is its own (filtered by a policy) adds one that no other run
-// finds, and when they fill the cache it starts over.
-const maxSharedTools = 64
 
 // toolsKey names a tool list by the array it was built from: nobody
 // writes into a request's tool list, and the entry holds that array
@@ -116,10 +115,9 @@ type toolsKey struct {
 
 type toolList struct{ in, out []model.ToolSpec }
 
-var sharedTools struct {
-	mu sync.Mutex
-	m  map[toolsKey]toolList
-}
+// sharedTools maps a tool list and the tool added to it to the list the
+// runs share.
+var sharedTools sharedCache[toolsKey, toolList]
 
 // sameSpec reports whether two specs say the same.
 func sameSpec(a, b model.ToolSpec) bool {
