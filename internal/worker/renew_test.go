@@ -18,10 +18,14 @@ func TestRenewLeasesDoesNotWaitForASlowRenewal(t *testing.T) {
 	fastDone := make(chan struct{}, 4)
 	slowEnded := make(chan error, 4)
 	release := make(chan struct{})
+	slowStarted := make(chan struct{}, 1)
 	renew := func(l *leaseHandle, ctx context.Context) {
 		mu.Lock()
 		calls[l.run]++
 		mu.Unlock()
+		if l == slow {
+			slowStarted <- struct{}{}
+		}
 		if l == fast {
 			fastDone <- struct{}{}
 			return
@@ -54,6 +58,13 @@ func TestRenewLeasesDoesNotWaitForASlowRenewal(t *testing.T) {
 	case <-fastDone:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the other lease was not renewed")
+	}
+	// Renewals run on their own goroutines: under load the slow one may
+	// not have been sent yet when the fast one is done.
+	select {
+	case <-slowStarted:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the slow lease's renewal was never sent")
 	}
 	// The next tick: the slow renewal is still out, so it is not sent
 	// again; the other lease is renewed again.
