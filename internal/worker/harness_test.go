@@ -84,6 +84,21 @@ func (wh *workerHandle) stop() {
 	wh.done <- natstest.Recv(wh.t, wh.done, "the worker to stop")
 }
 
+// steered reports whether run, running on this worker, was told of a
+// steer: it stops at its next safe boundary. A steer's request reaches the
+// running run through the thread record and a control signal, so a test
+// waits for this before it lets the run reach a boundary.
+func (wh *workerHandle) steered(tenant, run string) bool {
+	j := wh.w.runningJob(tenant, run)
+	if j == nil {
+		return false
+	}
+	j.hold.Lock()
+	preempted := j.preemptCtx
+	j.hold.Unlock()
+	return preempted != nil && errors.Is(context.Cause(preempted), agent.ErrPreempted)
+}
+
 // startWorker starts a worker with m as its model. cfg may adjust the
 // configuration before start.
 func (h *harness) startWorker(m model.Model, cfg func(*Config)) *workerHandle {

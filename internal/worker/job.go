@@ -41,11 +41,13 @@ type job struct {
 	hold      sync.Mutex
 	lease     *leaseHandle // set while the run holds its thread
 	cancelRun context.CancelCauseFunc
-	// preempt's cause is middleware.ErrHandOff for a drain.
-	preempt context.CancelCauseFunc
-	wake    chan struct{} // signalled to re-check a waiting run
-	rec     *protocol.Run // the run's record as read before it started (nil: none)
-	recRev  uint64
+	// preempt's cause is middleware.ErrHandOff for a drain; preemptCtx is
+	// done once it was called (the run stops at its next safe boundary).
+	preempt    context.CancelCauseFunc
+	preemptCtx context.Context
+	wake       chan struct{} // signalled to re-check a waiting run
+	rec        *protocol.Run // the run's record as read before it started (nil: none)
+	recRev     uint64
 	// What the run's lease says of this attempt: the thread's head when
 	// the run first started, this attempt's start, the run's creation.
 	base      string
@@ -697,7 +699,7 @@ func (j *job) start(ctx context.Context, meta *jetstream.MsgMetadata, rec *proto
 	j.hold.Lock()
 	j.lease = lease
 	j.cancelRun = cancelRun
-	j.preempt = preempt
+	j.preempt, j.preemptCtx = preempt, preemptCtx
 	drained := j.drained
 	j.hold.Unlock()
 	if cause := w.setRunning(j); cause != nil {

@@ -242,9 +242,17 @@ func TestSteerWaitsForToolBatch(t *testing.T) {
 	h := newHarness(t)
 	toolStarted := make(chan struct{})
 	toolDone := atomic.Bool{}
+	var wh atomic.Pointer[workerHandle] // set once the worker started
 	h.tools.Register(tools.Func(model.ToolSpec{Name: "slow"}, func(ctx context.Context, _ json.RawMessage) (string, error) {
 		close(toolStarted)
-		time.Sleep(300 * time.Millisecond)
+		// The batch lasts until the run knows of the steer: one that
+		// reached it after the batch would find the run past it.
+		for deadline := time.Now().Add(30 * time.Second); !wh.Load().steered("default", "a"); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Error("run a never learned of the steer")
+				break
+			}
+		}
 		toolDone.Store(true)
 		return "slow result", nil
 	}))
@@ -255,7 +263,7 @@ func TestSteerWaitsForToolBatch(t *testing.T) {
 		}
 		return model.Reply{Text: fmt.Sprintf("answer with %d messages", len(req.Messages)-1)}
 	})
-	h.startWorker(m, nil)
+	wh.Store(h.startWorker(m, nil))
 	w1 := h.watch("default", "t1", "a")
 	h.submit(request("t1", "a", "use the tool"))
 	natstest.Recv(t, toolStarted, "the tool of run a")
