@@ -105,24 +105,25 @@ func TestTwoRunsInOneWindowMakeOneJob_DeerFlow2547(t *testing.T) {
 	due := boundary.Add(2 * time.Second)
 	extractor := &scripted{answers: []string{`{"facts":[{"content":"The user is a nurse.","category":"identity","confidence":0.9}]}`}}
 	e.runJobs(extractor)
-	testdeploy.WaitFor(t, 6*time.Second, "the memory job", func() bool { return len(extractor.calls()) == 1 })
+	// The job runs when its window ends and the runner gets to it: under
+	// load that is seconds later, so the waits are for liveness only.
+	testdeploy.WaitFor(t, 30*time.Second, "the memory job", func() bool { return len(extractor.calls()) >= 1 })
 	if at := extractor.firstCall(); at.Before(due) {
 		t.Fatalf("the job ran at %s, before the end of its window at %s", at, due)
 	}
-	testdeploy.WaitFor(t, 2*time.Second, "the facts", func() bool {
+	testdeploy.WaitFor(t, 30*time.Second, "the facts", func() bool {
 		f, _ := e.store.Facts(context.Background(), "default", "gil")
 		return len(f) == 1
 	})
-	time.Sleep(300 * time.Millisecond)
+	// Once the job is acked no call of it can come any more: only then
+	// does counting the calls say it ran once.
+	testdeploy.WaitFor(t, 30*time.Second, "the job acked", func() bool { return e.queued() == 0 })
 	if n := len(extractor.calls()); n != 1 {
 		t.Fatalf("the model was asked %d times, want 1", n)
 	}
 	req := extractor.calls()[0]
 	if req.Model != "extractor" || !strings.Contains(req.Messages[0].Content, "night-shift nurse") || !strings.Contains(req.Messages[0].Content, "keep bees") {
 		t.Fatalf("one job must cover both runs: %+v", req)
-	}
-	if n := e.queued(); n != 0 {
-		t.Fatalf("%d jobs left in the stream", n)
 	}
 }
 
