@@ -14,6 +14,7 @@ import (
 	"github.com/natsagent/natsagent/internal/natstest"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/state"
+	"github.com/natsagent/natsagent/internal/testdeploy"
 	"github.com/natsagent/natsagent/internal/tools"
 )
 
@@ -147,7 +148,7 @@ func TestSteeredMidToolThenValidNextRequest(t *testing.T) {
 		}
 		return openaitest.Text("steered ok")
 	})
-	h.startWorker(m, nil)
+	wh := h.startWorker(m, nil)
 	w1 := h.watch("default", "t1", "a")
 	h.submit(request("t1", "a", "wait please"))
 	natstest.Recv(t, started, "the wait tool of run a")
@@ -155,7 +156,9 @@ func TestSteeredMidToolThenValidNextRequest(t *testing.T) {
 	req := request("t1", "s", "change of plan")
 	req.MultitaskStrategy = protocol.StrategySteer
 	h.submit(req)
-	time.Sleep(200 * time.Millisecond)
+	// The batch ends once run a knows of the steer: a steer that reaches
+	// it after the batch finds it done, not mid-tool.
+	testdeploy.WaitFor(t, 30*time.Second, "run a to learn of the steer", func() bool { return wh.steered("default", "a") })
 	close(release)
 	if fin := w1.finished(t, 10*time.Second); fin.Status != protocol.StatusSteered {
 		t.Fatalf("first run %s", fin.Status)
