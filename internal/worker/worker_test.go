@@ -204,8 +204,9 @@ func TestSteerEndsActiveRunAtBoundary(t *testing.T) {
 		last := req.Messages[len(req.Messages)-1]
 		if last.Content == "long task" {
 			started <- struct{}{}
-			// Streams slowly: a steer must abort it mid-stream.
-			return model.Reply{Text: strings.Repeat("word ", 200), Pieces: 200, PieceDelay: 20 * time.Millisecond}
+			// Streams for minutes: only a steer ends it early, however
+			// late the steer reaches the run.
+			return model.Reply{Text: strings.Repeat("word ", 200), Pieces: 200, PieceDelay: time.Second}
 		}
 		var seen []string
 		for _, m := range req.Messages[1:] { // after the system prompt
@@ -217,13 +218,12 @@ func TestSteerEndsActiveRunAtBoundary(t *testing.T) {
 	w1 := h.watch("default", "t1", "long")
 	h.submit(request("t1", "long", "long task"))
 	natstest.Recv(t, started, "the model call of run long")
-	time.Sleep(100 * time.Millisecond)
 	w2 := h.watch("default", "t1", "steer")
 	req := request("t1", "steer", "actually, do this")
 	req.MultitaskStrategy = protocol.StrategySteer
 	h.submit(req)
 
-	fin1 := w1.finished(t, 10*time.Second)
+	fin1 := w1.finished(t, 30*time.Second)
 	if fin1.Status != protocol.StatusSteered || fin1.SupersededBy != "steer" {
 		t.Fatalf("active run ended %s (superseded by %q), want steered by steer", fin1.Status, fin1.SupersededBy)
 	}
