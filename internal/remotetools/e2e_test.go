@@ -3,6 +3,7 @@ package remotetools_test
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -138,6 +139,7 @@ func TestRunsCallRemoteTools(t *testing.T) {
 		t.Fatal(err)
 	}
 	startWorker(t, srv, settings, agents, log)
+	discovered(t, catalog, "acme", "remote__secret", "remote__slow", "remote__weather")
 
 	// acme's chatbot: every acme tool offered; one answers, one times out,
 	// the run goes on to its answer.
@@ -204,11 +206,7 @@ func TestRunsCallRemoteTools(t *testing.T) {
 
 	// A tool served after the start reaches the next run once refreshed.
 	serve(t, srv, "late-tools", "1.0.0", tool("acme", "late", "Came late.", func(req micro.Request) { _ = req.Respond([]byte("late but here")) }))
-	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
-	defer rcancel()
-	if err := catalog.Refresh(rctx); err != nil {
-		t.Fatal(err)
-	}
+	discovered(t, catalog, "acme", "remote__late")
 	if fin := runOnce(t, nc, settings, "acme", "chatbot", "t4", "r4", "late tool please"); fin.Status != protocol.StatusSuccess {
 		t.Fatalf("late run ended %+v", fin)
 	}
@@ -253,6 +251,28 @@ func startWorker(t *testing.T, srv *natstest.Server, settings bus.Settings, agen
 
 // runOnce submits a run request as a client does and waits for its
 // run.finished event.
+// discovered refreshes the catalog until it lists names among tenant's
+// tools. A discovery takes the answers that came within its window (150ms
+// here); under load a service can answer later, and the next discovery
+// finds it.
+func discovered(t *testing.T, catalog *remotetools.Catalog, tenant string, names ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), natstest.Patience)
+	defer cancel()
+	for {
+		var have []string
+		for _, tool := range catalog.Tools(tenant) {
+			have = append(have, tool.Spec().Name)
+		}
+		if !slices.ContainsFunc(names, func(n string) bool { return !slices.Contains(have, n) }) {
+			return
+		}
+		if err := catalog.Refresh(ctx); err != nil {
+			t.Fatalf("%s's tools %v, want %v among them: %v", tenant, have, names, err)
+		}
+	}
+}
+
 func runOnce(t *testing.T, nc *nats.Conn, settings bus.Settings, tenant, agentName, thread, run, text string) protocol.FinishedData {
 	t.Helper()
 	names := settings.Names
