@@ -31,7 +31,7 @@ cluster node shut down and restarted), worker (a worker's connection cut mid-run
 429 and cut streams).
 The summary goes to stdout, progress to stderr; the exit status is 1 when the audit failed.`, std)
 	runs := fs.Int("runs", 300, "runs to submit, two per thread")
-	duration := fs.Duration("duration", 60*time.Second, "bound on the whole soak; runs are submitted over its first half")
+	duration := fs.Duration("duration", 60*time.Second, "bound on the soak, from when its servers and workers are up; runs are submitted over its first half")
 	stall := fs.Duration("stall", 0, "go on past --duration while runs keep finishing, until none finished for this long (0: end at --duration)")
 	window := fs.Duration("submit-window", 0, "how long submissions are spread over, faults injected meanwhile (default: half of --duration)")
 	workers := fs.Int("workers", 3, "in-process workers, each on its own NATS connection")
