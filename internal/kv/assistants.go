@@ -19,6 +19,8 @@ import (
 type Assistants struct {
 	kv jetstream.KeyValue
 	js jetstream.JetStream
+	// skips reports the records that do not decode (Observe).
+	skips *Skips
 }
 
 // OpenAssistants binds the assistants store to its bucket, which must
@@ -125,7 +127,7 @@ func (s *Assistants) List(ctx context.Context, tenant string) ([]*protocol.Assis
 }
 
 func (s *Assistants) watch(ctx context.Context, filter string) ([]*protocol.Assistant, error) {
-	return List[protocol.Assistant](ctx, s.kv, filter, nil)
+	return List[protocol.Assistant](ctx, s.kv, filter, nil, s.skips)
 }
 
 // Delete removes an assistant and its versions.

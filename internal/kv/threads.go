@@ -24,7 +24,7 @@ type Threads struct {
 	// read counts the thread records this store read (RecordsRead).
 	read atomic.Uint64
 	// skips reports the records that do not decode (Stores.Observe).
-	skips *skips
+	skips *Skips
 }
 
 // RecordsRead returns how many thread records this store has read: by
