@@ -4,20 +4,20 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/natsagent/natsagent/internal/bus"
-	"github.com/natsagent/natsagent/internal/metrics/prom"
+	"github.com/natsagent/natsagent/internal/metrics"
 	"github.com/natsagent/natsagent/internal/testdeploy"
 )
 
 // A cron record that does not decode is left out of the tenant's
 // listing, which still answers with the others, and counted in
-// natsagent_records_undecodable_total with the crons bucket, as runs and
-// threads are.
+// records_undecodable_total with the crons bucket, as runs and threads
+// are.
 func TestUndecodableCronsAreCounted(t *testing.T) {
 	d := testdeploy.Start(t, bus.Settings{})
 	ctx := context.Background()
@@ -25,11 +25,7 @@ func TestUndecodableCronsAreCounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := prometheus.NewRegistry()
-	rec, err := prom.New(prom.Options{Registry: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec := &undecodables{n: map[string]int{}}
 	s.Observe(zaptest.NewLogger(t), rec)
 	putCron(t, s, "default", "c1", "")
 	putCron(t, s, "default", "c2", "")
@@ -49,30 +45,27 @@ func TestUndecodableCronsAreCounted(t *testing.T) {
 		if strings.Join(ids, " ") != "c1 c2" {
 			t.Fatalf("List answered %v, want c1 c2", ids)
 		}
-		if got := undecodableCount(t, reg, d.Settings.Names.CronsBucket()); got != float64(round) {
+		if got := rec.count(d.Settings.Names.CronsBucket()); got != round {
 			t.Fatalf("after listing %d times: %v records counted undecodable, want %d", round, got, round)
 		}
 	}
 }
 
-// undecodableCount reads natsagent_records_undecodable_total{bucket}.
-func undecodableCount(t *testing.T, reg *prometheus.Registry, bucket string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "natsagent_records_undecodable_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "bucket" && l.GetValue() == bucket {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+// undecodables counts RecordUndecodable by bucket.
+type undecodables struct {
+	metrics.Nop
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (u *undecodables) RecordUndecodable(bucket string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.n[bucket]++
+}
+
+func (u *undecodables) count(bucket string) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.n[bucket]
 }
