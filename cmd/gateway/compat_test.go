@@ -24,21 +24,8 @@ import (
 // The compatibility tests drive gateway --dev's NATS server with other
 // clients, as docs/protocol.md promises any NATS client can: the nats CLI
 // (the README's commands) and the official JavaScript client. Without the
-// client they skip, unless NATSAGENT_CLIENT_TESTS=1 (CI), where they fail.
-const clientTestsEnv = "NATSAGENT_CLIENT_TESTS"
-
-// needClient skips or fails the test when missing says a client is not
-// installed.
-func needClient(t *testing.T, missing string) {
-	t.Helper()
-	if missing == "" {
-		return
-	}
-	if os.Getenv(clientTestsEnv) == "1" {
-		t.Fatal(missing + "; " + clientTestsEnv + "=1 requires it")
-	}
-	t.Skip(missing + "; set " + clientTestsEnv + "=1 to make this a failure")
-}
+// client they skip, unless NATSAGENT_CLIENT_TESTS=1 (CI), where they fail
+// (testdeploy.NeedClient).
 
 // devServer is a gateway --dev child on loopback ports whose agents call
 // an OpenAI-compatible test server.
@@ -159,19 +146,7 @@ func jsModel(req *openaitest.Request) openaitest.Reply {
 // checks what the script cannot see: the tool's result in the transcript
 // the model got, and the records through natsagent.Client.
 func TestJSClient(t *testing.T) {
-	node, err := exec.LookPath("node")
-	missing := ""
-	switch {
-	case err != nil:
-		missing = "node not found on PATH (Node 20 or later)"
-	default:
-		for _, p := range []string{"transport-node", "jetstream", "kv", "services"} {
-			if _, err := os.Stat(filepath.Join(jsDir, "node_modules", "@nats-io", p, "package.json")); err != nil {
-				missing = "the NATS JavaScript client is not installed (run npm ci in cmd/gateway/" + jsDir + ")"
-			}
-		}
-	}
-	needClient(t, missing)
+	node := testdeploy.NodeJSClient(t, jsDir)
 	d := startDev(t, jsModel, "agents:\n  - name: chatbot\n    tools: [current_time, \"remote:*\"]\n")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -390,7 +365,7 @@ func TestNatsCLI(t *testing.T) {
 	if _, err := exec.LookPath(cli); err != nil {
 		missing = "the nats CLI is not installed (go install github.com/nats-io/natscli/nats@v0.5.0; NATSAGENT_NATS_CLI names it): " + err.Error()
 	}
-	needClient(t, missing)
+	testdeploy.NeedClient(t, missing)
 	readme := readmeCLI(t)
 	for _, k := range []string{"nats sub", "nats pub", "nats kv", "nats req"} {
 		if readme[k] == nil {
