@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -462,5 +463,65 @@ func TestThreadsSearchByCreation(t *testing.T) {
 		if !strings.HasPrefix(th.ThreadID, "o") {
 			t.Fatalf("tenant other sees %s", th.ThreadID)
 		}
+	}
+}
+
+// A create that writes no record leaves no metadata index key: not when
+// the thread exists (a do_nothing create of one's own thread with other
+// metadata, another user's create of the same id), nor when the record
+// cannot be written (over the server's payload limit). Counts read those
+// keys alone, and a key of a thread that was never created is under no
+// record a deletion would find.
+func TestRefusedCreatesLeaveNoMetadataKeys(t *testing.T) {
+	p := newPolicyEnv(t)
+	alice, bob, ops := []string{"X-API-Key", aliceKey}, []string{"X-API-Key", bobKey}, []string{"X-API-Key", opsKey}
+	p.do("POST", "/threads", map[string]any{"thread_id": "m1", "metadata": map[string]any{"team": "red"}}, alice...).expect(t, http.StatusOK)
+	var th threadView
+	p.do("POST", "/threads", map[string]any{"thread_id": "m1", "metadata": map[string]any{"team": "blue"}, "if_exists": "do_nothing"}, alice...).
+		expect(t, http.StatusOK).decode(t, &th)
+	if th.Metadata["team"] != "red" {
+		t.Fatalf("do_nothing changed the thread: %+v", th.Metadata)
+	}
+	p.do("POST", "/threads", map[string]any{"thread_id": "m1", "metadata": map[string]any{"team": "green"}}, bob...).expect(t, http.StatusConflict)
+
+	// The record would be over the server's payload limit; the body is
+	// not over the gateway's.
+	pad := strings.Repeat("x", int(p.nc.MaxPayload())-120)
+	if r := p.do("POST", "/threads", map[string]any{"thread_id": "m2", "metadata": map[string]any{"team": "gold", "pad": pad}}, alice...); r.status < 400 {
+		t.Fatalf("an over-large thread record was written: %d", r.status)
+	}
+	p.do("GET", "/threads/m2", nil, alice...).expect(t, http.StatusNotFound)
+	if r := p.do("PATCH", "/threads/m1", map[string]any{"metadata": map[string]any{"team": "gold", "pad": pad}}, alice...); r.status < 400 {
+		t.Fatalf("an over-large thread record was written: %d", r.status)
+	}
+
+	count := func(who []string, team string) int {
+		var n int
+		p.do("POST", "/threads/count", map[string]any{"metadata": map[string]any{"team": team}}, who...).expect(t, http.StatusOK).decode(t, &n)
+		return n
+	}
+	for _, c := range []struct {
+		who  []string
+		team string
+		want int
+	}{{ops, "red", 1}, {alice, "red", 1}, {ops, "blue", 0}, {alice, "blue", 0}, {ops, "green", 0}, {bob, "green", 0}, {ops, "gold", 0}, {alice, "gold", 0}} {
+		if n := count(c.who, c.team); n != c.want {
+			t.Errorf("%s counts %d threads of team %s, want %d", c.who[1][:5], n, c.team, c.want)
+		}
+	}
+	bucket, err := p.js.KeyValue(context.Background(), p.settings.Names.ThreadsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := bucket.ListKeysFiltered(context.Background(), "acme.m1.meta.>", "acme.m2", "acme.m2.>")
+	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+		t.Fatal(err)
+	}
+	var left []string
+	for k := range keys.Keys() {
+		left = append(left, k)
+	}
+	if len(left) != 1 {
+		t.Fatalf("metadata index keys of m1 and keys of m2 left: %v, want m1's one pair", left)
 	}
 }
