@@ -525,3 +525,43 @@ func TestRefusedCreatesLeaveNoMetadataKeys(t *testing.T) {
 		t.Fatalf("metadata index keys of m1 and keys of m2 left: %v, want m1's one pair", left)
 	}
 }
+
+// A thread's metadata fields, and a search's or count's metadata filter,
+// are bounded: each field of a thread is an index key written with it,
+// each field of a filter one or two server requests (a count, a listing)
+// of the index.
+func TestThreadMetadataIsBounded(t *testing.T) {
+	e := newEnv(t, nil)
+	fields := func(n int, prefix string) map[string]any {
+		m := map[string]any{}
+		for i := range n {
+			m[fmt.Sprintf("%s%d", prefix, i)] = i
+		}
+		return m
+	}
+	most := protocol.MaxThreadMetadataFields
+	er := e.do("POST", "/threads", map[string]any{"thread_id": "big", "metadata": fields(most+1, "k")}).expect(t, http.StatusBadRequest).apiError(t)
+	if er.Field != "metadata" {
+		t.Fatalf("refused on %q: %s", er.Field, er.Message)
+	}
+	e.do("GET", "/threads/big", nil).expect(t, http.StatusNotFound)
+	e.do("POST", "/threads", map[string]any{"thread_id": "full", "metadata": fields(most, "k")}).expect(t, http.StatusOK)
+	// A patch may change the fields a full thread has, not add one.
+	e.do("PATCH", "/threads/full", map[string]any{"metadata": map[string]any{"k0": "changed"}}).expect(t, http.StatusOK)
+	er = e.do("PATCH", "/threads/full", map[string]any{"metadata": map[string]any{"one_more": 1}}).expect(t, http.StatusBadRequest).apiError(t)
+	if er.Field != "metadata" {
+		t.Fatalf("patch refused on %q: %s", er.Field, er.Message)
+	}
+	var th threadView
+	e.do("GET", "/threads/full", nil).expect(t, http.StatusOK).decode(t, &th)
+	if len(th.Metadata) != most || th.Metadata["k0"] != "changed" {
+		t.Fatalf("the full thread has %d fields, k0 %v", len(th.Metadata), th.Metadata["k0"])
+	}
+	for _, path := range []string{"/threads/search", "/threads/count"} {
+		er := e.do("POST", path, map[string]any{"metadata": fields(most+1, "f")}).expect(t, http.StatusBadRequest).apiError(t)
+		if er.Field != "metadata" {
+			t.Fatalf("%s refused on %q: %s", path, er.Field, er.Message)
+		}
+		e.do("POST", path, map[string]any{"metadata": fields(most, "k")}).expect(t, http.StatusOK)
+	}
+}
