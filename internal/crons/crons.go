@@ -266,12 +266,21 @@ func (s *Store) Unschedule(ctx context.Context, tenant, cron string) error {
 }
 
 // Delete purges a cron's schedule, then its record. A tick already fired
-// finds no record and starts nothing.
+// finds no record and starts nothing. The record goes with a subject
+// purge of the bucket's stream, not a KV purge, whose marker this bucket
+// would keep for ever (it has no marker TTL).
 func (s *Store) Delete(ctx context.Context, tenant, cron string) error {
+	if !protocol.ValidToken(tenant) || !protocol.ValidToken(cron) {
+		return ErrNotFound // never a wildcard in a purge's filter
+	}
 	if err := s.Unschedule(ctx, tenant, cron); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	return s.kv.Purge(ctx, key(tenant, cron))
+	st, err := s.js.Stream(ctx, "KV_"+s.bucket)
+	if err != nil {
+		return err
+	}
+	return st.Purge(ctx, jetstream.WithPurgeSubject("$KV."+s.bucket+"."+key(tenant, cron)))
 }
