@@ -21,9 +21,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
 
 	"github.com/natsagent/natsagent/internal/bus"
 	kvs "github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/metrics"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -109,6 +111,8 @@ type Store struct {
 	js     jetstream.JetStream
 	names  bus.Names
 	bucket string
+	// skips reports the records that do not decode (Observe).
+	skips *kvs.Skips
 }
 
 // Open binds a store to the crons bucket, which must exist (bus.Provision).
@@ -118,6 +122,13 @@ func Open(ctx context.Context, js jetstream.JetStream, names bus.Names) (*Store,
 		return nil, fmt.Errorf("open bucket %s: %w (provision the deployment with this version first)", names.CronsBucket(), err)
 	}
 	return &Store{kv: kv, js: js, names: names, bucket: names.CronsBucket()}, nil
+}
+
+// Observe makes the store report each record its listing skips because
+// it does not decode (kv.NewSkips). Without it the listing skips such
+// records silently.
+func (s *Store) Observe(log *zap.Logger, rec metrics.Recorder) {
+	s.skips = kvs.NewSkips(s.bucket, log, rec)
 }
 
 const opTimeout = 5 * time.Second
@@ -200,7 +211,7 @@ func (s *Store) List(ctx context.Context, tenant string) ([]*Record, error) {
 	if !protocol.ValidToken(tenant) {
 		return nil, nil
 	}
-	return kvs.List(ctx, s.kv, tenant+".*", func(r *Record) bool { return r.Tenant == tenant })
+	return kvs.List(ctx, s.kv, tenant+".*", func(r *Record) bool { return r.Tenant == tenant }, s.skips)
 }
 
 // Schedule (re)writes a cron's message schedule from its record: the
@@ -255,12 +266,21 @@ func (s *Store) Unschedule(ctx context.Context, tenant, cron string) error {
 }
 
 // Delete purges a cron's schedule, then its record. A tick already fired
-// finds no record and starts nothing.
+// finds no record and starts nothing. The record goes with a subject
+// purge of the bucket's stream, not a KV purge, whose marker this bucket
+// would keep for ever (it has no marker TTL).
 func (s *Store) Delete(ctx context.Context, tenant, cron string) error {
+	if !protocol.ValidToken(tenant) || !protocol.ValidToken(cron) {
+		return ErrNotFound // never a wildcard in a purge's filter
+	}
 	if err := s.Unschedule(ctx, tenant, cron); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	return s.kv.Purge(ctx, key(tenant, cron))
+	st, err := s.js.Stream(ctx, "KV_"+s.bucket)
+	if err != nil {
+		return err
+	}
+	return st.Purge(ctx, jetstream.WithPurgeSubject("$KV."+s.bucket+"."+key(tenant, cron)))
 }

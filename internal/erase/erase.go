@@ -66,6 +66,7 @@ import (
 	"github.com/natsagent/natsagent/internal/crons"
 	"github.com/natsagent/natsagent/internal/files"
 	"github.com/natsagent/natsagent/internal/kv"
+	"github.com/natsagent/natsagent/internal/metrics"
 	"github.com/natsagent/natsagent/internal/protocol"
 	"github.com/natsagent/natsagent/internal/store"
 )
@@ -113,6 +114,9 @@ type Config struct {
 	Files func(tenant, thread string) files.Workdir
 	// Logger logs each deletion (default: none).
 	Logger *zap.Logger
+	// Metrics counts the crons and assistants its listings leave out
+	// because they do not decode (nil: none; they are logged to Logger).
+	Metrics metrics.Recorder
 	// Settle is how long a thread stays marked deleting before its queued
 	// requests are purged, so a submission that checked the thread just
 	// before the mark has published its request (default 1s).
@@ -164,6 +168,7 @@ func New(ctx context.Context, cfg Config) (*Eraser, error) {
 	if err != nil {
 		return nil, fmt.Errorf("erase: %w", err)
 	}
+	cs.Observe(cfg.Logger, cfg.Metrics)
 	e.crons = cs
 	if e.stores == nil {
 		s, err := kv.Open(ctx, cfg.JS, cfg.Names)
@@ -199,6 +204,7 @@ func New(ctx context.Context, cfg Config) (*Eraser, error) {
 		if e.assistants, err = kv.OpenAssistants(ctx, cfg.JS, n); err != nil {
 			return nil, err
 		}
+		e.assistants.Observe(cfg.Logger, cfg.Metrics)
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, fmt.Errorf("erase: open stream %s: %w", kvStream(n.AssistantsBucket()), err)
 	}

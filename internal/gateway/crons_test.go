@@ -431,3 +431,33 @@ func TestCronCapPerTenant(t *testing.T) {
 		t.Fatalf("racing creates: %d succeeded, the tenant holds %d crons (cap 3)", ok, n)
 	}
 }
+
+// Deleting a cron or an assistant leaves nothing in its bucket, not even
+// a purge marker naming its key: those buckets keep markers for ever, so
+// every cron or assistant ever deleted would stay as one.
+func TestDeletedCronsAndAssistantsLeaveNoMarker(t *testing.T) {
+	e := newEnv(t, nil)
+	var c crons.Cron
+	e.do("POST", "/runs/crons", with(input("a"), "schedule", "0 9 * * *")).expect(t, http.StatusOK).decode(t, &c)
+	var a assistantView
+	e.do("POST", "/assistants", map[string]any{"graph_id": "chatbot"}).expect(t, http.StatusOK).decode(t, &a)
+	e.do("PATCH", "/assistants/"+a.AssistantID, map[string]any{"metadata": map[string]any{"v": 2}}).expect(t, http.StatusOK)
+	e.do("DELETE", "/runs/crons/"+c.CronID, nil).expect(t, http.StatusNoContent)
+	e.do("DELETE", "/assistants/"+a.AssistantID, nil).expect(t, http.StatusNoContent)
+	names := e.settings.Names
+	for bucket, id := range map[string]string{names.CronsBucket(): c.CronID, names.AssistantsBucket(): a.AssistantID} {
+		st, err := e.js.Stream(context.Background(), "KV_"+bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := st.Info(context.Background(), jetstream.WithSubjectFilter(">"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for subject := range info.State.Subjects {
+			if strings.Contains(subject, id) {
+				t.Errorf("%s keeps %s after the delete", bucket, subject)
+			}
+		}
+	}
+}

@@ -227,11 +227,13 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Server, error) {
 	if s.assistants, err = kv.OpenAssistants(ctx, js, names); err != nil {
 		cfg.Logger.Warn("assistants are unavailable", zap.Error(err))
 		s.assistants = nil
+	} else {
+		s.assistants.Observe(cfg.Logger, cfg.Metrics)
 	}
 	if err := s.openStore(ctx); err != nil {
 		cfg.Logger.Warn("the store is unavailable", zap.Error(err))
 	}
-	s.eraser, err = erase.New(ctx, erase.Config{NC: nc, JS: js, Names: names, Stores: stores, Files: cfg.Files, Logger: cfg.Logger})
+	s.eraser, err = erase.New(ctx, erase.Config{NC: nc, JS: js, Names: names, Stores: stores, Files: cfg.Files, Logger: cfg.Logger, Metrics: cfg.Metrics})
 	if err != nil {
 		return nil, err
 	}
@@ -239,6 +241,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Server, error) {
 	if s.crons, err = crons.Open(ctx, js, names); err != nil {
 		return nil, err
 	}
+	s.crons.Observe(cfg.Logger, cfg.Metrics)
 	if cfg.Traces != nil {
 		s.tracer = telemetry.Tracer(cfg.Traces)
 	}

@@ -712,8 +712,17 @@ func (s *Server) patchThread(w http.ResponseWriter, r *http.Request, tenant stri
 		if len(body.Metadata) > 0 && t.Metadata == nil {
 			t.Metadata = make(map[string]any, len(body.Metadata))
 		}
+		added := 0
 		for k, v := range body.Metadata {
+			if _, ok := t.Metadata[k]; !ok {
+				added++
+			}
 			t.Metadata[k] = v
+		}
+		if added > 0 {
+			// Only new fields: a thread its first run tagged past the
+			// bound still takes changes to the fields it has.
+			return checkMetadataFields(len(t.Metadata))
 		}
 		return nil
 	})

@@ -80,6 +80,9 @@ func (s *Server) createThread(w http.ResponseWriter, r *http.Request, tenant str
 	if err := protocol.CheckToken("thread_id", body.ThreadID); err != nil {
 		return err
 	}
+	if err := checkMetadataFields(len(body.Metadata)); err != nil {
+		return err
+	}
 	th := newThread(tenant, body.ThreadID, body.Metadata)
 	th.Owner = ownerOf(r)
 	_, err := s.stores.Threads.Put(r.Context(), th, 0)
@@ -99,6 +102,15 @@ func (s *Server) createThread(w http.ResponseWriter, r *http.Request, tenant str
 	}
 	s.log.Debug("thread created", zap.String("tenant", tenant), zap.String("thread_id", th.ThreadID))
 	writeJSON(w, http.StatusOK, viewThread(th))
+	return nil
+}
+
+// checkMetadataFields refuses a thread's metadata, or a metadata filter,
+// of more than protocol.MaxThreadMetadataFields fields.
+func checkMetadataFields(n int) error {
+	if n > protocol.MaxThreadMetadataFields {
+		return errInvalid("metadata", fmt.Sprintf("metadata has %d fields, more than the %d a thread may have", n, protocol.MaxThreadMetadataFields))
+	}
 	return nil
 }
 

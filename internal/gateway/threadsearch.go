@@ -47,6 +47,9 @@ func (b *searchThreadsBody) check() error {
 	if b.Status != "" && !threadStatuses[b.Status] {
 		return errInvalid("status", fmt.Sprintf("status %q is not one of idle, busy, interrupted, error", clip(b.Status)))
 	}
+	if err := checkMetadataFields(len(b.Metadata)); err != nil {
+		return err
+	}
 	if len(b.Ids) > maxLimit {
 		return errInvalid("ids", fmt.Sprintf("ids names more than %d threads", maxLimit))
 	}

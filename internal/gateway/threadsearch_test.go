@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -462,5 +463,105 @@ func TestThreadsSearchByCreation(t *testing.T) {
 		if !strings.HasPrefix(th.ThreadID, "o") {
 			t.Fatalf("tenant other sees %s", th.ThreadID)
 		}
+	}
+}
+
+// A create that writes no record leaves no metadata index key: not when
+// the thread exists (a do_nothing create of one's own thread with other
+// metadata, another user's create of the same id), nor when the record
+// cannot be written (over the server's payload limit). Counts read those
+// keys alone, and a key of a thread that was never created is under no
+// record a deletion would find.
+func TestRefusedCreatesLeaveNoMetadataKeys(t *testing.T) {
+	p := newPolicyEnv(t)
+	alice, bob, ops := []string{"X-API-Key", aliceKey}, []string{"X-API-Key", bobKey}, []string{"X-API-Key", opsKey}
+	p.do("POST", "/threads", map[string]any{"thread_id": "m1", "metadata": map[string]any{"team": "red"}}, alice...).expect(t, http.StatusOK)
+	var th threadView
+	p.do("POST", "/threads", map[string]any{"thread_id": "m1", "metadata": map[string]any{"team": "blue"}, "if_exists": "do_nothing"}, alice...).
+		expect(t, http.StatusOK).decode(t, &th)
+	if th.Metadata["team"] != "red" {
+		t.Fatalf("do_nothing changed the thread: %+v", th.Metadata)
+	}
+	p.do("POST", "/threads", map[string]any{"thread_id": "m1", "metadata": map[string]any{"team": "green"}}, bob...).expect(t, http.StatusConflict)
+
+	// The record would be over the server's payload limit; the body is
+	// not over the gateway's.
+	pad := strings.Repeat("x", int(p.nc.MaxPayload())-120)
+	if r := p.do("POST", "/threads", map[string]any{"thread_id": "m2", "metadata": map[string]any{"team": "gold", "pad": pad}}, alice...); r.status < 400 {
+		t.Fatalf("an over-large thread record was written: %d", r.status)
+	}
+	p.do("GET", "/threads/m2", nil, alice...).expect(t, http.StatusNotFound)
+	if r := p.do("PATCH", "/threads/m1", map[string]any{"metadata": map[string]any{"team": "gold", "pad": pad}}, alice...); r.status < 400 {
+		t.Fatalf("an over-large thread record was written: %d", r.status)
+	}
+
+	count := func(who []string, team string) int {
+		var n int
+		p.do("POST", "/threads/count", map[string]any{"metadata": map[string]any{"team": team}}, who...).expect(t, http.StatusOK).decode(t, &n)
+		return n
+	}
+	for _, c := range []struct {
+		who  []string
+		team string
+		want int
+	}{{ops, "red", 1}, {alice, "red", 1}, {ops, "blue", 0}, {alice, "blue", 0}, {ops, "green", 0}, {bob, "green", 0}, {ops, "gold", 0}, {alice, "gold", 0}} {
+		if n := count(c.who, c.team); n != c.want {
+			t.Errorf("%s counts %d threads of team %s, want %d", c.who[1][:5], n, c.team, c.want)
+		}
+	}
+	bucket, err := p.js.KeyValue(context.Background(), p.settings.Names.ThreadsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := bucket.ListKeysFiltered(context.Background(), "acme.m1.meta.>", "acme.m2", "acme.m2.>")
+	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+		t.Fatal(err)
+	}
+	var left []string
+	for k := range keys.Keys() {
+		left = append(left, k)
+	}
+	if len(left) != 1 {
+		t.Fatalf("metadata index keys of m1 and keys of m2 left: %v, want m1's one pair", left)
+	}
+}
+
+// A thread's metadata fields, and a search's or count's metadata filter,
+// are bounded: each field of a thread is an index key written with it,
+// each field of a filter one or two server requests (a count, a listing)
+// of the index.
+func TestThreadMetadataIsBounded(t *testing.T) {
+	e := newEnv(t, nil)
+	fields := func(n int, prefix string) map[string]any {
+		m := map[string]any{}
+		for i := range n {
+			m[fmt.Sprintf("%s%d", prefix, i)] = i
+		}
+		return m
+	}
+	most := protocol.MaxThreadMetadataFields
+	er := e.do("POST", "/threads", map[string]any{"thread_id": "big", "metadata": fields(most+1, "k")}).expect(t, http.StatusBadRequest).apiError(t)
+	if er.Field != "metadata" {
+		t.Fatalf("refused on %q: %s", er.Field, er.Message)
+	}
+	e.do("GET", "/threads/big", nil).expect(t, http.StatusNotFound)
+	e.do("POST", "/threads", map[string]any{"thread_id": "full", "metadata": fields(most, "k")}).expect(t, http.StatusOK)
+	// A patch may change the fields a full thread has, not add one.
+	e.do("PATCH", "/threads/full", map[string]any{"metadata": map[string]any{"k0": "changed"}}).expect(t, http.StatusOK)
+	er = e.do("PATCH", "/threads/full", map[string]any{"metadata": map[string]any{"one_more": 1}}).expect(t, http.StatusBadRequest).apiError(t)
+	if er.Field != "metadata" {
+		t.Fatalf("patch refused on %q: %s", er.Field, er.Message)
+	}
+	var th threadView
+	e.do("GET", "/threads/full", nil).expect(t, http.StatusOK).decode(t, &th)
+	if len(th.Metadata) != most || th.Metadata["k0"] != "changed" {
+		t.Fatalf("the full thread has %d fields, k0 %v", len(th.Metadata), th.Metadata["k0"])
+	}
+	for _, path := range []string{"/threads/search", "/threads/count"} {
+		er := e.do("POST", path, map[string]any{"metadata": fields(most+1, "f")}).expect(t, http.StatusBadRequest).apiError(t)
+		if er.Field != "metadata" {
+			t.Fatalf("%s refused on %q: %s", path, er.Field, er.Message)
+		}
+		e.do("POST", path, map[string]any{"metadata": fields(most, "k")}).expect(t, http.StatusOK)
 	}
 }

@@ -2,7 +2,6 @@ package kv
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 
@@ -19,6 +18,8 @@ import (
 type Assistants struct {
 	kv jetstream.KeyValue
 	js jetstream.JetStream
+	// skips reports the records that do not decode (Observe).
+	skips *Skips
 }
 
 // OpenAssistants binds the assistants store to its bucket, which must
@@ -125,23 +126,25 @@ func (s *Assistants) List(ctx context.Context, tenant string) ([]*protocol.Assis
 }
 
 func (s *Assistants) watch(ctx context.Context, filter string) ([]*protocol.Assistant, error) {
-	return List[protocol.Assistant](ctx, s.kv, filter, nil)
+	return List[protocol.Assistant](ctx, s.kv, filter, nil, s.skips)
 }
 
-// Delete removes an assistant and its versions.
+// Delete removes an assistant and its versions with subject purges of the
+// bucket's stream: a KV purge leaves a marker naming the key, which this
+// bucket would keep for ever (it has no marker TTL).
 func (s *Assistants) Delete(ctx context.Context, tenant, id string) error {
+	if !protocol.ValidToken(tenant) || !protocol.ValidToken(id) {
+		return ErrNotFound // never a wildcard in a purge's filter
+	}
 	ctx, cancel := bound(ctx)
 	defer cancel()
-	err := s.kv.Purge(ctx, bus.Key(tenant, id))
-	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return err
-	}
-	lister, err := s.kv.ListKeysFiltered(ctx, bus.Key(tenant, id, "v", "*"))
+	bucket := s.kv.Bucket()
+	st, err := s.js.Stream(ctx, "KV_"+bucket)
 	if err != nil {
 		return err
 	}
-	for k := range lister.Keys() {
-		if err := s.kv.Purge(ctx, k); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	for _, k := range []string{bus.Key(tenant, id), bus.Key(tenant, id, ">")} {
+		if err := st.Purge(ctx, jetstream.WithPurgeSubject("$KV."+bucket+"."+k)); err != nil {
 			return err
 		}
 	}

@@ -225,10 +225,11 @@ func put(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, key
 }
 
 // List reads the values of a bucket whose keys match filter, decoded as T
-// (a value that does not decode is skipped, unreported), and returns
-// those keep accepts (nil keeps all): list for another package's bucket.
-func List[T any](ctx context.Context, kv jetstream.KeyValue, filter string, keep func(*T) bool) ([]*T, error) {
-	return list(ctx, kv, filter, nil, keep, nil)
+// (a value that does not decode is skipped and reported to sk, nil
+// reports nothing), and returns those keep accepts (nil keeps all): list
+// for another package's bucket.
+func List[T any](ctx context.Context, kv jetstream.KeyValue, filter string, keep func(*T) bool, sk *Skips) ([]*T, error) {
+	return list(ctx, kv, filter, nil, keep, sk)
 }
 
 // list reads the values of a bucket whose keys match filter, decoded as T
@@ -236,7 +237,7 @@ func List[T any](ctx context.Context, kv jetstream.KeyValue, filter string, keep
 // fails the check is skipped and reported to sk), and returns those keep
 // accepts (nil keeps all). It reads them through a watch, so it serves
 // listings and sweeps, not hot paths.
-func list[T any](ctx context.Context, kv jetstream.KeyValue, filter string, check func(*T) error, keep func(*T) bool, sk *skips) ([]*T, error) {
+func list[T any](ctx context.Context, kv jetstream.KeyValue, filter string, check func(*T) error, keep func(*T) bool, sk *Skips) ([]*T, error) {
 	w, err := kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, err

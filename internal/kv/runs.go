@@ -22,7 +22,7 @@ type Runs struct {
 	// ttl is the key TTL of a tenant's finished runs (SetTTLs).
 	ttl func(tenant string) time.Duration
 	// skips reports the records that do not decode (Stores.Observe).
-	skips *skips
+	skips *Skips
 }
 
 // Get reads a run record.

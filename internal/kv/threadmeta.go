@@ -21,7 +21,8 @@ import (
 // whatever the field and value; <owner> as in the creation index). Only
 // a thread's creation and a metadata patch change metadata, never a run:
 // the keys are written with the record that sets the pair, before it,
-// and purged after the record that drops or changes it, so, as for the
+// and purged after the record that drops or changes it (or after a write
+// of it that was refused: unmarkRefused), so, as for the
 // status index, the index may name a thread its record no longer has the
 // pair on (readers confirm with the record) but never misses one, but
 // for threads written before the index existed (ReindexStatus adds them

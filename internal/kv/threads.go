@@ -24,7 +24,7 @@ type Threads struct {
 	// read counts the thread records this store read (RecordsRead).
 	read atomic.Uint64
 	// skips reports the records that do not decode (Stores.Observe).
-	skips *skips
+	skips *Skips
 }
 
 // RecordsRead returns how many thread records this store has read: by
@@ -63,17 +63,61 @@ func (s *Threads) Put(ctx context.Context, t *protocol.Thread, rev uint64) (uint
 		return 0, err
 	}
 	if err := s.markMetadata(ctx, nil, t); err != nil {
+		s.unmarkRefused(ctx, t, err) // the keys written before the failure
 		return 0, err
 	}
 	indexed, err := s.indexCreated(ctx, t)
 	if err != nil {
+		s.unmarkRefused(ctx, t, err)
 		return 0, err
 	}
 	n, err := put(ctx, s.js, s.kv, bus.Key(t.Tenant, t.ThreadID), t, 0)
-	if err != nil && indexed {
-		s.unindexCreated(ctx, t, err)
+	if err != nil {
+		if indexed {
+			s.unindexCreated(ctx, t, err)
+		}
+		s.unmarkRefused(ctx, t, err)
 	}
 	return n, err
+}
+
+// unmarkAll is unmarkRefused of every record in marked: the keys written
+// for records of attempts none of which was stored.
+func (s *Threads) unmarkAll(ctx context.Context, marked []*protocol.Thread, err error) {
+	for _, m := range marked {
+		s.unmarkRefused(ctx, m, err)
+	}
+}
+
+// unmarkRefused purges the status and metadata index keys written for t,
+// whose record was refused (recordErr), unless the thread's record, read
+// from the leader, is in that status or has that pair under that owner.
+// Counts read those keys alone, so a create of an existing thread with
+// other metadata (a do_nothing create, another user's) must not leave its
+// own; and a thread never created has no record whose deletion would
+// purge them. As in unindexCreated, a concurrent creator of the same id
+// whose record is not stored yet may lose a key it shares; the status
+// repair (ReindexStatus) adds it again.
+func (s *Threads) unmarkRefused(ctx context.Context, t *protocol.Thread, recordErr error) {
+	if !IndexedStatus(t.Status) && len(t.Metadata) == 0 {
+		return
+	}
+	key := bus.Key(t.Tenant, t.ThreadID)
+	var cur *protocol.Thread
+	var err error
+	if errors.Is(recordErr, ErrExists) || errors.Is(recordErr, ErrConflict) {
+		cur, _, err = getAfter[protocol.Thread](ctx, s.js, s.bucket, key, 0)
+	} else {
+		cur, _, err = getLatest[protocol.Thread](ctx, s.js, s.bucket, key)
+	}
+	switch {
+	case errors.Is(err, ErrNotFound):
+		cur = &protocol.Thread{Tenant: t.Tenant, ThreadID: t.ThreadID}
+	case err != nil:
+		return // unknown: the keys stay for the readers to check
+	}
+	s.unmarkStatus(ctx, t, cur)
+	s.unmarkMetadata(ctx, t, cur)
 }
 
 // CreateNew creates the record of a thread whose key was never written
@@ -152,13 +196,15 @@ func (s *Threads) MutateFrom(ctx context.Context, tenant, thread string, t *prot
 		}
 		next.UpdatedAt = time.Now().UTC()
 		if rev > 0 && (IndexedStatus(next.Status) || len(next.Metadata) > 0) {
-			if err := s.markStatus(ctx, t, &next); err != nil {
-				return nil, 0, err
-			}
-			if err := s.markMetadata(ctx, t, &next); err != nil {
-				return nil, 0, err
-			}
 			marked = append(marked, &next)
+			err := s.markStatus(ctx, t, &next)
+			if err == nil {
+				err = s.markMetadata(ctx, t, &next)
+			}
+			if err != nil {
+				s.unmarkAll(ctx, marked, err)
+				return nil, 0, err
+			}
 		}
 		newRev, err := s.Put(ctx, &next, rev)
 		if err == nil {
@@ -172,6 +218,7 @@ func (s *Threads) MutateFrom(ctx context.Context, tenant, thread string, t *prot
 			return &next, newRev, nil
 		}
 		if (!errors.Is(err, ErrConflict) && !errors.Is(err, ErrExists)) || attempt >= maxCASAttempts {
+			s.unmarkAll(ctx, marked, err)
 			return nil, 0, fmt.Errorf("update thread %s: %w", thread, err)
 		}
 		// Refused because the record changed: read what changed it from

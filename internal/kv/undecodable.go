@@ -13,30 +13,43 @@ import (
 	"github.com/natsagent/natsagent/internal/metrics"
 )
 
-// skips reports the records of one bucket that a listing or a search
-// skips because they do not decode. A nil *skips reports nothing.
-type skips struct {
+// Skips reports the records of one bucket that a listing or a search
+// skips because they do not decode. A nil *Skips reports nothing.
+type Skips struct {
 	bucket string
 	log    *zap.Logger
 	rec    metrics.Recorder
 }
 
-// Observe makes the run and thread stores report each record their
-// listings and searches skip because it does not decode: counted in rec
-// (RecordUndecodable, by bucket) every time, and logged to log as a
-// warning once per key per process, at most undecodableLines lines a
-// minute, with the bucket, the key and what is wrong, never the value.
-// Without it they skip such records silently.
-func (s *Stores) Observe(log *zap.Logger, rec metrics.Recorder) {
+// NewSkips reports the records of bucket that listings skip because they
+// do not decode: counted in rec (RecordUndecodable, by bucket) every
+// time, and logged to log as a warning once per key per process, at most
+// undecodableLines lines a minute, with the bucket, the key and what is
+// wrong, never the value. Give it to List.
+func NewSkips(bucket string, log *zap.Logger, rec metrics.Recorder) *Skips {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	s.Runs.skips = &skips{bucket: s.Runs.bucket, log: log, rec: metrics.Or(rec)}
-	s.Threads.skips = &skips{bucket: s.Threads.bucket, log: log, rec: metrics.Or(rec)}
+	return &Skips{bucket: bucket, log: log, rec: metrics.Or(rec)}
+}
+
+// Observe makes the run and thread stores report each record their
+// listings and searches skip because it does not decode (NewSkips).
+// Without it they skip such records silently.
+func (s *Stores) Observe(log *zap.Logger, rec metrics.Recorder) {
+	s.Runs.skips = NewSkips(s.Runs.bucket, log, rec)
+	s.Threads.skips = NewSkips(s.Threads.bucket, log, rec)
+}
+
+// Observe makes the assistants store report each record its listings
+// skip because it does not decode (NewSkips). Without it they skip such
+// records silently.
+func (s *Assistants) Observe(log *zap.Logger, rec metrics.Recorder) {
+	s.skips = NewSkips(s.kv.Bucket(), log, rec)
 }
 
 // skip reports the record at key, which did not decode.
-func (s *skips) skip(key string, err error) {
+func (s *Skips) skip(key string, err error) {
 	if s == nil {
 		return
 	}

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/natsagent/natsagent/internal/bus"
 	"github.com/natsagent/natsagent/internal/metrics/prom"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
@@ -138,4 +139,65 @@ func resetUndecodableLog(t *testing.T) {
 	defer undecodable.mu.Unlock()
 	clear(undecodable.logged)
 	undecodable.minute, undecodable.lines = time.Time{}, 0
+}
+
+// An assistant record that does not decode is left out of the tenant's
+// listing and of the assistant's versions, which still answer with the
+// others, and counted in natsagent_records_undecodable_total with the
+// assistants bucket, as runs and threads are.
+func TestUndecodableAssistantsAreCounted(t *testing.T) {
+	resetUndecodableLog(t)
+	s := openStores(t)
+	ctx := context.Background()
+	js, names := s.Runs.js, bus.DefaultNames()
+	as, err := OpenAssistants(ctx, js, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	rec, err := prom.New(prom.Options{Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.DebugLevel)
+	as.Observe(zap.New(core), rec)
+
+	for _, id := range []string{"a1", "a2"} {
+		if err := as.Create(ctx, &protocol.Assistant{AssistantID: id, GraphID: "chatbot", Tenant: "default"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, key := range []string{"default.bad", "default.a1.v.2"} {
+		if _, err := as.kv.PutString(ctx, key, `{"version":"SECRET-VALUE"}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err := as.List(ctx, "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, a := range list {
+		ids = append(ids, a.AssistantID)
+	}
+	slices.Sort(ids)
+	if strings.Join(ids, " ") != "a1 a2" {
+		t.Fatalf("List answered %v, want a1 a2", ids)
+	}
+	if got := undecodableCount(t, reg, names.AssistantsBucket()); got != 1 {
+		t.Fatalf("after List: %v records counted undecodable, want 1", got)
+	}
+	versions, err := as.Versions(ctx, "default", "a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(versions) != 1 || versions[0].Version != 1 {
+		t.Fatalf("Versions answered %d versions, want version 1 alone", len(versions))
+	}
+	if got := undecodableCount(t, reg, names.AssistantsBucket()); got != 2 {
+		t.Fatalf("after Versions: %v records counted undecodable, want 2", got)
+	}
+	if n := logs.FilterField(zap.String("bucket", names.AssistantsBucket())).Len(); n != 2 {
+		t.Fatalf("%d log lines name the assistants bucket, want one per undecodable key", n)
+	}
 }

@@ -105,6 +105,10 @@ type ModelRequest struct {
 	ModelName string
 	// State is the run's state before the call; read it, never edit it.
 	State *state.State
+	// ownSystem says System holds a section of the run's own (its
+	// memory): the sections appended after it are not shared
+	// (prompttext.go).
+	ownSystem bool
 }
 
 // Clone deep-copies the request for a wrapper that edits it.

@@ -53,7 +53,7 @@ func (d *DynamicContext) request(rt *Runtime, req *ModelRequest) *ModelRequest {
 	today := d.now().In(d.loc).Format("2006-01-02, Monday")
 	start := Scratch(rt, "dynamic_context:date", func() string { return today })
 	c := *req
-	c.System = appendSharedSection(c.System, "<current_date>"+start+"</current_date>")
+	c.appendShared("<current_date>" + start + "</current_date>")
 	if today != start {
 		return withContextSection(&c, "<current_date>"+today+"</current_date>\nThe date changed since this conversation's system prompt was written.")
 	}

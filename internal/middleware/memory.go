@@ -290,7 +290,7 @@ func (m *Memory) request(rt *Runtime, req *ModelRequest) *ModelRequest {
 		return req
 	}
 	c := *req
-	c.System = appendSection(c.System, block)
+	c.appendOwn(block)
 	if m.writes {
 		c.Tools = withTools(req.Tools, rememberSpec)
 	}

@@ -29,9 +29,10 @@ func appendSection(system, section string) string {
 
 // sharedCache maps a key to the one value the runs that build it share.
 // It holds at most maxShared entries: one that no other run will find (a
-// prompt a thread's memory extended, a tool list a policy filtered for
-// one run) still takes a place, and when such entries fill it, it starts
-// over, so it stays small whatever the runs build.
+// tool list a policy filtered for one run) still takes a place, and when
+// such entries fill it, it starts over, so it stays small whatever the
+// runs build. A prompt a thread's memory extended is kept out of it
+// (appendShared).
 type sharedCache[K comparable, V any] struct {
 	mu sync.Mutex
 	m  map[K]V
@@ -61,22 +62,35 @@ func (c *sharedCache[K, V]) put(k K, v V) {
 // the one copy of the result the runs share.
 var sharedPrompts sharedCache[[2]string, string]
 
-// appendSharedSection is appendSection for a section that is the same
-// for many runs (a guide, the date, the skills listed, the delegation
-// prompt): runs that build the same prompt share one copy of it. A
-// section that is a run's or a thread's own (its memory) goes through
-// appendSection, so it never pushes the shared prompts out.
-func appendSharedSection(system, section string) string {
-	if section == "" || system == "" {
-		return appendSection(system, section)
+// appendShared appends a section that is the same for many runs (a
+// guide, the date, the skills listed, the delegation prompt) to the
+// request's system prompt: runs that build the same prompt share one
+// copy of it. Once a section of the run's own is in the prompt
+// (appendOwn), no other run builds what follows, so it is built without
+// the cache: such prompts would fill it, it would start over, and the
+// profile's shared prompts would be built anew for every run.
+func (r *ModelRequest) appendShared(section string) {
+	if r.ownSystem || section == "" || r.System == "" {
+		r.System = appendSection(r.System, section)
+		return
 	}
-	k := [2]string{system, section}
+	k := [2]string{r.System, section}
 	if p, ok := sharedPrompts.get(k); ok {
-		return p
+		r.System = p
+		return
 	}
-	p := appendSection(system, section)
-	sharedPrompts.put(k, p)
-	return p
+	r.System = appendSection(r.System, section)
+	sharedPrompts.put(k, r.System)
+}
+
+// appendOwn appends a section that is a run's or a thread's own (its
+// memory) to the request's system prompt, which is then the run's own.
+func (r *ModelRequest) appendOwn(section string) {
+	if section == "" {
+		return
+	}
+	r.System = appendSection(r.System, section)
+	r.ownSystem = true
 }
 
 // withTools returns tools followed by add, in a slice of exactly that

@@ -2,7 +2,10 @@ package middleware
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"unsafe"
@@ -87,5 +90,45 @@ func TestWithTools_SameNameOtherSpec(t *testing.T) {
 	second := withTools(base, model.ToolSpec{Name: "x", Description: "two"})
 	if first[1].Description != "one" || second[1].Description != "two" {
 		t.Errorf("got %q then %q, want one then two", first[1].Description, second[1].Description)
+	}
+}
+
+// A thread's memory makes its system prompt its own; the shared sections
+// appended after it (the todo guide, the date) then make prompts no other
+// run builds. Those must not take the shared prompts' places: after many
+// runs with distinct memory, a run without memory still gets the prompt
+// the profile's runs share, not a copy built anew.
+func TestSharedPrompts_OwnPromptsDoNotEvictShared(t *testing.T) {
+	c, err := Assemble(ChainConfig{Settings: map[string]json.RawMessage{"memory": json.RawMessage(`{"enabled": true}`)}},
+		Env{Memory: unusedMemory{}, KnownTool: known("search")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(notes string) string {
+		rt, _ := newRuntime("r")
+		Scratch(rt, "memory:load", func() *memoryLoad { return &memoryLoad{notes: notes} })
+		var got string
+		base := func(ctx context.Context, req *ModelRequest) (*ModelResponse, error) {
+			got = req.System
+			return &ModelResponse{Response: &model.Response{Message: asst("", "ok"), FinishReason: model.FinishStop}}, nil
+		}
+		if _, err := c.ModelCall(rt, base)(context.Background(), &ModelRequest{System: "You help.", Tools: specs("search"), State: &state.State{}}); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	shared := call("")
+	if shared == "You help." {
+		t.Fatal("the chain appended no shared section: nothing to test")
+	}
+	for i := range 4 * maxShared {
+		note := fmt.Sprintf("note %d", i)
+		own := call(note)
+		if !strings.Contains(own, note) || !strings.HasSuffix(own, shared[strings.LastIndex(shared, "\n\n"):]) {
+			t.Fatalf("a run with memory got the prompt %q", own)
+		}
+	}
+	if again := call(""); unsafe.StringData(again) != unsafe.StringData(shared) {
+		t.Errorf("after %d runs with their own memory, a run without got a new copy of the profile's prompt: own prompts pushed the shared one out", 4*maxShared)
 	}
 }

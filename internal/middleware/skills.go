@@ -367,7 +367,7 @@ func (s *Skills) request(ctx context.Context, rt *Runtime, req *ModelRequest) (*
 	// the provider's cached prefix, as it was (promptcontext.go); the
 	// tools it unlocks are offered from the next call all the same.
 	listed := Scratch(rt, "skills:listed", func() []string { return active })
-	c.System = appendSharedSection(c.System, s.prompt(v, listed))
+	c.appendShared(s.prompt(v, listed))
 	return &c, nil
 }
 

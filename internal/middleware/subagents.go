@@ -152,7 +152,7 @@ func (s *Subagents) request(rt *Runtime, req *ModelRequest) *ModelRequest {
 		add = slices.DeleteFunc(slices.Clone(add), offered)
 	}
 	c.Tools = withTools(req.Tools, add...)
-	c.System = appendSharedSection(c.System, s.prompt)
+	c.appendShared(s.prompt)
 	if req.State != nil {
 		return withContextSection(&c, ledgerSection(RunningSubagents(rt, req.State)))
 	}

@@ -139,7 +139,7 @@ func todosRequest(req *ModelRequest) *ModelRequest {
 	if !slices.ContainsFunc(req.Tools, func(s model.ToolSpec) bool { return s.Name == WriteTodosTool }) {
 		c.Tools = withTools(req.Tools, writeTodosSpec)
 	}
-	c.System = appendSharedSection(c.System, todosGuide)
+	c.appendShared(todosGuide)
 	if list := todosOf(req.State); len(list) > 0 {
 		var b strings.Builder
 		b.WriteString("<todo_list>\nYour current todo list:\n")

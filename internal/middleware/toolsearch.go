@@ -229,7 +229,7 @@ func (t *ToolSearch) WrapModelCall(ctx context.Context, rt *Runtime, req *ModelR
 		r.Tools = append(r.Tools, spec)
 	}
 	r.Tools = append(r.Tools, toolSearchSpec)
-	r.System = appendSharedSection(r.System, t.prompt(c))
+	r.appendShared(t.prompt(c))
 	return next(ctx, &r)
 }
 

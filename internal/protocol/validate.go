@@ -245,3 +245,11 @@ func (r *RunRequest) Validate() error {
 	}
 	return nil
 }
+
+// MaxThreadMetadataFields bounds the top-level fields of a thread's
+// metadata that a client sets (a thread's first run may add its
+// graph_id and assistant_id tags), and of a thread search's metadata
+// filter: each field of a thread is an index key written with it (kv's
+// metadata index), each field of a filter a request or two to the
+// server.
+const MaxThreadMetadataFields = 128

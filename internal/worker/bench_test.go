@@ -45,6 +45,17 @@ func BenchmarkBurst(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer sub.Unsubscribe()
+			// The goroutines that handled the runs: fewer than the runs
+			// when a goroutine done with one is handed the next.
+			var hmu sync.Mutex
+			handlers := map[string]bool{}
+			testHookHandling = func() {
+				id := goroutineID()
+				hmu.Lock()
+				handlers[id] = true
+				hmu.Unlock()
+			}
+			defer func() { testHookHandling = nil }()
 			b.ResetTimer()
 			start := time.Now()
 			for i := 0; i < b.N; i++ {
@@ -64,6 +75,9 @@ func BenchmarkBurst(b *testing.B) {
 				b.Fatal("runs did not finish")
 			}
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "runs/s")
+			hmu.Lock()
+			b.ReportMetric(float64(len(handlers))/float64(b.N), "goroutines/run")
+			hmu.Unlock()
 		})
 	}
 }

@@ -31,7 +31,7 @@ func (w *Worker) serveIntake() (stop func(), err error) {
 // and P.ctl.<tenant>.<thread>.<run>.delete, one queue group over every
 // worker), with the submit service's rules for who may use a thread.
 func (w *Worker) serveDelete(ctx context.Context) (stop func(), err error) {
-	e, err := erase.New(ctx, erase.Config{NC: w.nc, JS: w.js, Names: w.names, Stores: w.stores, Files: w.cfg.Files, Logger: w.log})
+	e, err := erase.New(ctx, erase.Config{NC: w.nc, JS: w.js, Names: w.names, Stores: w.stores, Files: w.cfg.Files, Logger: w.log, Metrics: w.cfg.Metrics})
 	if err != nil {
 		return nil, fmt.Errorf("serve the delete service: %w", err)
 	}
