@@ -48,3 +48,20 @@ func TestEveryCommandHasARealHelp(t *testing.T) {
 		}
 	}
 }
+
+// `natsagent help <command> <subcommand>` shows the subcommand's help, as
+// `natsagent <command> <subcommand> -h` does (README, "Command line").
+func TestHelpOfASubcommand(t *testing.T) {
+	for _, args := range [][]string{{"runs", "delete"}, {"threads", "delete"}, {"users", "erase"}, {"tenant", "list"}, {"jwt", "init"}} {
+		name := strings.Join(args, " ")
+		code, out, errOut := runCLI(append([]string{"help"}, args...)...)
+		if code != 0 {
+			t.Errorf("help %s: exit %d\n%s%s", name, code, out, errOut)
+			continue
+		}
+		_, wantOut, wantErr := runCLI(append(args, "-h")...)
+		if got, want := out+errOut, wantOut+wantErr; !strings.Contains(got, "natsagent "+name) || got != want {
+			t.Errorf("help %s printed:\n%s\nwant what %s -h prints:\n%s", name, got, name, want)
+		}
+	}
+}

@@ -77,8 +77,9 @@ func run(ctx context.Context, args []string, std stdio) int {
 	name, rest := args[0], args[1:]
 	switch name {
 	case "help", "-h", "-help", "--help":
+		// help runs delete is runs delete -h: a subcommand's own help.
 		if len(rest) > 0 && rest[0] != "help" {
-			return run(ctx, []string{rest[0], "-h"}, std)
+			return run(ctx, append(rest, "-h"), std)
 		}
 		usage(std.out)
 		return 0
