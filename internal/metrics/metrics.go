@@ -51,8 +51,9 @@ type Recorder interface {
 	// whether it was a redelivery.
 	JobProcessed(redelivered bool)
 	// ToolCall is one tool call of a run, by tool name (the run's own
-	// tools; anything else is "unknown"), with its result status (ok,
-	// error, denied, ...) and how long it took.
+	// tools; anything else is "unknown"), with its result status (success,
+	// error; cancelled or failed when it ended without a result) and how
+	// long it took.
 	ToolCall(tool, status string, d time.Duration)
 	// FencePause counts a run paused because its lease's renewal was
 	// late; FenceStop a run its lease fence stopped, by reason

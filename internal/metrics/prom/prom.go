@@ -147,7 +147,7 @@ func New(o Options) (*Recorder, error) {
 	jobs := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "worker_jobs_processed_total",
 		Help: "Run requests a worker took to their end (finished, handed back or dropped), by delivery (first, redelivery)."}, []string{"delivery"})
 	toolCalls := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Name: "tool_call_duration_seconds",
-		Help: "Latency of each tool call of a run, by tool and result status (ok, error, denied, ...).", Buckets: toolBuckets}, []string{"tool", "status"})
+		Help: "Latency of each tool call of a run, by tool and result status (success, error; cancelled or failed when the call ended without a result).", Buckets: toolBuckets}, []string{"tool", "status"})
 	fencePauses := prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Name: "lease_fence_pauses_total",
 		Help: "Runs paused because the renewal of their thread lease was not confirmed in time."})
 	fenceStops := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "lease_fence_stops_total",
