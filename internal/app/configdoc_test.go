@@ -3,6 +3,7 @@ package app
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -68,5 +69,20 @@ func TestConfigurationReferenceLoads(t *testing.T) {
 	}
 	if names := strings.Join(agents.Chain("researcher").Names(), ","); !strings.Contains(names, "token_budget") || !strings.Contains(names, "tool_call_limit") {
 		t.Errorf("researcher chain %s", names)
+	}
+
+	// The keys shown commented out (the defaults) are keys too: the file
+	// with them uncommented loads and assembles, so none is misspelt,
+	// misplaced or gone from the code.
+	commented := regexp.MustCompile(`(?m)^(\s*)# (\s*[a-z_]+:( .*)?)$`)
+	if n := len(commented.FindAllString(text, -1)); n < 40 {
+		t.Fatalf("%d commented-out keys found: the scan no longer reads the block right", n)
+	}
+	cfg, err = config.Parse([]byte(commented.ReplaceAllString(text, "$1$2")), "natsagent.yaml with its comments uncommented")
+	if err != nil {
+		t.Fatalf("a commented-out key of the documented file is not valid: %v", err)
+	}
+	if err := CheckProfiles(cfg); err != nil {
+		t.Fatalf("with its commented-out keys, the documented file fails the start's check: %v", err)
 	}
 }
