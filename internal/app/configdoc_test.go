@@ -9,21 +9,15 @@ import (
 	"time"
 
 	"github.com/natsagent/natsagent/internal/config"
+	"github.com/natsagent/natsagent/internal/doctest"
 	"github.com/natsagent/natsagent/internal/model"
 )
 
 // docs/configuration.md shows a whole configuration file; it must load,
 // validate and assemble, so the reference never drifts from the code.
 func TestConfigurationReferenceLoads(t *testing.T) {
-	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "configuration.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, rest, ok := strings.Cut(string(doc), "## A whole file")
-	if !ok {
-		t.Fatal(`docs/configuration.md has no "## A whole file" section`)
-	}
-	_, rest, ok = strings.Cut(rest, "```yaml\n")
+	section := doctest.Section(t, "docs/configuration.md", "## A whole file")
+	_, rest, ok := strings.Cut(section, "```yaml\n")
 	if !ok {
 		t.Fatal("the section has no yaml block")
 	}

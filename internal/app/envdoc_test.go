@@ -5,12 +5,13 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/natsagent/natsagent/internal/doctest"
 )
 
 // envReaders are the calls whose first argument names an environment
@@ -26,17 +27,7 @@ var envHelpers = []string{"internal/testdeploy", "internal/natstest", "internal/
 // name passed to os.Getenv, os.LookupEnv and the helpers that wrap them, is
 // in docs/configuration.md's Environment section.
 func TestEveryEnvironmentVariableDocumented(t *testing.T) {
-	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "configuration.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(doc), "\n## Environment\n")
-	if !ok {
-		t.Fatal(`docs/configuration.md has no "## Environment" section`)
-	}
-	if next := strings.Index(section, "\n## "); next >= 0 {
-		section = section[:next]
-	}
+	section := doctest.Section(t, "docs/configuration.md", "## Environment")
 	names := envNamesInCode(t, filepath.Join("..", ".."))
 	for _, must := range []string{"OPENAI_API_KEY", "NATS_URL", "NATSAGENT_CONFIG"} {
 		if !slices.Contains(names, must) {

@@ -1,13 +1,12 @@
 package bus
 
 import (
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/natsagent/natsagent/internal/doctest"
 	"github.com/natsagent/natsagent/internal/protocol"
 )
 
@@ -15,15 +14,7 @@ import (
 // prefix; those are exactly the names Names makes for the same tenant,
 // thread and run.
 func TestProtocolNamesTable(t *testing.T) {
-	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "protocol.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(doc), "\n### 1.2 Prefix and derived names\n")
-	if !ok {
-		t.Fatal(`docs/protocol.md has no "### 1.2 Prefix and derived names" section`)
-	}
-	section, _, _ = strings.Cut(section, "\n### ")
+	section := doctest.Section(t, "docs/protocol.md", "### 1.2 Prefix and derived names")
 	var documented []string
 	code := regexp.MustCompile("`([^`]+)`")
 	for _, line := range strings.Split(section, "\n") {

@@ -4,27 +4,20 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/natsagent/natsagent/internal/doctest"
 )
 
 // Every route the gateway registers is a row of docs/protocol.md's endpoint
 // table (3.3), and every row is a route it registers.
 func TestEveryRouteDocumented(t *testing.T) {
-	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "protocol.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(doc), "\n### 3.3 Endpoints\n")
-	if !ok {
-		t.Fatal(`docs/protocol.md has no "### 3.3 Endpoints" section`)
-	}
-	section, _, _ = strings.Cut(section, "\n### ")
+	section := doctest.Section(t, "docs/protocol.md", "### 3.3 Endpoints")
 	documented := map[string]bool{}
 	// A row opens with `METHOD /path`, or `GET` or `POST /path`; a path
 	// may end in an optional [/{segment}].

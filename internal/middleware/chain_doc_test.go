@@ -1,26 +1,18 @@
 package middleware
 
 import (
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/natsagent/natsagent/internal/doctest"
 )
 
 // docs/middleware.md's table of the default lead chain has a row for every
 // built-in middleware of that chain, and no other; the ones a profile adds
 // to its user segment are described after it.
 func TestMiddlewareDocListsEveryBuiltin(t *testing.T) {
-	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "middleware.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(doc), "\n## The default lead chain\n")
-	if !ok {
-		t.Fatal(`docs/middleware.md has no "## The default lead chain" section`)
-	}
-	section, _, _ = strings.Cut(section, "\n## ")
+	section := doctest.Section(t, "docs/middleware.md", "## The default lead chain")
 	rows := map[string]bool{}
 	for _, m := range regexp.MustCompile("(?m)^\\| (?:[0-9]+|–) \\| `([a-z_]+)`").FindAllStringSubmatch(section, -1) {
 		rows[m[1]] = true

@@ -2,8 +2,6 @@ package prom
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -12,21 +10,14 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/natsagent/natsagent/internal/doctest"
 	"github.com/natsagent/natsagent/internal/metrics"
 )
 
 // docs/operations.md's metrics table names every metric New registers,
 // with its type and labels, and nothing else.
 func TestOperationsDocListsEveryMetric(t *testing.T) {
-	doc, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "operations.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(doc), "\n### Metrics\n")
-	if !ok {
-		t.Fatal(`docs/operations.md has no "### Metrics" section`)
-	}
-	section, _, _ = strings.Cut(section, "\n### ")
+	section := doctest.Section(t, "docs/operations.md", "### Metrics")
 	// A row: | `name` (or `a` / `b`) | type | labels ([tenant,] when optional) | what |
 	type row struct{ kind, labels string }
 	documented := map[string]row{}
