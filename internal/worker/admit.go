@@ -434,6 +434,10 @@ const (
 	headSelf headState = iota
 	headOther
 	headGone
+	// headCopy: an older copy of this very request (the same run id,
+	// published again without a message id or after the duplicate
+	// window) owns the run; this copy is dropped.
+	headCopy
 )
 
 // head reports whether this request is the oldest one of its thread still
@@ -486,10 +490,20 @@ func (j *job) head(ctx context.Context) (headState, error) {
 			return headOther, nil
 		}
 		if runID == j.req.RunID {
-			// An older copy of this very run: this copy owns the record,
-			// so the old one is dead weight.
-			w.deleteRequest(ctx, m.Sequence)
-			continue
+			// An older copy of this very run. The copy the run's record
+			// names owns the run, and the other one is dead weight. With
+			// no record, or one that names no copy yet, the older copy
+			// owns it: a run starts before its record is written (its
+			// lease says it runs), so the older copy may be running now.
+			rec, _, err := w.stores.Runs.GetFromLeader(ctx, j.req.Tenant, runID)
+			if err != nil && !errors.Is(err, kv.ErrNotFound) {
+				return 0, err
+			}
+			if err == nil && rec.MsgSeq == j.seq {
+				w.deleteRequest(ctx, m.Sequence)
+				continue
+			}
+			return headCopy, nil
 		}
 		hrec, _, err := w.stores.Runs.Get(ctx, j.req.Tenant, runID)
 		if errors.Is(err, kv.ErrNotFound) {

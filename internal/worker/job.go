@@ -190,6 +190,11 @@ func (j *job) process(base context.Context, meta *jetstream.MsgMetadata, hasSlot
 			j.retryLater(err)
 			return
 		}
+		if snap.head == headCopy {
+			j.log.Info("duplicate run request dropped: an older copy of it owns the run", zap.Uint64("stream_seq", j.seq))
+			_ = j.msg.Ack()
+			return
+		}
 		if rec := snap.rec; rec != nil {
 			if done := j.settled(ctx, rec); done {
 				return

@@ -3,12 +3,15 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/natsagent/natsagent/internal/model"
 	"github.com/natsagent/natsagent/internal/natstest"
@@ -165,6 +168,77 @@ func TestDuplicateRunIDGivesOneRun(t *testing.T) {
 	}
 	if n := w.count(protocol.EventRunStarted); n != 1 {
 		t.Fatalf("%d run.started events, want 1", n)
+	}
+}
+
+// A copy of a running run's request, published without a message id (a
+// plain `nats pub` sent twice), is dropped: the run started before any
+// record existed (its lease names it), so the copy cannot find a record
+// that owns it. Before, the copy took the older request for dead weight,
+// deleted it, wrote the record itself and ran the run a second time: two
+// run.started and two events with sequence 1.
+func TestCopyOfARunningRequestIsDropped(t *testing.T) {
+	h := newHarness(t)
+	release := make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the harness stops the worker
+	m := model.NewScripted(func(n int, req *model.Request) model.Reply {
+		if n == 0 {
+			<-release
+		}
+		return model.Reply{Text: "hello"}
+	})
+	h.startWorker(m, nil)
+	w := h.watch("default", "t1", "copy")
+	req := request("t1", "copy", "hi")
+	req.Normalize()
+	data, _ := json.Marshal(req)
+	subject := h.names.RunSubject("default", "t1")
+	first := h.publishRaw(subject, data, "")
+	testdeploy.WaitFor(t, 30*time.Second, "the run's model call", func() bool { return m.Calls() == 1 })
+	second := h.publishRaw(subject, data, "")
+	// The copy is settled while the run still waits on its model: acked
+	// and gone, the run's own request still there.
+	testdeploy.WaitFor(t, 30*time.Second, "the copy settled", func() bool {
+		st, err := h.js.Stream(context.Background(), h.names.RunsStream())
+		if err != nil {
+			return false
+		}
+		_, errSecond := st.GetMsg(context.Background(), second)
+		return errors.Is(errSecond, jetstream.ErrMsgNotFound)
+	})
+	st, err := h.js.Stream(context.Background(), h.names.RunsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.GetMsg(context.Background(), first); err != nil {
+		t.Fatalf("the running run's request: %v", err)
+	}
+	free()
+	if fin := w.finished(t, 30*time.Second); fin.Status != protocol.StatusSuccess {
+		t.Fatalf("run ended %s: %s", fin.Status, fin.Error)
+	}
+	h.waitRunsStreamEmpty(t)
+	if n := m.Calls(); n != 1 {
+		t.Errorf("model called %d times, want 1", n)
+	}
+	seen := map[uint64]string{}
+	for _, ev := range w.all() {
+		if prev, ok := seen[ev.Seq]; ok {
+			t.Errorf("event seq %d twice: %s and %s (events %v)", ev.Seq, prev, ev.Type, w.types())
+		}
+		seen[ev.Seq] = ev.Type
+	}
+	if n := w.count(protocol.EventRunStarted); n != 1 {
+		t.Errorf("%d run.started events, want 1 (events %v)", n, w.types())
+	}
+	rec, _, err := h.stores.Runs.Get(context.Background(), "default", "copy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.MsgSeq != first || rec.Status != protocol.StatusSuccess {
+		t.Errorf("record names request %d and says %s, want %d and success", rec.MsgSeq, rec.Status, first)
 	}
 }
 
