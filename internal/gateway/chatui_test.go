@@ -105,7 +105,7 @@ func TestAgentChatUIStartInBrowser(t *testing.T) {
 	waitShown("old1's messages", want)
 
 	// A message on it: the answer shows, and old1 moves to the top.
-	p.do(t, "send on old1", chromedp.SendKeys(chromedp.ID("message"), "follow up"), chromedp.Click(chromedp.ID("send")))
+	p.do(t, "send on old1", typeInto(chromedp.ID("message"), "follow up"), chromedp.Click(chromedp.ID("send")))
 	want = append(want, "human:follow up", "ai:echo: follow up")
 	waitShown("old1 after the follow-up", want)
 	p.waitText(t, "#status", equals("idle"))
@@ -118,7 +118,7 @@ func TestAgentChatUIStartInBrowser(t *testing.T) {
 	// graph and assistant, and the history lists it first.
 	p.do(t, "new chat", chromedp.Click(chromedp.ID("new")))
 	waitShown("an empty chat", []string{})
-	p.do(t, "send on a new thread", chromedp.SendKeys(chromedp.ID("message"), "hello there"), chromedp.Click(chromedp.ID("send")))
+	p.do(t, "send on a new thread", typeInto(chromedp.ID("message"), "hello there"), chromedp.Click(chromedp.ID("send")))
 	waitShown("the new thread", []string{"human:hello there", "ai:echo: hello there"})
 	p.waitText(t, "#status", equals("idle"))
 	thread := p.waitText(t, "#thread", func(s string) bool { return s != "" })

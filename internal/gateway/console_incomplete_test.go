@@ -26,7 +26,7 @@ func TestConsoleIncompleteRun(t *testing.T) {
 	p.signIn(t, base+"/console/")
 
 	p.do(t, "submit a run that loops",
-		chromedp.SendKeys(chromedp.ID("run-message"), "what time is it, again and again?"),
+		typeInto(chromedp.ID("run-message"), "what time is it, again and again?"),
 		chromedp.Click(chromedp.ID("run-submit")))
 	p.waitText(t, "#run-status", equals("incomplete"))
 	if got := p.eval(t, `document.querySelector("#run-status").dataset.status`); got != "incomplete" {

@@ -22,7 +22,7 @@ func (p *tab) signIn(t *testing.T, url string) {
 	p.do(t, "open the console", chromedp.Navigate(url))
 	p.do(t, "give the key",
 		chromedp.WaitVisible(chromedp.ID("key-input")),
-		chromedp.SendKeys(chromedp.ID("key-input"), consoleKey),
+		typeInto(chromedp.ID("key-input"), consoleKey),
 		chromedp.Click(chromedp.ID("key-save")),
 		chromedp.WaitVisible(chromedp.ID("threads-h")))
 }
@@ -55,7 +55,7 @@ func TestConsoleQuickRunShowsEveryDelta(t *testing.T) {
 	p.signIn(t, base+"/console/")
 
 	p.do(t, "submit a quick run",
-		chromedp.SendKeys(chromedp.ID("run-message"), "be quick <b>now</b>"),
+		typeInto(chromedp.ID("run-message"), "be quick <b>now</b>"),
 		chromedp.Click(chromedp.ID("run-submit")))
 	p.waitText(t, "#run-status", equals("success"))
 	p.waitText(t, "#timeline .message.assistant .text", equals(answer))
@@ -131,8 +131,8 @@ func TestConsoleLiveTotalsAndAnsweredApproval(t *testing.T) {
 	p.signIn(t, base+"/console/")
 
 	p.do(t, "submit a run of two model calls",
-		chromedp.SendKeys(chromedp.ID("run-thread"), "live"),
-		chromedp.SendKeys(chromedp.ID("run-message"), "two steps please"),
+		typeInto(chromedp.ID("run-thread"), "live"),
+		typeInto(chromedp.ID("run-message"), "two steps please"),
 		chromedp.Click(chromedp.ID("run-submit")))
 	// The first call finished and is counted; the second streams, estimated.
 	live := `["#run-status", "#run-usage-calls", "#run-usage-input", "#run-usage-output", "#run-usage-total", "#run-usage-streaming"]
@@ -174,7 +174,7 @@ func TestConsoleLiveTotalsAndAnsweredApproval(t *testing.T) {
 	// An approval answered elsewhere.
 	p.do(t, "open the thread", chromedp.Click(chromedp.ID("run-thread-link")), chromedp.WaitVisible(chromedp.ID("send-h")))
 	p.do(t, "submit a run that writes",
-		chromedp.SendKeys(chromedp.ID("run-message"), "please save a note"),
+		typeInto(chromedp.ID("run-message"), "please save a note"),
 		chromedp.Click(chromedp.ID("run-submit")))
 	p.waitText(t, "#run-status", equals("interrupted"))
 	p.waitText(t, "#approval-form legend", contains("write_file"))

@@ -485,7 +485,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	p.do(t, "open the console", chromedp.Navigate(base+"/"))
 	p.do(t, "give the key",
 		chromedp.WaitVisible(chromedp.ID("key-input")),
-		chromedp.SendKeys(chromedp.ID("key-input"), consoleKey),
+		typeInto(chromedp.ID("key-input"), consoleKey),
 		chromedp.Click(chromedp.ID("key-save")),
 		chromedp.WaitVisible(chromedp.ID("threads-h")))
 	p.waitText(t, "#threads", contains("No threads yet"))
@@ -495,8 +495,8 @@ func TestConsoleInBrowser(t *testing.T) {
 
 	// A run submitted in the page streams its answer.
 	p.do(t, "submit a run",
-		chromedp.SendKeys(chromedp.ID("run-thread"), "web"),
-		chromedp.SendKeys(chromedp.ID("run-message"), "hello there"),
+		typeInto(chromedp.ID("run-thread"), "web"),
+		typeInto(chromedp.ID("run-message"), "hello there"),
 		chromedp.Click(chromedp.ID("run-submit")))
 	p.waitFollowing(t)
 	gates["hello there"].open()
@@ -519,7 +519,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.ID("send-h")))
 	p.waitText(t, "#runs", contains("success"))
 	p.do(t, "submit a run that writes",
-		chromedp.SendKeys(chromedp.ID("run-message"), "please save a note"),
+		typeInto(chromedp.ID("run-message"), "please save a note"),
 		chromedp.Click(chromedp.ID("run-submit")))
 	p.waitText(t, "#run-status", equals("interrupted"))
 	firstRun := p.eval(t, "location.hash")
@@ -548,12 +548,12 @@ func TestConsoleInBrowser(t *testing.T) {
 	// Steer a running run: the page follows the steer run, and the
 	// steered run says what replaced it.
 	p.do(t, "submit a slow run",
-		chromedp.SendKeys(chromedp.ID("run-message"), "count slowly"),
+		typeInto(chromedp.ID("run-message"), "count slowly"),
 		chromedp.Click(chromedp.ID("run-submit")))
 	p.waitText(t, "#timeline .message.assistant .text", contains("word"))
 	slow := p.eval(t, "location.hash")
 	p.do(t, "steer",
-		chromedp.SendKeys(chromedp.ID("steer-message"), "change of plan"),
+		typeInto(chromedp.ID("steer-message"), "change of plan"),
 		chromedp.Click(chromedp.ID("steer-send")))
 	p.waitText(t, "#run-status", equals("success"))
 	p.waitText(t, "#timeline .message.user", contains("change of plan"))
@@ -572,7 +572,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	// shown as text (never as markup).
 	p.do(t, "open the thread for events", chromedp.Click(chromedp.ID("run-thread-link")))
 	p.do(t, "submit a run that emits",
-		chromedp.SendKeys(chromedp.ID("run-message"), "show me events"),
+		typeInto(chromedp.ID("run-message"), "show me events"),
 		chromedp.Click(chromedp.ID("run-submit")))
 	p.waitFollowing(t)
 	gates["show me events"].open()
@@ -592,7 +592,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	// Cancel a running run.
 	p.do(t, "open the thread for a cancel", chromedp.Click(chromedp.ID("run-thread-link")))
 	p.do(t, "submit a run to cancel",
-		chromedp.SendKeys(chromedp.ID("run-message"), "talk slowly"),
+		typeInto(chromedp.ID("run-message"), "talk slowly"),
 		chromedp.Click(chromedp.ID("run-submit")))
 	p.waitText(t, "#timeline .message.assistant .text", contains("word"))
 	p.do(t, "cancel", chromedp.Click(chromedp.ID("cancel-run")))
@@ -637,3 +637,13 @@ func newGate(t *testing.T) *gate {
 
 func (g *gate) wait() { <-g.ch }
 func (g *gate) open() { g.once.Do(func() { close(g.ch) }) }
+
+// typeInto types text into the element sel names, as chromedp.SendKeys
+// does for anything but a file input. SendKeys (chromedp v0.23.1) reads
+// the node's attributes before it takes the node's lock, while chromedp's
+// DOM event handler writes them under it: the race detector reported it
+// once, in TestAgentChatUIStartInBrowser under load. Focus reads only the
+// node's id.
+func typeInto[S chromedp.Selectable](sel S, text string) chromedp.Action[chromedp.Void] {
+	return chromedp.Steps(chromedp.Focus(sel, chromedp.NodeVisible), chromedp.KeyEvent(text))
+}

@@ -227,7 +227,7 @@ func TestUseStreamInBrowser(t *testing.T) {
 		t.Helper()
 		p.do(t, "send "+text,
 			chromedp.WaitVisible(chromedp.ID(input)),
-			chromedp.SendKeys(chromedp.ID(input), text),
+			typeInto(chromedp.ID(input), text),
 			chromedp.Click(chromedp.ID(button)))
 	}
 
