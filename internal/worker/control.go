@@ -238,11 +238,19 @@ func (w *Worker) handleCancel(m *nats.Msg) {
 // codeForbidden refuses a requester who may not act on the run.
 const codeForbidden = "forbidden"
 
+// testHookCancelUnanswered, set by tests only, runs when a cancel's
+// signal found no running run at the lease's worker.
+var testHookCancelUnanswered func(run string)
+
 type codedError struct{ code, msg string }
 
 func (e *codedError) Error() string { return e.msg }
 
 func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string, rollback bool) (protocol.Status, error) {
+	// asked: this cancel has signalled the run's worker or tried to end
+	// the run itself. A run found cancelled after that was cancelled by
+	// this request, or with it: the answer is cancelled, not a conflict.
+	asked := false
 	for range 5 {
 		rec, _, err := w.stores.Runs.Get(ctx, tenant, run)
 		if errors.Is(err, kv.ErrNotFound) {
@@ -255,6 +263,9 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string, roll
 			return "", &codedError{protocol.CodeNotFound, fmt.Sprintf("run %s is not on thread %s", run, thread)}
 		}
 		if rec != nil && rec.Status.Terminal() {
+			if asked && rec.Status == protocol.StatusCancelled {
+				return protocol.StatusCancelled, nil
+			}
 			return "", &codedError{protocol.CodeConflict, fmt.Sprintf("run %s already finished with status %s", run, rec.Status)}
 		}
 		// Since protocol v2 a running run's record stays pending (or
@@ -300,6 +311,9 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string, roll
 			w.wakeThread(tenant, thread)
 			return protocol.StatusCancelled, nil
 		case view.Status.Terminal():
+			if asked && view.Status == protocol.StatusCancelled {
+				return protocol.StatusCancelled, nil
+			}
 			return "", &codedError{protocol.CodeConflict, fmt.Sprintf("run %s already finished with status %s", run, view.Status)}
 		case view.Status == protocol.StatusPending:
 			done, err := w.finishUnowned(ctx, rec, protocol.StatusCancelled, "", func(r *protocol.Run) bool { return r.Status == protocol.StatusPending })
@@ -316,6 +330,7 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string, roll
 		}
 		// Running: ask the worker that runs it.
 		data, _ := json.Marshal(control{Action: actionCancel, Tenant: tenant, Thread: thread, Run: run, Rollback: rollback})
+		asked = true
 		reply, err := w.nc.RequestWithContext(ctx, w.names.WorkerControl(view.Worker), data)
 		if err == nil {
 			var cr controlReply
@@ -325,7 +340,12 @@ func (w *Worker) cancelRun(ctx context.Context, tenant, thread, run string, roll
 		} else if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, context.DeadlineExceeded) {
 			return "", err
 		}
-		// Its worker is gone: fence it out and record the cancel.
+		if testHookCancelUnanswered != nil {
+			testHookCancelUnanswered(run)
+		}
+		// Its worker is gone, or has not registered the run as running
+		// yet (it kept the signal: the run stops as it starts): fence it
+		// out and record the cancel.
 		var done bool
 		if rec != nil && rec.Status == protocol.StatusRunning && rec.Epoch == view.Epoch {
 			// A running record a v1 worker wrote.

@@ -329,3 +329,63 @@ func callRunsOut(ctx context.Context, completed chan<- struct{}) error {
 	completed <- struct{}{}
 	return nil
 }
+
+// A cancel that reaches the lease's worker before the run registers as
+// running (the worker keeps the signal and answers that it runs nothing
+// yet) then finds the run ended cancelled by that signal: the answer is
+// cancelled, not a conflict saying the run had already finished. Before,
+// the gateway's rollback cancel answered 409 "already finished with
+// status cancelled" for a run its own request had cancelled (seen under
+// stress-ng --cpu 6 in gateway TestCancelRollback, 1 of 40).
+func TestCancelThatTheRunTookAsItStartedAnswersCancelled(t *testing.T) {
+	h := newHarness(t)
+	var wh *workerHandle
+	var once atomic.Bool
+	kept := make(chan struct{})
+	testHookLeased = func(j *job) {
+		if j.req.RunID != "r1" || !once.CompareAndSwap(false, true) {
+			return
+		}
+		key := bus.Key(j.req.Tenant, j.req.RunID)
+		testdeploy.WaitFor(t, 30*time.Second, "the cancel signal kept for the run", func() bool {
+			wh.w.mu.Lock()
+			defer wh.w.mu.Unlock()
+			_, ok := wh.w.cancelAsked[key]
+			return ok
+		})
+		close(kept)
+	}
+	t.Cleanup(func() { testHookLeased = nil })
+	var w *watcher
+	testHookCancelUnanswered = func(run string) {
+		if run != "r1" {
+			return
+		}
+		// The run takes the kept signal and ends before the cancel
+		// goes on.
+		<-kept
+		w.finished(t, 30*time.Second)
+	}
+	t.Cleanup(func() { testHookCancelUnanswered = nil })
+	m := model.Func(func(ctx context.Context, req *model.Request, onDelta func(model.Delta)) (*model.Response, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	wh = h.startWorker(m, nil)
+	w = h.watch(protocol.DefaultTenant, "t1", "r1")
+	h.submit(request("t1", "r1", "hello"))
+	testdeploy.WaitFor(t, 30*time.Second, "the run's lease", func() bool {
+		th, _, err := h.stores.Threads.Get(context.Background(), protocol.DefaultTenant, "t1")
+		return err == nil && th.Lease != nil && th.Lease.RunID == "r1"
+	})
+	reply, e := h.cancel(protocol.DefaultTenant, "t1", "r1")
+	if e != nil {
+		t.Fatalf("cancel answered %+v, want cancelled", e.Error)
+	}
+	if reply.Status != protocol.StatusCancelled {
+		t.Fatalf("cancel answered %s, want cancelled", reply.Status)
+	}
+	if d := w.finished(t, 30*time.Second); d.Status != protocol.StatusCancelled {
+		t.Fatalf("run ended %s, want cancelled", d.Status)
+	}
+}
