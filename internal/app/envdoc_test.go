@@ -76,21 +76,7 @@ func envNamesInCode(t *testing.T, root string) []string {
 	}
 	seen := map[string]bool{}
 	for _, files := range pkgs {
-		consts := map[string]string{}
-		for _, f := range files {
-			ast.Inspect(f, func(n ast.Node) bool {
-				if vs, ok := n.(*ast.ValueSpec); ok {
-					for i, name := range vs.Names {
-						if i < len(vs.Values) {
-							if lit, ok := vs.Values[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
-								consts[name.Name], _ = strconv.Unquote(lit.Value)
-							}
-						}
-					}
-				}
-				return true
-			})
-		}
+		consts := doctest.StringConsts(files...)
 		for _, f := range files {
 			ast.Inspect(f, func(n ast.Node) bool {
 				call, ok := n.(*ast.CallExpr)

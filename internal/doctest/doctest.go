@@ -4,8 +4,11 @@
 package doctest
 
 import (
+	"go/ast"
+	"go/token"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -51,4 +54,26 @@ func File(t testing.TB, path string) string {
 		t.Fatal(err)
 	}
 	return string(data)
+}
+
+// StringConsts returns the string constants (and variables) that files
+// declare with a literal value, by name: what a test needs to read a
+// call's argument that names one instead of spelling it.
+func StringConsts(files ...*ast.File) map[string]string {
+	consts := map[string]string{}
+	for _, f := range files {
+		ast.Inspect(f, func(n ast.Node) bool {
+			if vs, ok := n.(*ast.ValueSpec); ok {
+				for i, id := range vs.Names {
+					if i < len(vs.Values) {
+						if lit, ok := vs.Values[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+							consts[id.Name], _ = strconv.Unquote(lit.Value)
+						}
+					}
+				}
+			}
+			return true
+		})
+	}
+	return consts
 }

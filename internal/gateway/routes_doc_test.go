@@ -64,7 +64,6 @@ func registeredRoutes(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	var parsed []*ast.File
-	consts := map[string]string{}
 	for _, name := range files {
 		if strings.HasSuffix(name, "_test.go") {
 			continue
@@ -74,19 +73,8 @@ func registeredRoutes(t *testing.T) []string {
 			t.Fatal(err)
 		}
 		parsed = append(parsed, f)
-		ast.Inspect(f, func(n ast.Node) bool {
-			if vs, ok := n.(*ast.ValueSpec); ok {
-				for i, id := range vs.Names {
-					if i < len(vs.Values) {
-						if lit, ok := vs.Values[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
-							consts[id.Name], _ = strconv.Unquote(lit.Value)
-						}
-					}
-				}
-			}
-			return true
-		})
 	}
+	consts := doctest.StringConsts(parsed...)
 	var out []string
 	for _, f := range parsed {
 		ast.Inspect(f, func(n ast.Node) bool {
