@@ -243,13 +243,7 @@ func TestCancelSignalledBeforeTheRunRegistersStopsIt(t *testing.T) {
 			return
 		}
 		wh.w.cancelIfStarted(ctx, j.req.Tenant, j.req.ThreadID, j.req.RunID, "", false)
-		key := bus.Key(j.req.Tenant, j.req.RunID)
-		testdeploy.WaitFor(t, 30*time.Second, "the signal kept for the run", func() bool {
-			wh.w.mu.Lock()
-			defer wh.w.mu.Unlock()
-			_, ok := wh.w.cancelAsked[key]
-			return ok
-		})
+		waitCancelKept(t, wh, j)
 	}
 	t.Cleanup(func() { testHookLeased = nil })
 	completed := make(chan struct{}, 1)
@@ -346,13 +340,7 @@ func TestCancelThatTheRunTookAsItStartedAnswersCancelled(t *testing.T) {
 		if j.req.RunID != "r1" || !once.CompareAndSwap(false, true) {
 			return
 		}
-		key := bus.Key(j.req.Tenant, j.req.RunID)
-		testdeploy.WaitFor(t, 30*time.Second, "the cancel signal kept for the run", func() bool {
-			wh.w.mu.Lock()
-			defer wh.w.mu.Unlock()
-			_, ok := wh.w.cancelAsked[key]
-			return ok
-		})
+		waitCancelKept(t, wh, j)
 		close(kept)
 	}
 	t.Cleanup(func() { testHookLeased = nil })
@@ -388,4 +376,17 @@ func TestCancelThatTheRunTookAsItStartedAnswersCancelled(t *testing.T) {
 	if d := w.finished(t, 30*time.Second); d.Status != protocol.StatusCancelled {
 		t.Fatalf("run ended %s, want cancelled", d.Status)
 	}
+}
+
+// waitCancelKept waits until wh's worker keeps a cancel signal for j's
+// run, which has not registered as running yet (runningOrAsked).
+func waitCancelKept(t *testing.T, wh *workerHandle, j *job) {
+	t.Helper()
+	key := bus.Key(j.req.Tenant, j.req.RunID)
+	testdeploy.WaitFor(t, 30*time.Second, "the cancel signal kept for the run", func() bool {
+		wh.w.mu.Lock()
+		defer wh.w.mu.Unlock()
+		_, ok := wh.w.cancelAsked[key]
+		return ok
+	})
 }

@@ -198,20 +198,16 @@ func TestCopyOfARunningRequestIsDropped(t *testing.T) {
 	first := h.publishRaw(subject, data, "")
 	testdeploy.WaitFor(t, 30*time.Second, "the run's model call", func() bool { return m.Calls() == 1 })
 	second := h.publishRaw(subject, data, "")
-	// The copy is settled while the run still waits on its model: acked
-	// and gone, the run's own request still there.
-	testdeploy.WaitFor(t, 30*time.Second, "the copy settled", func() bool {
-		st, err := h.js.Stream(context.Background(), h.names.RunsStream())
-		if err != nil {
-			return false
-		}
-		_, errSecond := st.GetMsg(context.Background(), second)
-		return errors.Is(errSecond, jetstream.ErrMsgNotFound)
-	})
 	st, err := h.js.Stream(context.Background(), h.names.RunsStream())
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The copy is settled while the run still waits on its model: acked
+	// and gone, the run's own request still there.
+	testdeploy.WaitFor(t, 30*time.Second, "the copy settled", func() bool {
+		_, err := st.GetMsg(context.Background(), second)
+		return errors.Is(err, jetstream.ErrMsgNotFound)
+	})
 	if _, err := st.GetMsg(context.Background(), first); err != nil {
 		t.Fatalf("the running run's request: %v", err)
 	}
